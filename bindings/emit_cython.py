@@ -1,0 +1,235 @@
+"""Render cy<lib>.pxd / cy<lib>.pyx and _internal/<lib>.pxd / .pyx from the IR.
+
+cy<lib>.pxd carries the library's C types as verbatim C (so that compiling needs
+no NVIDIA header, with static asserts pinning sizes and offsets to what clang
+measured on the real headers) plus the nogil C entry points. The entry points
+forward to _internal/<lib>, which holds the function-pointer table filled by
+dlsym on the one handle mpbind._loader opened.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from emit_common import (
+    Index, c_args, c_param_types, c_params, c_type, cimport_lines, cy_type, except_clause,
+    loading_error, std_names,
+)
+
+I4 = "    "
+
+
+def _types_block(ix: Index) -> list[str]:
+    ir = ix.ir
+    lib = ix.lib
+    structs, aliases, handles = ix.reachable_types()
+    guard = f"MPBIND_CY{lib.upper()}_TYPES_H"
+    c: list[str] = [f"#ifndef {guard}", f"#define {guard}", "#include <stddef.h>",
+                    "#include <stdint.h>", "#include <stdbool.h>"]
+    # Returned by an entry point whose symbol is missing, with a Python exception set.
+    c.append(f"#define {loading_error(ir)} (({ir['status']['type']})-42)")
+    for name in sorted(ix.foreign):
+        c.append(f"typedef struct {_foreign_tag(name)} *{name};")
+    for name in handles:
+        if name in ix.foreign:
+            continue
+        c.append(f"typedef struct {name}_opaque *{name};")
+    for name in aliases:
+        c.append(f"typedef {c_type(ix.aliases[name], name)};")
+    for e in ir["enums"]:
+        body = ", ".join(f"{cn} = {v}" for cn, _, v in e["members"])
+        c.append(f"typedef enum {{ {body} }} {e['name']};")
+    for name in structs:
+        c.append(f"typedef struct mpbind_{name} {name};")
+    for name in structs:
+        s = ix.structs[name]
+        if "fields" in s:
+            fields = " ".join(f"{c_type(f['type'], f['name'])};" for f in s["fields"])
+        else:
+            fields = f"_Alignas({s['align']}) unsigned char _opaque[{s['size']}];"
+        c.append(f"struct mpbind_{name} {{ {fields} }};")
+        c.append(f'_Static_assert(sizeof({name}) == {s["size"]}, "size of {name}");')
+        for f in s.get("fields", []):
+            c.append(f'_Static_assert(offsetof({name}, {f["name"]}) == {f["offset"]}, '
+                     f'"offset of {name}.{f["name"]}");')
+    c.append(f"#endif  /* {guard} */")
+
+    out = ["cdef extern from *:", f'{I4}"""']
+    out += [f"{I4}{line}" for line in c]
+    out.append(f'{I4}"""')
+    for name in sorted(ix.foreign):
+        out.append(f"{I4}ctypedef void* {name}")
+    for name in handles:
+        if name not in ix.foreign:
+            out.append(f"{I4}ctypedef void* {name}")
+    for name in aliases:
+        out.append(f"{I4}ctypedef {cy_type(ix.aliases[name], name)}")
+    for e in ir["enums"]:
+        out.append(f"{I4}ctypedef enum {e['name']}:")
+        for cn, _, _ in e["members"]:
+            out.append(f"{I4}{I4}{cn}")
+        if e["name"] == ir["status"]["type"]:
+            out.append(f"{I4}{I4}{loading_error(ir)}")
+    for name in structs:
+        s = ix.structs[name]
+        out.append(f"{I4}ctypedef struct {name}:")
+        if "fields" in s:
+            for f in s["fields"]:
+                out.append(f"{I4}{I4}{cy_type(f['type'], f['name'])}")
+        else:
+            out.append(f"{I4}{I4}unsigned char _opaque[{s['size']}]")
+    return out
+
+
+def _foreign_tag(name: str) -> str:
+    # The struct tags CUDA uses, so that a unit that also includes CUDA's own
+    # headers sees an identical (and so legal) typedef.
+    return {"cudaStream_t": "CUstream_st", "cudaEvent_t": "CUevent_st"}.get(name, f"{name}_opaque")
+
+
+def _all_types(ix: Index) -> list[dict[str, Any]]:
+    ts = []
+    for f in ix.bound:
+        ts.append(f["returns"])
+        ts += [p["type"] for p in f["params"]]
+    for s in ix.ir["structs"]:
+        ts += [f["type"] for f in s.get("fields", [])]
+    ts += list(ix.aliases.values())
+    return ts
+
+
+def cy_pxd(ix: Index) -> str:
+    lines = ["# cython: language_level=3", ""]
+    lines += cimport_lines(std_names(_all_types(ix)))
+    lines.append("")
+    lines += _types_block(ix)
+    lines += ["", "", "# Entry points: callable without the GIL; each raises FunctionNotFoundError",
+              "# (taking the GIL) when the loaded library lacks the symbol.", ""]
+    for f in ix.bound:
+        lines.append(f"cdef {cy_type(f['returns'], f['name'])}({c_params(f)}) "
+                     f"{except_clause(ix.ir, f['returns'])} nogil")
+    return "\n".join(lines) + "\n"
+
+
+def cy_pyx(ix: Index) -> str:
+    lines = ["# cython: language_level=3", "",
+             f"from mpbind.bindings._internal cimport {ix.lib} as _{ix.lib}", ""]
+    for f in ix.bound:
+        lines.append(f"cdef {cy_type(f['returns'], f['name'])}({c_params(f)}) "
+                     f"{except_clause(ix.ir, f['returns'])} nogil:")
+        call = f"_{ix.lib}._{f['name']}({c_args(f)})"
+        if f["returns"]["kind"] == "builtin" and f["returns"]["name"] == "void":
+            lines.append(f"{I4}{call}")
+        else:
+            lines.append(f"{I4}return {call}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def internal_pxd(ix: Index) -> str:
+    lines = ["# cython: language_level=3", "",
+             f"from mpbind.bindings.cy{ix.lib} cimport *", ""]
+    for f in ix.bound:
+        lines.append(f"cdef {cy_type(f['returns'], '_' + f['name'])}({c_params(f)}) "
+                     f"{except_clause(ix.ir, f['returns'])} nogil")
+    return "\n".join(lines) + "\n"
+
+
+def internal_pyx(ix: Index) -> str:
+    lib = ix.lib
+    ir = ix.ir
+    names = [f["name"] for f in ix.bound]
+    since = {f["name"]: f["since"] for f in ix.bound}
+    vf = ir["version_function"]["function"]
+    lines = [
+        "# cython: language_level=3",
+        "",
+        "from libc.stdint cimport intptr_t",
+        "",
+        'cdef extern from "<dlfcn.h>" nogil:',
+        f"{I4}void* dlsym(void* handle, const char* symbol)",
+        "",
+        "import threading",
+        "",
+        f'LIBRARY = "{lib}"',
+        f"SINCE = {{",
+    ]
+    lines += [f'{I4}"{n}": "{since[n]}",' for n in names]
+    lines += [
+        "}",
+        "",
+        "cdef object _lock = threading.Lock()",
+        "cdef bint _initialized = False",
+    ]
+    lines += [f"cdef void* __{n} = NULL" for n in names]
+    lines += [
+        "",
+        "",
+        "cdef int _load() except -1:",
+        f"{I4}global _initialized, " + ", ".join(f"__{n}" for n in names),
+        f"{I4}from mpbind import _loader",
+        f"{I4}with _lock:",
+        f"{I4}{I4}if _initialized:",
+        f"{I4}{I4}{I4}return 0",
+        f"{I4}{I4}handle = <void*><intptr_t>_loader.load(LIBRARY).handle",
+    ]
+    lines += [f'{I4}{I4}__{n} = dlsym(handle, b"{n}")' for n in names]
+    lines += [
+        f"{I4}{I4}_initialized = True",
+        f"{I4}return 0",
+        "",
+        "",
+        "cdef inline int _ensure_loaded() except -1 nogil:",
+        f"{I4}if _initialized:",
+        f"{I4}{I4}return 0",
+        f"{I4}with gil:",
+        f"{I4}{I4}return _load()",
+        "",
+        "",
+        "cdef int _not_found(str name) except -1:",
+        f"{I4}from mpbind import _loader",
+        f"{I4}raise _loader.function_not_found(LIBRARY, name, SINCE[name])",
+        "",
+        "",
+        "def symbol_address(str name):",
+        f'{I4}"""Address of a bound symbol in the loaded library (0 when it lacks it)."""',
+        f"{I4}_ensure_loaded()",
+        f"{I4}return _addresses().get(name, 0)",
+        "",
+        "",
+        "cdef dict _addresses():",
+        f"{I4}return {{",
+    ]
+    lines += [f'{I4}{I4}"{n}": <intptr_t>__{n},' for n in names]
+    lines += [
+        f"{I4}}}",
+        "",
+        "",
+        "def library_version_code():",
+        f'{I4}"""The loaded library\'s version code from {vf}, or None if it lacks it."""',
+        f"{I4}_ensure_loaded()",
+        f"{I4}if __{vf} == NULL:",
+        f"{I4}{I4}return None",
+        f"{I4}cdef int code = 0",
+        f"{I4}if (<int (*)(int*) noexcept nogil>__{vf})(&code) != 0:",
+        f"{I4}{I4}return None",
+        f"{I4}return code",
+        "",
+    ]
+    for f in ix.bound:
+        n = f["name"]
+        ret = cy_type(f["returns"])
+        fptr = f"<{ret} (*)({c_param_types(f)}) noexcept nogil>__{n}"
+        lines.append("")
+        lines.append(f"cdef {cy_type(f['returns'], '_' + n)}({c_params(f)}) "
+                     f"{except_clause(ir, f['returns'])} nogil:")
+        lines.append(f"{I4}_ensure_loaded()")
+        lines.append(f"{I4}if __{n} == NULL:")
+        lines.append(f"{I4}{I4}with gil:")
+        lines.append(f'{I4}{I4}{I4}_not_found("{n}")')
+        call = f"({fptr})({c_args(f)})"
+        if f["returns"]["kind"] == "builtin" and f["returns"]["name"] == "void":
+            lines.append(f"{I4}{call}")
+        else:
+            lines.append(f"{I4}return {call}")
+    return "\n".join(lines) + "\n"

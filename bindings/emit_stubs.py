@@ -1,0 +1,105 @@
+"""Render stubs/mpbind/bindings/<lib>.pyi from the IR."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from emit_common import Index
+from plan import plan, py_value_type, resolve, value_kind
+
+I4 = "    "
+
+
+def _field_type(ix: Index, t: dict[str, Any]) -> tuple[str, str]:
+    """(getter type, setter type) of a struct field."""
+    if t["kind"] == "array":
+        g, _ = _field_type(ix, t["element"])
+        return f"tuple[{g}, ...]", f"Sequence[{g}]"
+    vk = value_kind(ix, t)
+    if vk == "str":
+        return "str | None", "str | bytes | None"
+    if vk == "enum":
+        cls = ix.enums[resolve(ix, t)["name"]]["python"]
+        return f"{cls} | int", f"{cls} | int"
+    if vk == "handle":
+        return "int", "int"
+    return py_value_type(ix, t), py_value_type(ix, t)
+
+
+def _struct(ix: Index, s: dict[str, Any]) -> list[str]:
+    cls = s["python"]
+    out = [f"class {cls}:"]
+    internal = {"size", "magic", "version"} if s.get("initializer") else set()
+    if s.get("kind") == "bytes":
+        out += [
+            f"{I4}def __init__(self, data: bytes | bytearray | memoryview | None = None) -> None: ...",
+            f"{I4}def __bytes__(self) -> bytes: ...",
+            f"{I4}def __len__(self) -> int: ...",
+            f"{I4}def __buffer__(self, flags: int, /) -> memoryview: ...",
+            f"{I4}def __eq__(self, other: object) -> bool: ...",
+            f"{I4}def __hash__(self) -> int: ...",
+        ]
+    elif "opaque" in s:
+        out += [f"{I4}def __init__(self) -> None: ...", f"{I4}def __bytes__(self) -> bytes: ..."]
+    else:
+        kw = []
+        for f in s["fields"]:
+            if f["name"] in internal:
+                continue
+            _, st = _field_type(ix, f["type"])
+            kw.append(f"{f['name']}: {st} = ...")
+        args = ", ".join(["self", "*"] + kw) if kw else "self"
+        out.append(f"{I4}def __init__({args}) -> None: ...")
+        for f in s["fields"]:
+            g, st = _field_type(ix, f["type"])
+            out.append(f"{I4}@property")
+            out.append(f"{I4}def {f['name']}(self) -> {g}: ...")
+            if f["name"] not in internal:
+                out.append(f"{I4}@{f['name']}.setter")
+                out.append(f"{I4}def {f['name']}(self, value: {st}) -> None: ...")
+    out += [
+        f"{I4}@property",
+        f"{I4}def ptr(self) -> int: ...",
+        f"{I4}@property",
+        f"{I4}def nbytes(self) -> int: ...",
+        "",
+    ]
+    return out
+
+
+def stub(ix: Index) -> str:
+    ir = ix.ir
+    lines = [
+        f'"""Flat bindings for {ir["pretty"]} {ir["version"]}."""',
+        "",
+        "from collections.abc import Sequence",
+        "from enum import IntEnum",
+        "from typing import NewType",
+        "",
+    ]
+    p = ix.prefix.upper() + "_"
+    for c in ir["constants"]:
+        name = c["name"][len(p):] if c["name"].startswith(p) else c["name"]
+        lines.append(f"{name}: {type(c['value']).__name__}")
+    lines.append("")
+    for _, py in sorted(ix.handles.items()):
+        lines.append(f'{py} = NewType("{py}", int)')
+    lines.append("")
+    for e in ir["enums"]:
+        lines.append(f"class {e['python']}(IntEnum):")
+        for _, py, v in e["members"]:
+            lines.append(f"{I4}{py} = {v}")
+        lines.append("")
+    structs, _, _ = ix.reachable_types()
+    for name in structs:
+        lines += _struct(ix, ix.structs[name])
+    for f in ix.bound:
+        pl = plan(ix, f)
+        args = []
+        for pp in pl.params:
+            a = f"{pp.name}: {pp.pytype}"
+            if pp.default is not None:
+                a += f" = {pp.default}"
+            args.append(a)
+        lines.append(f"def {f['python']}({', '.join(args)}) -> {pl.return_type}: ...")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,186 @@
+"""mpbind's binding generator.
+
+    python bindings/generate.py                 parse the pinned headers, write IR and bindings
+    python bindings/generate.py --from-ir       render the bindings from the checked-in IR only
+    python bindings/generate.py --check         fail on a stale or hand-edited generated file,
+                                                and (where the pinned header wheel and libclang
+                                                are installed) on an IR the headers no longer match
+    python bindings/generate.py --lib nccl ...  restrict to some libraries
+
+Headers come from the pinned nvidia-* wheel installed in the running interpreter
+(versions in bindings/versions.toml).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata as md
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import emit_cython  # noqa: E402
+import emit_python  # noqa: E402
+import emit_status  # noqa: E402
+import emit_stubs  # noqa: E402
+from emit_common import Index, body_digest, seal, unseal  # noqa: E402
+from model import ROOT, Spec, build_ir, tomllib  # noqa: E402
+
+REPO = ROOT.parent
+SRC = REPO / "src" / "mpbind"
+STUBS = REPO / "stubs" / "mpbind"
+LIBRARIES = ["nccl"]
+
+
+def versions() -> dict[str, Any]:
+    return tomllib.loads((ROOT / "versions.toml").read_text())
+
+
+def ir_path(lib: str) -> Path:
+    return ROOT / "ir" / f"{lib}.json"
+
+
+def load_ir(lib: str) -> dict[str, Any]:
+    return json.loads(ir_path(lib).read_text())
+
+
+def dump_ir(ir: dict[str, Any]) -> str:
+    return json.dumps(ir, indent=1, sort_keys=False) + "\n"
+
+
+def header_dir(spec: Spec, pinned: str) -> tuple[Path | None, str]:
+    """The include dir of the pinned wheel in this interpreter, or why there is none."""
+    try:
+        dist = md.distribution(spec.wheel)
+    except md.PackageNotFoundError:
+        return None, f"{spec.wheel} is not installed"
+    if dist.version != pinned:
+        return None, f"{spec.wheel} {dist.version} is installed, the pin is {pinned}"
+    path = Path(str(dist.locate_file(spec.include_subdir)))
+    if not path.is_dir():
+        return None, f"{spec.wheel} has no {spec.include_subdir}"
+    return path, ""
+
+
+def headers_digest(include: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(include.rglob("*.h")):
+        h.update(str(p.relative_to(include)).encode())
+        h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def exported_symbols(binary: Path) -> set[str]:
+    out = subprocess.run(["nm", "-D", "--defined-only", str(binary)], capture_output=True, text=True,
+                         check=True).stdout
+    return {line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip()}
+
+
+def parse_lib(lib: str) -> tuple[dict[str, Any] | None, str]:
+    spec = Spec.load(lib)
+    pin = versions()[lib]
+    include, why = header_dir(spec, pin["version"])
+    if include is None:
+        return None, why
+    try:
+        import parse
+    except ImportError as exc:
+        return None, f"libclang is not installed ({exc})"
+    from cuda.pathfinder import find_nvidia_header_directory
+
+    cuda_inc = find_nvidia_header_directory("cudart")
+    parsed = parse.HeaderParser(spec, include, cuda_inc).parse()
+    shas = {h: parse.sha256_of(include / h) for h in spec.headers}
+    ir = build_ir(spec, parsed, pin["version"], shas, exported_symbols(include.parent.parent.parent / spec.binary))
+    ir["headers_digest"] = headers_digest(include)
+    return ir, ""
+
+
+def render(irs: dict[str, dict[str, Any]]) -> dict[Path, str]:
+    """Every generated file, path -> sealed text."""
+    out: dict[Path, str] = {}
+    for lib, ir in irs.items():
+        ix = Index(ir)
+        b = SRC / "bindings"
+        out[b / f"cy{lib}.pxd"] = seal(emit_cython.cy_pxd(ix), "#", lib, ir)
+        out[b / f"cy{lib}.pyx"] = seal(emit_cython.cy_pyx(ix), "#", lib, ir)
+        out[b / "_internal" / f"{lib}.pxd"] = seal(emit_cython.internal_pxd(ix), "#", lib, ir)
+        out[b / "_internal" / f"{lib}.pyx"] = seal(emit_cython.internal_pyx(ix), "#", lib, ir)
+        out[b / f"{lib}.pyx"] = seal(emit_python.python_pyx(ix), "#", lib, ir)
+        out[STUBS / "bindings" / f"{lib}.pyi"] = seal(emit_stubs.stub(ix), "#", lib, ir)
+    all_irs = [irs[lib] for lib in LIBRARIES if lib in irs]
+    agg = {"pretty": "all libraries", "version": "+".join(f"{i['library']}-{i['version']}" for i in all_irs)}
+    out[SRC / "_status.py"] = seal(emit_status.status_py(all_irs), "#", "*", agg)
+    out[SRC / "bindings" / "_coverage.py"] = seal(emit_status.coverage_py(all_irs), "#", "*", agg)
+    return out
+
+
+def check(libs: list[str]) -> int:
+    problems: list[str] = []
+    irs = {lib: load_ir(lib) for lib in LIBRARIES}
+    for path, text in render(irs).items():
+        rel = path.relative_to(REPO)
+        if not path.exists():
+            problems.append(f"{rel}: missing (run bindings/generate.py --from-ir)")
+            continue
+        on_disk = path.read_text()
+        digest, body = unseal(on_disk)
+        if digest is None:
+            problems.append(f"{rel}: has no generated-file header")
+        elif digest != body_digest(body):
+            problems.append(f"{rel}: edited by hand (its seal does not match its body)")
+        elif on_disk != text:
+            problems.append(f"{rel}: stale (the IR or the generator changed; regenerate)")
+    for lib in libs:
+        fresh, why = parse_lib(lib)
+        if fresh is None:
+            print(f"note: {lib}: headers not checked: {why}")
+            continue
+        if dump_ir(fresh) != dump_ir(irs[lib]):
+            problems.append(f"bindings/ir/{lib}.json: does not match the pinned headers and spec "
+                            "(run bindings/generate.py)")
+        else:
+            print(f"{lib}: IR matches the pinned headers and spec")
+    for p in problems:
+        print(f"error: {p}")
+    if not problems:
+        print(f"ok: {len(render(irs))} generated files are current")
+    return 1 if problems else 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--from-ir", action="store_true")
+    ap.add_argument("--lib", action="append", choices=LIBRARIES)
+    a = ap.parse_args()
+    libs = a.lib or LIBRARIES
+    if a.check:
+        return check(libs)
+    irs = {lib: load_ir(lib) for lib in LIBRARIES if ir_path(lib).exists()}
+    if not a.from_ir:
+        for lib in libs:
+            ir, why = parse_lib(lib)
+            if ir is None:
+                print(f"error: {lib}: {why}", file=sys.stderr)
+                return 1
+            ir_path(lib).parent.mkdir(parents=True, exist_ok=True)
+            ir_path(lib).write_text(dump_ir(ir))
+            irs[lib] = ir
+            print(f"{lib}: {sum('excluded' not in f for f in ir['functions'])} bound, "
+                  f"{sum('excluded' in f for f in ir['functions'])} excluded")
+    for path, text in render(irs).items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+            print(f"wrote {path.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,289 @@
+"""The spec (what headers don't say) and the merge of spec and parsed headers into the IR.
+
+The IR is a plain JSON document. Everything an emitter needs is in it: the C
+declarations as parsed, and per function the Python name, each parameter's role,
+whether the GIL is released, the success statuses, and the version that first
+exported it. Emitters never read the spec or the headers.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parent
+IR_FORMAT = 1
+
+# Parameter roles. The default is derived from the C type; the spec overrides it.
+ROLES = {
+    "in",             # a value, handle, address, string or struct from Python
+    "out",            # pointer to one value the call writes; returned
+    "in_array",       # pointer to `length` elements given as a Python sequence
+    "out_array",      # pointer to `length` elements the call writes; returned as a list
+    "out_bytes",      # buffer of `capacity` bytes, filled length in `length_out`; returns bytes
+    "out_str_array",  # const char*** with its count in `length_out`; returns list[str]
+    "out_discard",    # an output the Python API does not return (e.g. a string's length)
+    "length",         # an array length derived from the Python sequence
+}
+
+
+def camel_to_snake(name: str) -> str:
+    s = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
+    s = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", s)
+    return s.lower()
+
+
+def enum_class_name(c_name: str, prefix: str) -> str:
+    name = c_name
+    if name.endswith("_t"):
+        name = name[:-2]
+    if name.lower().startswith(prefix.lower()):
+        name = name[len(prefix):]
+    parts = [p for p in re.split(r"_", name) if p]
+    return "".join(p[0].upper() + p[1:] for p in parts)
+
+
+def _words(name: str) -> list[str]:
+    if "_" in name:
+        return [w for w in name.split("_") if w]
+    return re.findall(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z0-9]+|[A-Z0-9]+", name)
+
+
+def enum_member_names(values: list[str], prefix: str) -> list[str]:
+    """Strip the library prefix and the longest common word prefix; UPPER_SNAKE."""
+    stripped = []
+    for v in values:
+        s = v
+        if s.lower().startswith(prefix.lower()) and not s.isupper():
+            s = s[len(prefix):]
+        stripped.append(s)
+    words = [_words(s) for s in stripped]
+    common = 0
+    if len(words) > 1:
+        while all(len(w) > common + 1 for w in words) and len({w[common] for w in words}) == 1:
+            common += 1
+    out = []
+    for w in words:
+        name = "_".join(x.upper() for x in w[common:])
+        if not name or name[0].isdigit():
+            name = "_".join(x.upper() for x in w[max(common - 1, 0):])
+        out.append(name)
+    return out
+
+
+@dataclass
+class Spec:
+    name: str
+    pretty: str
+    wheel: str
+    include_subdir: str
+    binary: str
+    headers: list[str]
+    language: str
+    defines: list[str]
+    prefixes: tuple[str, ...]
+    ignore_patterns: list[str]
+    constant_patterns: list[str]
+    handles: dict[str, str]
+    foreign_handles: dict[str, str]
+    initializers: dict[str, str]
+    status: dict[str, Any]
+    version: dict[str, Any]
+    gil_keep: set[str]
+    functions: dict[str, dict[str, Any]]
+    excluded: dict[str, str]
+    enums: dict[str, dict[str, Any]]
+    structs: dict[str, dict[str, Any]]
+    since: dict[str, str]
+    raw: dict[str, Any] = field(repr=False, default_factory=dict)
+
+    @classmethod
+    def load(cls, name: str) -> Spec:
+        path = ROOT / "specs" / f"{name}.toml"
+        d = tomllib.loads(path.read_text())
+        lib = d["library"]
+        return cls(
+            name=lib["name"],
+            pretty=lib["pretty"],
+            wheel=lib["wheel"],
+            include_subdir=lib["include_subdir"],
+            binary=lib["binary"],
+            headers=lib["headers"],
+            language=lib.get("language", "c"),
+            defines=lib.get("defines", []),
+            prefixes=tuple(lib["prefixes"]),
+            ignore_patterns=lib.get("ignore_patterns", []),
+            constant_patterns=lib.get("constant_patterns", []),
+            handles=d.get("handles", {}),
+            foreign_handles=d.get("foreign_handles", {}),
+            initializers=d.get("initializers", {}),
+            status=d["status"],
+            version=d["version"],
+            gil_keep=set(d.get("gil", {}).get("keep", [])),
+            functions=d.get("functions", {}),
+            excluded=d.get("excluded", {}),
+            enums=d.get("enums", {}),
+            structs=d.get("structs", {}),
+            since=d.get("since", {}),
+            raw=d,
+        )
+
+
+def _is_char_ptr(t: dict[str, Any]) -> bool:
+    return t["kind"] == "pointer" and t["pointee"]["kind"] == "builtin" and t["pointee"]["name"] == "char"
+
+
+def default_role(t: dict[str, Any]) -> str:
+    if t["kind"] != "pointer":
+        return "in"
+    p = t["pointee"]
+    if p.get("const"):
+        return "in"
+    if p["kind"] == "builtin" and p["name"] == "void":
+        return "in"  # a device or host address
+    return "out"
+
+
+def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[str, str],
+             exports: set[str]) -> dict[str, Any]:
+    """Merge the parsed headers and the spec into the IR."""
+    prefix = spec.prefixes[0]
+    struct_names = {s["name"] for s in parsed["structs"]}
+    _void_unknown_pointees(parsed, struct_names)
+    functions = []
+    known = {f["name"] for f in parsed["functions"]}
+    for name in list(spec.functions) + list(spec.excluded) + list(spec.gil_keep) + list(spec.since):
+        if name not in known and name not in spec.excluded:
+            raise ValueError(f"spec names {name}, which the pinned headers do not declare")
+    for f in parsed["functions"]:
+        name = f["name"]
+        fs = spec.functions.get(name, {})
+        entry: dict[str, Any] = dict(f)
+        reason = spec.excluded.get(name)
+        if reason is None and (f["inline"] or name not in exports):
+            reason = f"not exported by {Path(spec.binary).name} (header-inline or device-only)"
+        if reason is not None:
+            entry["excluded"] = reason
+            functions.append(entry)
+            continue
+        if name not in spec.since:
+            raise ValueError(f"spec has no 'since' version for {name}")
+        entry["since"] = spec.since[name]
+        entry["python"] = fs.get("python", camel_to_snake(name[len(prefix):]))
+        entry["gil"] = "keep" if name in spec.gil_keep else "release"
+        statuses = list(spec.status["success"])
+        if _uses_in_progress(spec, f):
+            statuses.append(spec.status["in_progress"])
+        entry["success"] = statuses if f["returns"].get("name") == spec.status["type"] else None
+        pspec = fs.get("params", {})
+        for pname in pspec:
+            if pname not in {p["name"] for p in f["params"]}:
+                raise ValueError(f"spec for {name} names unknown parameter {pname}")
+        params = []
+        for p in f["params"]:
+            ps = dict(pspec.get(p["name"], {}))
+            role = ps.pop("role", default_role(p["type"]))
+            if role not in ROLES:
+                raise ValueError(f"{name}.{p['name']}: unknown role {role}")
+            t = p["type"]
+            if role == "in" and t["kind"] == "pointer" and not _is_char_ptr(t):
+                pointee = t["pointee"]
+                if pointee["kind"] == "struct" and pointee["name"] in struct_names:
+                    ps.setdefault("struct", pointee["name"])
+            params.append({**p, "role": role, "python": camel_to_snake(p["name"]), **ps})
+        # Lengths of input arrays come from the Python sequence.
+        for p in params:
+            if p["role"] == "in_array" and not p.get("explicit_length"):
+                for q in params:
+                    if q["name"] == p["length"]:
+                        q["role"] = "length"
+                        q["length_of"] = p["name"]
+        entry["params"] = params
+        functions.append(entry)
+
+    enums = []
+    for e in parsed["enums"]:
+        es = spec.enums.get(e["name"], {})
+        names = [v[0] for v in e["values"]]
+        py = es.get("members") or enum_member_names(names, prefix)
+        enums.append({**e, "python": es.get("python", enum_class_name(e["name"], prefix)),
+                      "members": [[c, p, v] for (c, v), p in zip(e["values"], py)]})
+    structs = []
+    for s in parsed["structs"]:
+        ss = spec.structs.get(s["name"], {})
+        entry = {**s, "python": ss.get("python", enum_class_name(s["name"], prefix))}
+        if ss.get("kind"):
+            entry["kind"] = ss["kind"]
+        if ss.get("opaque"):
+            entry.pop("fields", None)
+            entry["opaque"] = ss["opaque"]
+        structs.append(entry)
+    status_enum = spec.status["type"]
+    return {
+        "format": IR_FORMAT,
+        "library": spec.name,
+        "pretty": spec.pretty,
+        "prefix": prefix,
+        "wheel": spec.wheel,
+        "version": version,
+        "headers": header_sha,
+        "status": {**spec.status, "enum": status_enum},
+        "version_function": spec.version,
+        "handles": spec.handles,
+        "foreign_handles": spec.foreign_handles,
+        "aliases": parsed["aliases"],
+        "enums": enums,
+        "structs": structs,
+        "constants": parsed["constants"],
+        "functions": functions,
+    }
+
+
+def _uses_in_progress(spec: Spec, f: dict[str, Any]) -> bool:
+    rule = spec.status.get("in_progress_functions", [])
+    if f["name"] in rule:
+        return True
+    handle = spec.status.get("in_progress_handle")
+    if handle:
+        for p in f["params"]:
+            t = p["type"]
+            if t["kind"] == "pointer":
+                t = t["pointee"]
+            if t.get("name") == handle:
+                return True
+    return False
+
+
+def _void_unknown_pointees(parsed: dict[str, Any], known: set[str]) -> None:
+    """A pointer to a struct the headers only forward-declare (or declare in C++
+    only) is an address to mpbind: make it void*."""
+
+    def fix(t: dict[str, Any]) -> None:
+        if t["kind"] == "pointer":
+            p = t["pointee"]
+            if p["kind"] == "struct" and p["name"] not in known:
+                t["pointee"] = {"kind": "builtin", "name": "void", **({"const": True} if p.get("const") else {})}
+            else:
+                fix(p)
+        elif t["kind"] == "array":
+            fix(t["element"])
+        elif t["kind"] == "alias":
+            fix(t["target"])
+
+    for f in parsed["functions"]:
+        fix(f["returns"])
+        for p in f["params"]:
+            fix(p["type"])
+    for s in parsed["structs"]:
+        for fl in s.get("fields", []):
+            fix(fl["type"])
+    for a in parsed["aliases"].values():
+        fix(a)

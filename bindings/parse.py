@@ -1,0 +1,380 @@
+"""Parse a library's pinned headers with libclang into the frozen API model (IR).
+
+libclang is the parser because the headers mpbind binds are not all C: NCCL's
+``nccl_device/*.h`` are C++, NVSHMEM marks device-only entry points with CUDA
+attributes, and cuBLASMp pulls in cuBLAS. clang also evaluates what a C parser
+would leave to us: enumerator values written as expressions, ``sizeof``-based
+constants, struct sizes, alignments and field offsets, and the values inside the
+``*_INITIALIZER`` macros. Nothing here runs at build time; the IR it writes is
+checked in and is all the emitters read.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import clang.cindex as ci
+
+from model import Spec
+
+K = ci.CursorKind
+T = ci.TypeKind
+
+_BUILTINS: dict[Any, str] = {
+    T.VOID: "void",
+    T.BOOL: "bool",
+    T.CHAR_S: "char",
+    T.CHAR_U: "char",
+    T.SCHAR: "signed char",
+    T.UCHAR: "unsigned char",
+    T.SHORT: "short",
+    T.USHORT: "unsigned short",
+    T.INT: "int",
+    T.UINT: "unsigned int",
+    T.LONG: "long",
+    T.ULONG: "unsigned long",
+    T.LONGLONG: "long long",
+    T.ULONGLONG: "unsigned long long",
+    T.FLOAT: "float",
+    T.DOUBLE: "double",
+}
+
+# Standard typedefs kept by name: they are declared by libc's pxd files.
+_STD_TYPEDEFS = {
+    "size_t", "ssize_t", "ptrdiff_t", "intptr_t", "uintptr_t",
+    "int8_t", "int16_t", "int32_t", "int64_t",
+    "uint8_t", "uint16_t", "uint32_t", "uint64_t",
+}
+
+
+def _compiler_include_dirs() -> list[str]:
+    """The C compiler's own header directories (stddef.h, limits.h, ...).
+
+    The libclang wheel ships no resource headers, so borrow the system compiler's.
+    """
+    dirs = []
+    for name in ("include", "include-fixed"):
+        out = subprocess.run(["gcc", f"-print-file-name={name}"], capture_output=True, text=True)
+        path = out.stdout.strip()
+        if out.returncode == 0 and Path(path).is_dir():
+            dirs.append(path)
+    return dirs
+
+
+class _Evaluator:
+    """clang_Cursor_Evaluate, which the Python bindings do not wrap."""
+
+    def __init__(self) -> None:
+        lib = ci.conf.lib
+        self._eval = lib.clang_Cursor_Evaluate
+        self._eval.argtypes = [ci.Cursor]
+        self._eval.restype = ctypes.c_void_p
+        self._kind = lib.clang_EvalResult_getKind
+        self._kind.argtypes = [ctypes.c_void_p]
+        self._kind.restype = ctypes.c_int
+        self._ll = lib.clang_EvalResult_getAsLongLong
+        self._ll.argtypes = [ctypes.c_void_p]
+        self._ll.restype = ctypes.c_longlong
+        self._ull = lib.clang_EvalResult_getAsUnsigned
+        self._ull.argtypes = [ctypes.c_void_p]
+        self._ull.restype = ctypes.c_ulonglong
+        self._uns = lib.clang_EvalResult_isUnsignedInt
+        self._uns.argtypes = [ctypes.c_void_p]
+        self._uns.restype = ctypes.c_uint
+        self._dbl = lib.clang_EvalResult_getAsDouble
+        self._dbl.argtypes = [ctypes.c_void_p]
+        self._dbl.restype = ctypes.c_double
+        self._str = lib.clang_EvalResult_getAsStr
+        self._str.argtypes = [ctypes.c_void_p]
+        self._str.restype = ctypes.c_char_p
+        self._free = lib.clang_EvalResult_dispose
+        self._free.argtypes = [ctypes.c_void_p]
+
+    def __call__(self, cursor: ci.Cursor) -> int | float | str | None:
+        res = self._eval(cursor)
+        if not res:
+            return None
+        try:
+            kind = self._kind(res)
+            if kind == 1:  # CXEval_Int
+                return int(self._ull(res)) if self._uns(res) else int(self._ll(res))
+            if kind == 2:  # CXEval_Float
+                return float(self._dbl(res))
+            if kind in (3, 4, 5):  # ObjCStrLiteral, StrLiteral, CFStr
+                raw = self._str(res)
+                return raw.decode() if raw is not None else None
+            return None
+        finally:
+            self._free(res)
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class HeaderParser:
+    def __init__(self, spec: Spec, include_dir: Path, cuda_include: str | None) -> None:
+        self.spec = spec
+        self.include_dir = include_dir.resolve()
+        self.args = ["-x", spec.language]
+        if spec.language == "c++":
+            self.args.append("-std=c++17")
+        self.args += ["-I", str(self.include_dir)]
+        if cuda_include:
+            self.args += ["-I", cuda_include]
+        for d in _compiler_include_dirs():
+            self.args += ["-isystem", d]
+        self.args += [f"-D{d}" for d in spec.defines]
+        self.evaluate = _Evaluator()
+
+    # -- helpers ---------------------------------------------------------------
+    def _own(self, cursor: ci.Cursor) -> str | None:
+        """The header (relative to the include dir) that declares cursor, if ours."""
+        loc = cursor.location.file
+        if loc is None:
+            return None
+        try:
+            return str(Path(loc.name).resolve().relative_to(self.include_dir))
+        except ValueError:
+            return None
+
+    def _tu(self, extra: str = "") -> ci.TranslationUnit:
+        src = "".join(f"#include <{h}>\n" for h in self.spec.headers) + extra
+        name = "mpbind_probe.cpp" if self.spec.language == "c++" else "mpbind_probe.c"
+        opts = ci.TranslationUnit.PARSE_DETAILED_PROCESSING_RECORD
+        tu = ci.Index.create().parse(name, args=self.args, unsaved_files=[(name, src)], options=opts)
+        errors = [d for d in tu.diagnostics if d.severity >= ci.Diagnostic.Error]
+        if errors:
+            raise RuntimeError("header parse failed:\n" + "\n".join(str(d) for d in errors[:20]))
+        return tu
+
+    def type_of(self, t: ci.Type) -> dict[str, Any]:
+        """Normalise a clang type into the IR's type form."""
+        const = t.is_const_qualified()
+        out: dict[str, Any]
+        if t.kind == T.ELABORATED:
+            t2 = t.get_named_type()
+            out = self.type_of(t2)
+            if const:
+                out["const"] = True
+            return out
+        if t.kind == T.TYPEDEF:
+            name = t.get_declaration().spelling
+            canon = t.get_canonical()
+            if name in _STD_TYPEDEFS:
+                out = {"kind": "builtin", "name": name}
+            elif name in self.spec.handles or name in self.spec.foreign_handles:
+                out = {"kind": "handle", "name": name}
+            elif canon.kind == T.ENUM:
+                out = {"kind": "enum", "name": name}
+            elif canon.kind == T.RECORD:
+                out = {"kind": "struct", "name": name}
+            elif canon.kind == T.POINTER and canon.get_pointee().kind == T.RECORD \
+                    and canon.get_pointee().get_declaration().is_definition() is False:
+                out = {"kind": "handle", "name": name}
+            else:
+                under = t.get_declaration().underlying_typedef_type
+                out = {"kind": "alias", "name": name, "target": self.type_of(under)}
+        elif t.kind in (T.RECORD,):
+            decl = t.get_declaration()
+            out = {"kind": "struct", "name": self._record_name(decl)}
+        elif t.kind == T.ENUM:
+            out = {"kind": "enum", "name": self._enum_name(t.get_declaration())}
+        elif t.kind == T.POINTER:
+            out = {"kind": "pointer", "pointee": self.type_of(t.get_pointee())}
+        elif t.kind == T.CONSTANTARRAY:
+            out = {"kind": "array", "element": self.type_of(t.element_type), "length": t.element_count}
+        elif t.kind in _BUILTINS:
+            out = {"kind": "builtin", "name": _BUILTINS[t.kind]}
+        else:
+            raise RuntimeError(f"unsupported type {t.spelling!r} ({t.kind})")
+        if const:
+            out["const"] = True
+        return out
+
+    def _record_name(self, decl: ci.Cursor) -> str:
+        """The typedef name of a struct (ncclConfig_t), else its tag."""
+        return self.typedef_of_record.get(decl.hash, decl.spelling)
+
+    def _enum_name(self, decl: ci.Cursor) -> str:
+        return self.typedef_of_record.get(decl.hash, decl.spelling)
+
+    # -- the walk --------------------------------------------------------------
+    def parse(self) -> dict[str, Any]:
+        tu = self._tu()
+        self.typedef_of_record: dict[int, str] = {}
+        functions: list[dict[str, Any]] = []
+        enums: dict[str, dict[str, Any]] = {}
+        records: dict[str, ci.Cursor] = {}
+        typedefs: dict[str, ci.Cursor] = {}
+        macros: list[tuple[str, str]] = []
+        seen_fn: set[str] = set()
+
+        top = list(tu.cursor.get_children())
+        # extern "C" blocks (LINKAGE_SPEC) hold most C declarations in C++ mode.
+        flat: list[ci.Cursor] = []
+        for c in top:
+            if c.kind == K.LINKAGE_SPEC:
+                flat.extend(c.get_children())
+            else:
+                flat.append(c)
+        for c in flat:
+            if c.kind == K.TYPEDEF_DECL and self._own(c):
+                under = c.underlying_typedef_type
+                if under.kind == T.ELABORATED:
+                    under = under.get_named_type()
+                if under.kind in (T.RECORD, T.ENUM):
+                    d = under.get_declaration()
+                    self.typedef_of_record.setdefault(d.hash, c.spelling)
+                typedefs[c.spelling] = c
+
+        for c in flat:
+            header = self._own(c)
+            if header is None:
+                if c.kind == K.MACRO_DEFINITION:
+                    pass
+                continue
+            if c.kind == K.MACRO_DEFINITION:
+                toks = [t.spelling for t in c.get_tokens()]
+                if len(toks) >= 2 and not (len(toks) > 1 and toks[1] == "(" and _is_function_like(c)):
+                    macros.append((c.spelling, header))
+                continue
+            if c.kind == K.FUNCTION_DECL:
+                name = c.spelling
+                if not name.startswith(self.spec.prefixes) or name in seen_fn:
+                    continue
+                if any(re.match(p, name) for p in self.spec.ignore_patterns):
+                    continue
+                seen_fn.add(name)
+                functions.append(self._function(c, header))
+            elif c.kind == K.ENUM_DECL and c.is_definition():
+                name = self._enum_name(c)
+                if name and not name.startswith("(") and name not in enums:
+                    enums[name] = self._enum(c, name, header)
+            elif c.kind == K.STRUCT_DECL and c.is_definition():
+                name = self._record_name(c)
+                if name:
+                    records[name] = c
+
+        structs = {n: self._struct(records[n], n) for n in sorted(records)}
+        constants, initializers = self._macro_values(macros)
+        for sname, init in self.spec.initializers.items():
+            if sname in structs and init in initializers:
+                structs[sname]["initializer"] = {"macro": init, "values": initializers[init]}
+
+        aliases = {}
+        for name, c in sorted(typedefs.items()):
+            under = c.underlying_typedef_type
+            t = self.type_of(under)
+            if t["kind"] in ("builtin", "alias"):
+                aliases[name] = t
+        return {
+            "functions": functions,
+            "enums": [enums[k] for k in sorted(enums)],
+            "structs": list(structs.values()),
+            "aliases": aliases,
+            "handles": sorted(self.spec.handles),
+            "constants": constants,
+        }
+
+    def _function(self, c: ci.Cursor, header: str) -> dict[str, Any]:
+        params = []
+        for i, a in enumerate(c.get_arguments()):
+            params.append({"name": a.spelling or f"arg{i}", "type": self.type_of(a.type)})
+        # A header-inline function (a body in the header, or `inline`) is not a
+        # library symbol: there is nothing to dlsym.
+        inline = c.is_definition() or any(t.spelling in ("inline", "__forceinline__") for t in c.get_tokens())
+        return {
+            "name": c.spelling,
+            "header": header,
+            "returns": self.type_of(c.result_type),
+            "params": params,
+            "inline": bool(inline),
+            "deprecated": any(ch.kind == K.UNEXPOSED_ATTR and "deprecated" in
+                              " ".join(t.spelling for t in ch.get_tokens()) for ch in c.get_children()),
+        }
+
+    def _enum(self, c: ci.Cursor, name: str, header: str) -> dict[str, Any]:
+        values = [[e.spelling, e.enum_value] for e in c.get_children() if e.kind == K.ENUM_CONSTANT_DECL]
+        return {"name": name, "header": header, "values": values,
+                "underlying": self.type_of(c.enum_type)["name"]}
+
+    def _struct(self, c: ci.Cursor, name: str) -> dict[str, Any]:
+        ty = c.type
+        fields = []
+        opaque_reason = None
+        for f in c.type.get_fields():
+            try:
+                ft = self.type_of(f.type)
+            except RuntimeError as exc:
+                opaque_reason = str(exc)
+                break
+            if f.is_anonymous() or not f.spelling:
+                opaque_reason = "anonymous member"
+                break
+            if ft["kind"] == "struct" and ft["name"].startswith(("(", "")) and not ft["name"]:
+                opaque_reason = "unnamed nested record"
+                break
+            if f.is_bitfield():
+                opaque_reason = "bit-field"
+                break
+            fields.append({"name": f.spelling, "type": ft, "offset": ty.get_offset(f.spelling) // 8})
+        out: dict[str, Any] = {"name": name, "header": self._own(c), "size": ty.get_size(),
+                               "align": ty.get_align()}
+        if opaque_reason is None:
+            out["fields"] = fields
+        else:
+            out["opaque"] = opaque_reason
+        return out
+
+    def _macro_values(self, macros: list[tuple[str, str]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """Evaluate object-like macros and struct initializers with the compiler."""
+        wanted = [(m, h) for m, h in macros if any(re.match(p, m) for p in self.spec.constant_patterns)]
+        probe = []
+        for m, _ in wanted:
+            probe.append(f"static const auto mpbind_const_{m} = ({m});\n")
+        for sname, init in self.spec.initializers.items():
+            probe.append(f"static {sname} mpbind_init_{init} = {init};\n")
+        tu = self._tu("".join(probe))
+        values: dict[str, Any] = {}
+        inits: dict[str, Any] = {}
+        for c in tu.cursor.get_children():
+            if c.kind != K.VAR_DECL:
+                continue
+            if c.spelling.startswith("mpbind_const_"):
+                values[c.spelling[len("mpbind_const_"):]] = self.evaluate(c)
+            elif c.spelling.startswith("mpbind_init_"):
+                init_name = c.spelling[len("mpbind_init_"):]
+                lists = [ch for ch in c.get_children() if ch.kind == K.INIT_LIST_EXPR]
+                if not lists:
+                    continue
+                vals = []
+                for ch in lists[0].get_children():
+                    v = self.evaluate(ch)
+                    if v is None:
+                        # NULL pointers do not evaluate as integers.
+                        toks = "".join(t.spelling for t in ch.get_tokens())
+                        v = 0 if toks in ("NULL", "__null", "nullptr", "0", "NCCL_CONFIG_UNDEF_PTR") else None
+                    vals.append(v)
+                inits[init_name] = vals
+        consts = []
+        for m, h in wanted:
+            v = values.get(m)
+            if v is None:
+                continue
+            consts.append({"name": m, "header": h, "value": v})
+        return consts, inits
+
+
+def _is_function_like(c: ci.Cursor) -> bool:
+    toks = list(c.get_tokens())
+    if len(toks) < 2:
+        return False
+    # function-like: '(' immediately follows the name with no whitespace.
+    a, b = toks[0], toks[1]
+    return b.spelling == "(" and a.extent.end.offset == b.extent.start.offset

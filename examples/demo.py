@@ -1,0 +1,105 @@
+"""mpbind demo: NCCL version and unique id, then a one-rank all-reduce on a GPU.
+
+Runs without a GPU (the all-reduce is skipped, with the reason printed). Exits
+non-zero only if a check fails.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+import mpbind
+from mpbind import _info
+
+
+def _cuda_check(result: Any) -> Any:
+    """Unpack a ``cuda.bindings.runtime`` result tuple, raising on an error status."""
+    from cuda.bindings import runtime as cudart
+
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if err != cudart.cudaError_t.cudaSuccess:
+        _, name = cudart.cudaGetErrorName(err)
+        text = name.decode() if isinstance(name, bytes) else str(name)
+        raise RuntimeError(f"CUDA runtime error {text}")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def nccl_version_string(code: int) -> str:
+    """Decode ``ncclGetVersion``'s integer (``major*10000 + minor*100 + patch``)."""
+    return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
+
+
+def all_reduce_one_rank(nccl: Any, uid: Any, count: int = 1 << 20) -> bool:
+    """Sum-all-reduce ``count`` float32 values on one rank; compare with NumPy."""
+    from cuda.bindings import runtime as cudart
+
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    host = np.arange(count, dtype=np.float32) * np.float32(0.5)
+    expected = host.copy()  # the sum over a single rank
+    nbytes = host.nbytes
+
+    _cuda_check(cudart.cudaSetDevice(0))
+    send = _cuda_check(cudart.cudaMalloc(nbytes))
+    recv = _cuda_check(cudart.cudaMalloc(nbytes))
+    comm = None
+    try:
+        _cuda_check(
+            cudart.cudaMemcpy(
+                send, host.ctypes.data, nbytes, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+            )
+        )
+        comm = nccl.comm_init_rank(1, uid, 0)
+        print(f"  communicator: 0x{int(comm):x} (1 rank, device 0)")
+        nccl.all_reduce(int(send), int(recv), count, nccl.DataType.FLOAT32, nccl.RedOp.SUM, comm, 0)
+        _cuda_check(cudart.cudaDeviceSynchronize())
+        result = np.empty_like(host)
+        _cuda_check(
+            cudart.cudaMemcpy(
+                result.ctypes.data, recv, nbytes, cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
+            )
+        )
+    finally:
+        if comm is not None:
+            nccl.comm_destroy(comm)
+        cudart.cudaFree(send)
+        cudart.cudaFree(recv)
+
+    ok = bool(np.array_equal(result, expected))
+    if ok:
+        print(f"  all_reduce(SUM) of {count} float32 on 1 rank: matches NumPy")
+    else:
+        bad = int(np.count_nonzero(result != expected))
+        print(f"  all_reduce(SUM) of {count} float32 on 1 rank: MISMATCH in {bad} elements")
+    return ok
+
+
+def main() -> int:
+    print(f"mpbind {mpbind.__version__}")
+    from mpbind.bindings import nccl
+
+    code = nccl.get_version()
+    print(f"NCCL: version {nccl_version_string(code)} (ncclGetVersion -> {code})")
+
+    uid = nccl.get_unique_id()
+    raw = bytes(uid)
+    if len(raw) != 128:
+        print(f"FAIL: unique id has {len(raw)} bytes, expected 128")
+        return 1
+    print(f"NCCL: unique id of {len(raw)} bytes: {raw[:16].hex()}...")
+
+    count, reason = _info.gpu_count()
+    if count == 0:
+        print(f"skipped: one-rank all-reduce (no GPU visible: {reason})")
+        return 0
+    print(f"GPU: {count} visible; one-rank all-reduce on device 0")
+    return 0 if all_reduce_one_rank(nccl, uid) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+// mpbind._core: hand-written C++ core of mpbind (nanobind).
+//
+// Future home of the RAII objects of the Pythonic layer (communicators,
+// registrations, grids, plans, ...). For now it only reports how it was built.
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <string>
+
+namespace nb = nanobind;
+
+namespace {
+
+std::string abi_tag() {
+    std::string tag = "nanobind " NB_TOSTRING(NB_VERSION_MAJOR) "." NB_TOSTRING(
+        NB_VERSION_MINOR) "." NB_TOSTRING(NB_VERSION_PATCH);
+#if defined(NB_PLATFORM_ABI_TAG)
+    tag += " (" NB_PLATFORM_ABI_TAG ")";
+#endif
+    return tag;
+}
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+    m.doc() =
+        "mpbind core (C++/nanobind): owner of library resources for the "
+        "Pythonic layer. Internal module; use mpbind.nccl, mpbind.nvshmem, "
+        "mpbind.cublasmp and mpbind.cufftmp.";
+
+    m.def("abi_tag", &abi_tag,
+          "Return the nanobind version and platform ABI tag this module was built with.");
+}

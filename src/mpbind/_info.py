@@ -1,0 +1,291 @@
+"""What mpbind finds on this machine: libraries, versions, binding coverage, GPU.
+
+Backs ``python -m mpbind info``, ``python -m mpbind coverage`` and
+:func:`mpbind.show_config`. Every probe is independent and never raises: a
+failure is reported as text.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from dataclasses import dataclass, field
+from typing import IO, Any, TypeAlias
+
+# (c_function_name, python_name or None, exclusion reason or None)
+CoverageEntry: TypeAlias = "tuple[str, str | None, str | None]"
+
+
+@dataclass
+class CoverageSummary:
+    """Counts of one library's C functions in the generated bindings."""
+
+    bound: int
+    excluded: int
+    total: int
+
+    @property
+    def missing(self) -> int:
+        """Functions neither bound nor excluded with a reason."""
+        return self.total - self.bound - self.excluded
+
+
+@dataclass
+class LibraryReport:
+    """What :func:`library_report` found for one library."""
+
+    name: str
+    env_var: str | None = None
+    env_value: str | None = None
+    found: bool = False
+    path: str | None = None
+    version: str | None = None
+    error: str | None = None
+    pinned: str | None = None
+    coverage: CoverageSummary | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+# Lines of a "not found" message shown by ``info`` after the first one.
+_MAX_ERROR_LINES = 8
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def gpu_count() -> tuple[int, str | None]:
+    """Return ``(number of visible CUDA devices, reason)``.
+
+    The reason is ``None`` when at least one device is visible, otherwise it says
+    why none is (no ``cuda.bindings``, no driver, no device, ...). Never raises.
+    """
+    try:
+        from cuda.bindings import driver
+    except Exception as exc:  # ImportError, or a broken installation
+        return 0, f"cuda.bindings.driver not importable ({_describe(exc)})"
+    try:
+        (err,) = driver.cuInit(0)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return 0, f"cuInit failed: {_driver_error(driver, err)}"
+        err, count = driver.cuDeviceGetCount()
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return 0, f"cuDeviceGetCount failed: {_driver_error(driver, err)}"
+    except Exception as exc:  # e.g. libcuda.so.1 missing
+        return 0, _describe(exc)
+    if count <= 0:
+        return 0, "the driver reports 0 CUDA devices"
+    return int(count), None
+
+
+def _driver_error(driver: Any, err: Any) -> str:
+    name = getattr(err, "name", str(err))
+    try:
+        res, text = driver.cuGetErrorString(err)
+        if res == driver.CUresult.CUDA_SUCCESS and text:
+            decoded = text.decode() if isinstance(text, bytes) else str(text)
+            return f"{name} ({decoded})"
+    except Exception:
+        pass
+    return str(name)
+
+
+def _load_coverage() -> tuple[dict[str, list[CoverageEntry]], dict[str, str], str | None]:
+    """Return ``(COVERAGE, PINNED, error)`` from the generated coverage table."""
+    try:
+        from mpbind.bindings import _coverage
+    except Exception as exc:
+        return {}, {}, _describe(exc)
+    coverage: dict[str, list[CoverageEntry]] = dict(getattr(_coverage, "COVERAGE", {}))
+    pinned: dict[str, str] = dict(getattr(_coverage, "PINNED", {}))
+    return coverage, pinned, None
+
+
+def summarize(entries: list[CoverageEntry]) -> CoverageSummary:
+    """Count bound, excluded and total functions of one library."""
+    bound = sum(1 for _, py_name, _ in entries if py_name is not None)
+    excluded = sum(1 for _, py_name, reason in entries if py_name is None and reason is not None)
+    return CoverageSummary(bound=bound, excluded=excluded, total=len(entries))
+
+
+def library_names() -> tuple[list[str], str | None]:
+    """Names of the libraries mpbind knows, in order, or the reason they are unknown."""
+    try:
+        from mpbind import _loader
+    except Exception as exc:
+        return ["nccl", "nvshmem", "cublasmp", "cufftmp"], f"mpbind._loader: {_describe(exc)}"
+    return list(_loader.LIBRARIES), None
+
+
+def library_report(
+    name: str,
+    coverage: dict[str, list[CoverageEntry]] | None = None,
+    pinned: dict[str, str] | None = None,
+) -> LibraryReport:
+    """Probe one library: load it, read its version and binding coverage. Never raises."""
+    report = LibraryReport(name=name)
+    if coverage is None or pinned is None:
+        coverage, pinned, _ = _load_coverage()
+    try:
+        report.pinned = pinned.get(name)
+        if name in coverage:
+            report.coverage = summarize(list(coverage[name]))
+    except Exception as exc:
+        report.notes.append(f"coverage table unreadable: {_describe(exc)}")
+    try:
+        import os
+
+        from mpbind import _loader
+
+        spec = _loader.LIBRARIES[name]
+        report.env_var = spec.env_var
+        report.env_value = os.environ.get(spec.env_var) if spec.env_var else None
+        lib = _loader.load(name)
+        report.found = True
+        report.path = str(lib.path)
+    except Exception as exc:
+        report.error = _describe(exc)
+        return report
+    try:
+        report.version = _loader.loaded_version(name)
+    except Exception as exc:
+        report.notes.append(f"version query failed: {_describe(exc)}")
+    return report
+
+
+def _package_version(dist: str) -> str:
+    try:
+        from importlib.metadata import version
+
+        return version(dist)
+    except Exception:
+        return "not installed"
+
+
+def format_info() -> str:
+    """The text printed by ``python -m mpbind info`` and :func:`mpbind.show_config`."""
+    lines: list[str] = []
+    try:
+        import mpbind
+
+        mpbind_version = mpbind.__version__
+    except Exception as exc:
+        mpbind_version = f"unknown ({_describe(exc)})"
+    lines.append(f"mpbind {mpbind_version}")
+    lines.append(
+        f"Python {platform.python_version()} ({platform.machine()}), "
+        f"numpy {_package_version('numpy')}, "
+        f"cuda-pathfinder {_package_version('cuda-pathfinder')}, "
+        f"cuda-bindings {_package_version('cuda-bindings')}"
+    )
+
+    names, names_error = library_names()
+    if names_error:
+        lines.append(f"warning: cannot read the library list ({names_error})")
+    coverage, pinned, coverage_error = _load_coverage()
+    if coverage_error:
+        lines.append(f"warning: no coverage table ({coverage_error})")
+
+    for name in names:
+        try:
+            report = library_report(name, coverage, pinned)
+        except Exception as exc:  # library_report does not raise; belt and braces
+            report = LibraryReport(name=name, error=_describe(exc))
+        lines.append("")
+        lines.extend(_format_report(report))
+
+    lines.append("")
+    count, reason = gpu_count()
+    if count > 0:
+        lines.append(f"GPU: {count} CUDA device{'s' if count != 1 else ''} visible")
+    else:
+        lines.append(f"GPU: no GPU visible: {reason}")
+    return "\n".join(lines)
+
+
+def _format_report(report: LibraryReport) -> list[str]:
+    out = [f"{report.name}:"]
+    if report.found:
+        out.append("  status:   found")
+        out.append(f"  path:     {report.path}")
+        out.append(f"  version:  {report.version or 'unknown'}")
+    else:
+        out.append("  status:   not found")
+        if report.error:
+            first, *rest = report.error.splitlines() or [""]
+            out.append(f"  tried:    {first}")
+            out.extend(f"            {line}" for line in rest[:_MAX_ERROR_LINES])
+            if len(rest) > _MAX_ERROR_LINES:
+                out.append(f"            ... ({len(rest) - _MAX_ERROR_LINES} more lines)")
+    if report.coverage is not None:
+        cov = report.coverage
+        text = f"{cov.bound} bound / {cov.excluded} excluded / {cov.total} total"
+        if cov.missing:
+            text += f" ({cov.missing} neither bound nor excluded)"
+        out.append(f"  coverage: {text}")
+    else:
+        out.append("  coverage: no bindings yet")
+    out.append(f"  pinned:   {report.pinned or '-'}")
+    if report.env_var:
+        value = report.env_value if report.env_value else "unset"
+        out.append(f"  override: {report.env_var} ({value})")
+    out.extend(f"  note:     {note}" for note in report.notes)
+    return out
+
+
+def show_config(file: IO[str] | None = None) -> None:
+    """Print :func:`format_info` to ``file`` (default: standard output)."""
+    print(format_info(), file=file if file is not None else sys.stdout)
+
+
+def coverage_json() -> dict[str, dict[str, Any]]:
+    """Coverage of every bound library, in the shape printed by ``coverage --json``."""
+    coverage, pinned, error = _load_coverage()
+    if error:
+        raise RuntimeError(f"no coverage table: {error}")
+    return {
+        lib: {
+            "pinned": pinned.get(lib),
+            "functions": [
+                {"c_name": c_name, "python_name": py_name, "excluded": reason}
+                for c_name, py_name, reason in entries
+            ],
+        }
+        for lib, entries in coverage.items()
+    }
+
+
+def format_coverage_table() -> str:
+    """A one-line-per-library summary of :func:`coverage_json`."""
+    coverage, pinned, error = _load_coverage()
+    if error:
+        return f"no coverage table: {error}"
+    names, _ = library_names()
+    names += [lib for lib in coverage if lib not in names]
+    header = ("library", "pinned", "bound", "excluded", "missing", "total")
+    rows: list[tuple[str, ...]] = [header]
+    for lib in names:
+        if lib in coverage:
+            cov = summarize(list(coverage[lib]))
+            rows.append(
+                (
+                    lib,
+                    pinned.get(lib, "-"),
+                    str(cov.bound),
+                    str(cov.excluded),
+                    str(cov.missing),
+                    str(cov.total),
+                )
+            )
+        else:
+            rows.append((lib, pinned.get(lib, "-"), "-", "-", "-", "no bindings yet"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = []
+    for row in rows:
+        cells = [
+            cell.ljust(width) if i < 2 else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)

@@ -1,0 +1,133 @@
+"""Finds and opens each library once; the generated bindings dlsym on that handle only.
+
+Search order: the library's override variable (MPBIND_<LIB>_PATH, a file or a
+folder holding the library), then cuda.pathfinder (the nvidia-* wheels, then the
+system). Nothing is loaded at import; the first call into a library loads it.
+Symbols are never looked up with RTLD_DEFAULT, which could bind a foreign copy of
+the library already in the process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import os
+import threading
+from dataclasses import dataclass
+
+from mpbind.errors import FunctionNotFoundError, LibraryNotFoundError
+
+
+@dataclass(frozen=True)
+class LibrarySpec:
+    name: str           # mpbind's name for it
+    pathfinder: str     # cuda.pathfinder's name
+    sonames: tuple[str, ...]
+    env_var: str
+    deepbind: bool = False  # cuda.pathfinder opens libcufftMp with RTLD_DEEPBIND
+
+
+@dataclass(frozen=True)
+class LoadedLibrary:
+    name: str
+    path: str
+    handle: int
+    found_via: str
+
+
+LIBRARIES: dict[str, LibrarySpec] = {
+    "nccl": LibrarySpec("nccl", "nccl", ("libnccl.so.2",), "MPBIND_NCCL_PATH"),
+    "nvshmem": LibrarySpec("nvshmem", "nvshmem_host", ("libnvshmem_host.so.3",), "MPBIND_NVSHMEM_PATH"),
+    "cublasmp": LibrarySpec("cublasmp", "cublasmp", ("libcublasmp.so.0",), "MPBIND_CUBLASMP_PATH"),
+    "cufftmp": LibrarySpec("cufftmp", "cufftMp", ("libcufftMp.so.12", "libcufftMp.so.11"),
+                           "MPBIND_CUFFTMP_PATH", deepbind=True),
+}
+
+_lock = threading.Lock()
+_loaded: dict[str, LoadedLibrary] = {}
+
+
+def _spec(name: str) -> LibrarySpec:
+    try:
+        return LIBRARIES[name]
+    except KeyError:
+        raise LibraryNotFoundError(f"mpbind does not know a library called {name!r}") from None
+
+
+def _open_override(spec: LibrarySpec, value: str) -> LoadedLibrary:
+    candidates = [os.path.join(value, s) for s in spec.sonames] if os.path.isdir(value) else [value]
+    tried = []
+    mode = os.RTLD_NOW | os.RTLD_GLOBAL | (os.RTLD_DEEPBIND if spec.deepbind else 0)
+    for path in candidates:
+        try:
+            lib = ctypes.CDLL(path, mode=mode)
+        except OSError as exc:
+            tried.append(f"{path}: {exc}")
+            continue
+        return LoadedLibrary(spec.name, os.path.abspath(path), int(lib._handle), spec.env_var)
+    raise LibraryNotFoundError(
+        f"cannot load {spec.name} from {spec.env_var}={value!r}; tried:\n  " + "\n  ".join(tried)
+    )
+
+
+def _open_pathfinder(spec: LibrarySpec) -> LoadedLibrary:
+    from cuda.pathfinder import DynamicLibNotFoundError, load_nvidia_dynamic_lib
+
+    try:
+        dl = load_nvidia_dynamic_lib(spec.pathfinder)
+    except DynamicLibNotFoundError as exc:
+        raise LibraryNotFoundError(
+            f"cannot find {spec.name} ({' or '.join(spec.sonames)}). Tried: {spec.env_var} (unset), "
+            f"then cuda.pathfinder: {exc}. Install the nvidia-* wheel (pip install 'mpbind[cu13]') "
+            f"or set {spec.env_var} to the library file or its folder."
+        ) from exc
+    except OSError as exc:
+        raise LibraryNotFoundError(f"{spec.name} was found but could not be loaded: {exc}") from exc
+    return LoadedLibrary(spec.name, dl.abs_path or spec.sonames[0], int(dl._handle_uint), dl.found_via)
+
+
+def load(name: str) -> LoadedLibrary:
+    """Open library `name` once (thread-safe) and return its path and dlopen handle."""
+    found = _loaded.get(name)
+    if found is not None:
+        return found
+    spec = _spec(name)
+    with _lock:
+        found = _loaded.get(name)
+        if found is None:
+            override = os.environ.get(spec.env_var)
+            found = _open_override(spec, override) if override else _open_pathfinder(spec)
+            _loaded[name] = found
+    return found
+
+
+def is_loaded(name: str) -> bool:
+    return name in _loaded
+
+
+def format_version(name: str, code: int) -> str:
+    """Turn a library's integer version code into 'major.minor.patch'."""
+    if name == "nccl":
+        # NCCL_VERSION(X,Y,Z): X*1000+Y*100+Z up to 2.8, X*10000+Y*100+Z after.
+        if code >= 10000:
+            return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
+        return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
+    return str(code)
+
+
+def loaded_version(name: str) -> str | None:
+    """The version of the loaded library `name`, or None if unknown or not loadable."""
+    try:
+        internal = importlib.import_module(f"mpbind.bindings._internal.{name}")
+    except ImportError:
+        return None
+    try:
+        code = internal.library_version_code()
+    except Exception:
+        return None
+    return None if code is None else format_version(name, code)
+
+
+def function_not_found(name: str, function: str, since: str | None) -> FunctionNotFoundError:
+    lib = load(name)
+    return FunctionNotFoundError(function, lib.path, loaded_version(name), since, library=name)

@@ -1,0 +1,151 @@
+"""mpbind's one exception hierarchy.
+
+    MpbindError
+    ├─ LibraryNotFoundError   (also ImportError)
+    ├─ FunctionNotFoundError  (also NotImplementedError)
+    ├─ LibraryError           (also RuntimeError): .library .function .status
+    │  ├─ NCCLError      ─ one subclass per ncclResult_t value
+    │  ├─ NVSHMEMError   ─ …
+    │  ├─ CuBLASMpError  ─ …
+    │  └─ CuFFTMpError   ─ …
+    └─ UsageError             (also ValueError): misuse caught before any C call
+
+The per-status subclasses are generated into mpbind._status and re-exported here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class MpbindError(Exception):
+    """Base of every exception mpbind raises."""
+
+
+class LibraryNotFoundError(MpbindError, ImportError):
+    """A shared library could not be loaded; the message lists what was tried."""
+
+
+class FunctionNotFoundError(MpbindError, NotImplementedError):
+    """The loaded library lacks a function the pinned headers declare."""
+
+    def __init__(
+        self,
+        function: str,
+        library_path: str,
+        loaded_version: str | None,
+        first_version: str | None,
+        library: str = "",
+    ) -> None:
+        self.function = function
+        self.library = library
+        self.library_path = library_path
+        self.loaded_version = loaded_version
+        self.first_version = first_version
+        since = ""
+        if first_version:
+            since = (f"; it first appeared in {first_version.replace('<=', 'version ')} or earlier"
+                     if first_version.startswith("<=") else f"; it first appeared in {first_version}")
+        super().__init__(
+            f"{function} is not exported by {library_path} "
+            f"(version {loaded_version or 'unknown'}){since}"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.function, self.library_path, self.loaded_version,
+                             self.first_version, self.library))
+
+
+class UsageError(MpbindError, ValueError):
+    """Bad input or misuse, caught before any library call."""
+
+
+class LibraryError(MpbindError, RuntimeError):
+    """A library call returned an error status.
+
+    Attributes: library, function (the C function), status (int), status_name,
+    description (the library's string for the status) and last_error (its
+    last-error message, where it has one).
+    """
+
+    library: str = ""
+    #: Set on generated per-status subclasses.
+    status_code: int | None = None
+
+    def __init__(
+        self,
+        function: str,
+        status: int,
+        status_name: str | None = None,
+        description: str | None = None,
+        last_error: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.function = function
+        self.status = int(status)
+        self.status_name = status_name
+        self.description = description
+        self.last_error = last_error
+        self.hint = hint
+        name = status_name or "unknown status"
+        msg = f"{function} failed: {name} ({self.status})"
+        if description:
+            msg += f": {description}"
+        if last_error and last_error != description:
+            msg += f" [last error: {last_error}]"
+        if hint:
+            msg += f" ({hint})"
+        super().__init__(msg)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.function, self.status, self.status_name, self.description,
+                             self.last_error, self.hint))
+
+
+class NCCLError(LibraryError):
+    """An NCCL call failed."""
+
+    library = "nccl"
+
+
+class NVSHMEMError(LibraryError):
+    """An NVSHMEM call failed."""
+
+    library = "nvshmem"
+
+
+class CuBLASMpError(LibraryError):
+    """A cuBLASMp call failed."""
+
+    library = "cublasmp"
+
+
+class CuFFTMpError(LibraryError):
+    """A cuFFTMp call failed."""
+
+    library = "cufftmp"
+
+
+LIBRARY_ERRORS: dict[str, type[LibraryError]] = {
+    "nccl": NCCLError,
+    "nvshmem": NVSHMEMError,
+    "cublasmp": CuBLASMpError,
+    "cufftmp": CuFFTMpError,
+}
+
+from mpbind._status import *  # noqa: E402,F403  (per-status subclasses)
+from mpbind._status import __all__ as _status_all  # noqa: E402
+
+__all__ = [
+    "MpbindError",
+    "LibraryNotFoundError",
+    "FunctionNotFoundError",
+    "UsageError",
+    "LibraryError",
+    "NCCLError",
+    "NVSHMEMError",
+    "CuBLASMpError",
+    "CuFFTMpError",
+    "LIBRARY_ERRORS",
+    *_status_all,
+]
