@@ -12,8 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 from emit_common import (
-    Index, c_args, c_param_types, c_params, c_type, cimport_lines, cy_type, except_clause,
-    loading_error, std_names,
+    Index,
+    c_args,
+    c_param_types,
+    c_params,
+    c_type,
+    cimport_lines,
+    cy_type,
+    except_clause,
+    loading_error,
+    std_names,
 )
 
 I4 = "    "
@@ -152,7 +160,7 @@ def internal_pyx(ix: Index) -> str:
         "import threading",
         "",
         f'LIBRARY = "{lib}"',
-        f"SINCE = {{",
+        "SINCE = {",
     ]
     lines += [f'{I4}"{n}": "{since[n]}",' for n in names]
     lines += [

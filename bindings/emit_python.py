@@ -109,7 +109,7 @@ def _struct_class(ix: Index, s: dict[str, Any]) -> list[str]:
     # Construction
     lines += [f"{I4}def __cinit__(self):", f"{I8}self._refs = {{}}"]
     if init:
-        for f, v in zip(fields, init["values"]):
+        for f, v in zip(fields, init["values"], strict=False):
             if v is None:
                 continue
             vk = value_kind(ix, f["type"]) if f["type"]["kind"] != "array" else "array"
@@ -312,7 +312,8 @@ def _function(ix: Index, p: Plan) -> list[str]:
                 vk = value_kind(ix, t)
                 if vk == "struct":
                     cls = ix.structs[resolve(ix, t)["name"]]["python"]
-                    pre.append(f"cdef {cy_type(resolve(ix, t), drop_const=True)} _v_{n} = (<{cls}>_as_{cls}({py}, \"{py}\"))._data")
+                    ct = cy_type(resolve(ix, t), drop_const=True)
+                    pre.append(f"cdef {ct} _v_{n} = (<{cls}>_as_{cls}({py}, \"{py}\"))._data")
                     args.append(f"_v_{n}")
                 elif vk == "enum":
                     args.append(f"<{cy_type(t, drop_const=True)}>{py}")
@@ -490,7 +491,7 @@ def python_pyx(ix: Index) -> str:
     for e in ir["enums"]:
         lines.append(f"class {e['python']}(_IntEnum):")
         lines.append(f'{I4}"""{e["name"]}"""')
-        for cn, py, v in e["members"]:
+        for _, py, v in e["members"]:
             lines.append(f"{I4}{py} = {v}")
         lines += ["", ""]
     lines += [

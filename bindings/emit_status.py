@@ -22,10 +22,8 @@ def status_py(irs: list[dict[str, Any]]) -> str:
         "",
         "from __future__ import annotations",
         "",
-        "from mpbind.errors import LIBRARY_ERRORS, LibraryError",
-        "",
     ]
-    bases = sorted({ir["status"]["error_base"] for ir in irs})
+    bases = sorted({ir["status"]["error_base"] for ir in irs} | {"LIBRARY_ERRORS", "LibraryError"})
     lines.append(f"from mpbind.errors import {', '.join(bases)}")
     lines += ["", "__all__ = ["]
     classes: dict[str, list[tuple[str, str, int]]] = {}

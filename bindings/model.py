@@ -215,7 +215,7 @@ def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[
         names = [v[0] for v in e["values"]]
         py = es.get("members") or enum_member_names(names, prefix)
         enums.append({**e, "python": es.get("python", enum_class_name(e["name"], prefix)),
-                      "members": [[c, p, v] for (c, v), p in zip(e["values"], py)]})
+                      "members": [[c, p, v] for (c, v), p in zip(e["values"], py, strict=True)]})
     structs = []
     for s in parsed["structs"]:
         ss = spec.structs.get(s["name"], {})

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import clang.cindex as ci
-
 from model import Spec
 
 K = ci.CursorKind
