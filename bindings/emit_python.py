@@ -127,7 +127,7 @@ def _struct_class(ix: Index, s: dict[str, Any]) -> list[str]:
         lines += [
             f"{I4}def __init__(self, data=None):",
             f"{I8}if data is not None:",
-            f"{I8}{I4}b = bytes(data)",
+            f"{I8}{I4}b = bytes(memoryview(data))  # bytes-like only: bytes(n) would make n zeros",
             f"{I8}{I4}if len(b) != sizeof({name}):",
             f'{I8}{I4}{I4}raise _UsageError("{cls} takes exactly %d bytes, got %d" % (sizeof({name}), len(b)))',
             f"{I8}{I4}memcpy(&self._data, <const char*>b, sizeof({name}))",
@@ -446,12 +446,35 @@ def _function(ix: Index, p: Plan) -> list[str]:
 
     inner = call_lines + check + tail
     if cleanup:
-        # declare allocations before try so finally can free them
-        body += decls + pre + ["try:"] + [I4 + x for x in inner] + ["finally:"] + [I4 + c for c in cleanup]
+        # Everything that can fail runs inside try, so finally frees what was
+        # allocated; Cython wants the declarations outside it.
+        hoisted, stmts = _hoist_declarations(pre)
+        body += decls + hoisted + ["try:"] + [I4 + x for x in stmts + inner] + ["finally:"]
+        body += [I4 + c for c in cleanup]
     else:
         body += decls + pre + inner
     out = [f"def {f['python']}({', '.join(sig)}):"] + [I4 + b for b in body]
-    return out + ["", ""]
+    return [line.rstrip() for line in "\n".join(out).split("\n")] + ["", ""]
+
+
+_CONSTANT_INIT = {"NULL", "0", "None"}
+
+
+def _hoist_declarations(pre: list[str]) -> tuple[list[str], list[str]]:
+    """Split `cdef T x = expr` into a declaration and, unless expr is a constant, an assignment."""
+    hoisted: list[str] = []
+    stmts: list[str] = []
+    for line in pre:
+        if not line.startswith("cdef "):
+            stmts.append(line)
+            continue
+        decl, _, expr = line.partition(" = ")
+        if not expr or expr in _CONSTANT_INIT:
+            hoisted.append(line)
+            continue
+        hoisted.append(decl)
+        stmts.append(f"{decl.split()[-1].lstrip('*')} = {expr}")
+    return hoisted, stmts
 
 
 def python_pyx(ix: Index) -> str:
@@ -553,4 +576,5 @@ def python_pyx(ix: Index) -> str:
         lines += ["", ""]
     for f in ix.bound:
         lines += _function(ix, plan(ix, f))
-    return "\n".join(lines).rstrip() + "\n"
+    text = "\n".join(lines)
+    return "\n".join(line.rstrip() for line in text.split("\n")).rstrip() + "\n"

@@ -133,10 +133,9 @@ LIBRARY_ERRORS: dict[str, type[LibraryError]] = {
     "cufftmp": CuFFTMpError,
 }
 
-from mpbind._status import *  # noqa: E402,F403  (per-status subclasses)
-from mpbind._status import __all__ as _status_all  # noqa: E402
 
-__all__ = [
+
+_BASE_NAMES = [
     "MpbindError",
     "LibraryNotFoundError",
     "FunctionNotFoundError",
@@ -147,5 +146,23 @@ __all__ = [
     "CuBLASMpError",
     "CuFFTMpError",
     "LIBRARY_ERRORS",
-    *_status_all,
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The per-status subclasses live in the generated mpbind._status, which
+    # imports this module; resolving them (and __all__) lazily keeps either
+    # import order valid.
+    from mpbind import _status
+
+    if name == "__all__":
+        return _BASE_NAMES + list(_status.__all__)
+    if name in _status.__all__:
+        return getattr(_status, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    from mpbind import _status
+
+    return sorted(set(globals()) | set(_status.__all__))
