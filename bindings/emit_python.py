@@ -472,7 +472,8 @@ def _hoist_declarations(pre: list[str]) -> tuple[list[str], list[str]]:
         if not expr or expr in _CONSTANT_INIT:
             hoisted.append(line)
             continue
-        hoisted.append(decl)
+        # A pointer the finally clause frees must be NULL until assigned.
+        hoisted.append(f"{decl} = NULL" if "*" in decl else decl)
         stmts.append(f"{decl.split()[-1].lstrip('*')} = {expr}")
     return hoisted, stmts
 
@@ -510,6 +511,8 @@ def python_pyx(ix: Index) -> str:
     lines.append("")
     for cname, py in sorted(ix.handles.items()):
         lines.append(f'{py} = _NewType("{py}", int)  # {cname}')
+        # NewType takes its module from the caller's frame, which Cython lacks.
+        lines.append(f"{py}.__module__ = __name__")
     lines += ["", ""]
     for e in ir["enums"]:
         lines.append(f"class {e['python']}(_IntEnum):")

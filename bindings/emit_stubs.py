@@ -36,7 +36,7 @@ def _struct(ix: Index, s: dict[str, Any]) -> list[str]:
             f"{I4}def __bytes__(self) -> bytes: ...",
             f"{I4}def __len__(self) -> int: ...",
             f"{I4}def __buffer__(self, flags: int, /) -> memoryview: ...",
-            f"{I4}def __eq__(self, other: object) -> bool: ...",
+            f"{I4}def __eq__(self, other: object, /) -> bool: ...",
             f"{I4}def __hash__(self) -> int: ...",
         ]
     elif "opaque" in s:
