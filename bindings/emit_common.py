@@ -161,10 +161,10 @@ def except_clause(ir: dict[str, Any], ret: dict[str, Any]) -> str:
         return f"except?{loading_error(ir)}"
     if k == "pointer":
         return "except?NULL"
-    if k == "builtin" and ret["name"] not in ("void",):
+    if k == "builtin" and ret["name"] != "void":
         return "except?-1" if ret["name"] not in ("float", "double") else "except?-1.0"
-    if k in ("handle", "alias", "enum"):
-        return "except *"
+    # void, structs by value, handles, other enums: no spare value; the caller
+    # checks for a pending exception.
     return "except *"
 
 

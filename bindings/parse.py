@@ -235,12 +235,10 @@ class HeaderParser:
         for c in flat:
             header = self._own(c)
             if header is None:
-                if c.kind == K.MACRO_DEFINITION:
-                    pass
                 continue
             if c.kind == K.MACRO_DEFINITION:
                 toks = [t.spelling for t in c.get_tokens()]
-                if len(toks) >= 2 and not (len(toks) > 1 and toks[1] == "(" and _is_function_like(c)):
+                if len(toks) >= 2 and not _is_function_like(c):
                     macros.append((c.spelling, header))
                 continue
             if c.kind == K.FUNCTION_DECL:
@@ -316,7 +314,7 @@ class HeaderParser:
             if f.is_anonymous() or not f.spelling:
                 opaque_reason = "anonymous member"
                 break
-            if ft["kind"] == "struct" and ft["name"].startswith(("(", "")) and not ft["name"]:
+            if ft["kind"] == "struct" and not ft["name"]:
                 opaque_reason = "unnamed nested record"
                 break
             if f.is_bitfield():
