@@ -78,7 +78,7 @@ def _open_pathfinder(spec: LibrarySpec) -> LoadedLibrary:
     except DynamicLibNotFoundError as exc:
         raise LibraryNotFoundError(
             f"cannot find {spec.name} ({' or '.join(spec.sonames)}). Tried: {spec.env_var} (unset), "
-            f"then cuda.pathfinder: {exc}. Install the nvidia-* wheel (pip install 'mpbind[cu13]') "
+            f"then cuda.pathfinder: {exc}. Install its nvidia-* wheel "
             f"or set {spec.env_var} to the library file or its folder."
         ) from exc
     except OSError as exc:
