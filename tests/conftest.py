@@ -36,3 +36,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason=f"needs a CUDA GPU; no GPU visible: {reason}")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def c_compiler() -> str:
+    """Path of a C compiler; tests that build C code skip without one."""
+    import shutil
+
+    for cc in ("cc", "gcc", "clang"):
+        path = shutil.which(cc)
+        if path:
+            return path
+    pytest.skip("no C compiler (cc, gcc or clang) on PATH")

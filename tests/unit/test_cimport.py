@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -30,17 +29,9 @@ def version_nogil():
 """
 
 
-def _compiler() -> str:
-    for cc in ("cc", "gcc", "clang"):
-        path = shutil.which(cc)
-        if path:
-            return path
-    pytest.skip("no C compiler (cc, gcc or clang) on PATH")
-
-
-def test_downstream_cimport_calls_without_the_gil(tmp_path: Path) -> None:
+def test_downstream_cimport_calls_without_the_gil(tmp_path: Path, c_compiler: str) -> None:
     pytest.importorskip("Cython", reason="Cython is needed to build the downstream module")
-    cc = _compiler()
+    cc = c_compiler
     site = Path(mpbind.__file__).resolve().parent.parent
     assert (site / "mpbind" / "bindings" / "cynccl.pxd").is_file(), "cynccl.pxd is not installed"
     pyx = tmp_path / "mpbind_downstream.pyx"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.metadata as md
 import json
 import math
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -52,14 +51,6 @@ def _header_dir() -> Path:
     return Path(str(dist.locate_file("nvidia/nccl/include")))
 
 
-def _compiler() -> str:
-    for cc in ("cc", "gcc", "clang"):
-        path = shutil.which(cc)
-        if path:
-            return path
-    pytest.skip("no C compiler (cc, gcc or clang) on PATH")
-
-
 def _program(ir: dict[str, Any]) -> str:
     lines = [
         "#include <stdio.h>",
@@ -89,11 +80,11 @@ def _program(ir: dict[str, Any]) -> str:
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, str], float | int]:
+def compiled(tmp_path_factory: pytest.TempPathFactory, c_compiler: str) -> dict[tuple[str, str, str], float | int]:
     """(kind, owner, name) -> value, as printed by the compiled probe."""
     ir = _ir()
     include = _header_dir()
-    cc = _compiler()
+    cc = c_compiler
     tmp = tmp_path_factory.mktemp("probe")
     shim = tmp / "shim"
     shim.mkdir()

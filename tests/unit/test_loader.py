@@ -237,11 +237,9 @@ const char* ncclGetErrorString(ncclResult_t result) { (void)result; return "fake
 
 
 @pytest.fixture(scope="module")
-def fake_nccl(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def fake_nccl(tmp_path_factory: pytest.TempPathFactory, c_compiler: str) -> Path:
     """A libnccl.so.2 exporting only ncclGetVersion (2.28.9) and ncclGetErrorString."""
-    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if cc is None:
-        pytest.skip("no C compiler")
+    cc = c_compiler
     folder = tmp_path_factory.mktemp("fake_nccl")
     src = folder / "fake_nccl.c"
     src.write_text(FAKE_SOURCE)
