@@ -65,12 +65,12 @@ class Index:
         handles: set[str] = set()
         seen: set[str] = set()
 
-        def visit(t: dict[str, Any], by_value: bool = True) -> None:
+        def visit(t: dict[str, Any]) -> None:
             k = t["kind"]
             if k == "pointer":
-                visit(t["pointee"], by_value=False)
+                visit(t["pointee"])
             elif k == "array":
-                visit(t["element"], by_value)
+                visit(t["element"])
             elif k == "alias":
                 if t["name"] not in aliases:
                     visit(t["target"])

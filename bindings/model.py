@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +103,6 @@ class Spec:
     enums: dict[str, dict[str, Any]]
     structs: dict[str, dict[str, Any]]
     since: dict[str, str]
-    raw: dict[str, Any] = field(repr=False, default_factory=dict)
 
     @classmethod
     def load(cls, name: str) -> Spec:
@@ -133,11 +132,10 @@ class Spec:
             enums=d.get("enums", {}),
             structs=d.get("structs", {}),
             since=d.get("since", {}),
-            raw=d,
         )
 
 
-def _is_char_ptr(t: dict[str, Any]) -> bool:
+def is_char_ptr(t: dict[str, Any]) -> bool:
     return t["kind"] == "pointer" and t["pointee"]["kind"] == "builtin" and t["pointee"]["name"] == "char"
 
 
@@ -194,7 +192,7 @@ def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[
             if role not in ROLES:
                 raise ValueError(f"{name}.{p['name']}: unknown role {role}")
             t = p["type"]
-            if role == "in" and t["kind"] == "pointer" and not _is_char_ptr(t):
+            if role == "in" and t["kind"] == "pointer" and not is_char_ptr(t):
                 pointee = t["pointee"]
                 if pointee["kind"] == "struct" and pointee["name"] in struct_names:
                     ps.setdefault("struct", pointee["name"])

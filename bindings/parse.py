@@ -181,9 +181,9 @@ class HeaderParser:
                 out = {"kind": "alias", "name": name, "target": self.type_of(under)}
         elif t.kind in (T.RECORD,):
             decl = t.get_declaration()
-            out = {"kind": "struct", "name": self._record_name(decl)}
+            out = {"kind": "struct", "name": self._tag_name(decl)}
         elif t.kind == T.ENUM:
-            out = {"kind": "enum", "name": self._enum_name(t.get_declaration())}
+            out = {"kind": "enum", "name": self._tag_name(t.get_declaration())}
         elif t.kind == T.POINTER:
             out = {"kind": "pointer", "pointee": self.type_of(t.get_pointee())}
         elif t.kind == T.CONSTANTARRAY:
@@ -196,11 +196,8 @@ class HeaderParser:
             out["const"] = True
         return out
 
-    def _record_name(self, decl: ci.Cursor) -> str:
-        """The typedef name of a struct (ncclConfig_t), else its tag."""
-        return self.typedef_of_record.get(decl.hash, decl.spelling)
-
-    def _enum_name(self, decl: ci.Cursor) -> str:
+    def _tag_name(self, decl: ci.Cursor) -> str:
+        """The typedef name of a struct or enum (ncclConfig_t), else its tag."""
         return self.typedef_of_record.get(decl.hash, decl.spelling)
 
     # -- the walk --------------------------------------------------------------
@@ -250,11 +247,11 @@ class HeaderParser:
                 seen_fn.add(name)
                 functions.append(self._function(c, header))
             elif c.kind == K.ENUM_DECL and c.is_definition():
-                name = self._enum_name(c)
+                name = self._tag_name(c)
                 if name and not name.startswith("(") and name not in enums:
                     enums[name] = self._enum(c, name, header)
             elif c.kind == K.STRUCT_DECL and c.is_definition():
-                name = self._record_name(c)
+                name = self._tag_name(c)
                 if name:
                     records[name] = c
 

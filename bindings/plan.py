@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from emit_common import Index
+from model import is_char_ptr
 
 INT_BUILTINS = {
     "char", "signed char", "unsigned char", "short", "unsigned short", "int", "unsigned int",
@@ -20,10 +21,6 @@ def resolve(ix: Index, t: dict[str, Any]) -> dict[str, Any]:
     while t["kind"] == "alias":
         t = t["target"]
     return t
-
-
-def is_char_ptr(t: dict[str, Any]) -> bool:
-    return t["kind"] == "pointer" and t["pointee"]["kind"] == "builtin" and t["pointee"]["name"] == "char"
 
 
 def is_void(t: dict[str, Any]) -> bool:
