@@ -53,6 +53,8 @@ class Index:
         self.handles = dict(self.ir["handles"])
         self.foreign = dict(self.ir["foreign_handles"])
         self.bound = [f for f in self.ir["functions"] if "excluded" not in f]
+        # Functions with a library symbol (static inline ones are reproduced in Python).
+        self.symbols = [f for f in self.bound if "inline_body" not in f]
         self.status_type = self.ir["status"]["type"]
         self.lib = self.ir["library"]
         self.prefix = self.ir["prefix"]

@@ -97,7 +97,7 @@ def _foreign_tag(name: str) -> str:
 
 def _all_types(ix: Index) -> list[dict[str, Any]]:
     ts = []
-    for f in ix.bound:
+    for f in ix.symbols:
         ts.append(f["returns"])
         ts += [p["type"] for p in f["params"]]
     for s in ix.ir["structs"]:
@@ -113,7 +113,7 @@ def cy_pxd(ix: Index) -> str:
     lines += _types_block(ix)
     lines += ["", "", "# Entry points: callable without the GIL; each raises FunctionNotFoundError",
               "# (taking the GIL) when the loaded library lacks the symbol.", ""]
-    for f in ix.bound:
+    for f in ix.symbols:
         lines.append(f"cdef {cy_type(f['returns'], f['name'])}({c_params(f)}) "
                      f"{except_clause(ix.ir, f['returns'])} nogil")
     return "\n".join(lines) + "\n"
@@ -122,7 +122,7 @@ def cy_pxd(ix: Index) -> str:
 def cy_pyx(ix: Index) -> str:
     lines = ["# cython: language_level=3", "",
              f"from mpbind.bindings._internal cimport {ix.lib} as _{ix.lib}", ""]
-    for f in ix.bound:
+    for f in ix.symbols:
         lines.append(f"cdef {cy_type(f['returns'], f['name'])}({c_params(f)}) "
                      f"{except_clause(ix.ir, f['returns'])} nogil:")
         call = f"_{ix.lib}._{f['name']}({c_args(f)})"
@@ -137,7 +137,7 @@ def cy_pyx(ix: Index) -> str:
 def internal_pxd(ix: Index) -> str:
     lines = ["# cython: language_level=3", "",
              f"from mpbind.bindings.cy{ix.lib} cimport *", ""]
-    for f in ix.bound:
+    for f in ix.symbols:
         lines.append(f"cdef {cy_type(f['returns'], '_' + f['name'])}({c_params(f)}) "
                      f"{except_clause(ix.ir, f['returns'])} nogil")
     return "\n".join(lines) + "\n"
@@ -146,8 +146,8 @@ def internal_pxd(ix: Index) -> str:
 def internal_pyx(ix: Index) -> str:
     lib = ix.lib
     ir = ix.ir
-    names = [f["name"] for f in ix.bound]
-    since = {f["name"]: f["since"] for f in ix.bound}
+    names = [f["name"] for f in ix.symbols]
+    since = {f["name"]: f["since"] for f in ix.symbols}
     vf = ir["version_function"]["function"]
     lines = [
         "# cython: language_level=3",
@@ -214,17 +214,29 @@ def internal_pyx(ix: Index) -> str:
         "",
         "",
         "def library_version_code():",
-        f'{I4}"""The loaded library\'s version code from {vf}, or None if it lacks it."""',
+        f'{I4}"""The loaded library\'s version from {vf}, or None if it lacks it."""',
         f"{I4}_ensure_loaded()",
         f"{I4}if __{vf} == NULL:",
         f"{I4}{I4}return None",
-        f"{I4}cdef int code = 0",
-        f"{I4}if (<int (*)(int*) noexcept nogil>__{vf})(&code) != 0:",
-        f"{I4}{I4}return None",
-        f"{I4}return code",
-        "",
     ]
-    for f in ix.bound:
+    if ir["version_function"]["format"] == "triple":
+        # void f(int* major, int* minor, int* patch)
+        lines += [
+            f"{I4}cdef int major = 0, minor = 0, patch = 0",
+            f"{I4}(<void (*)(int*, int*, int*) noexcept nogil>__{vf})(&major, &minor, &patch)",
+            f"{I4}return (major, minor, patch)",
+            "",
+        ]
+    else:
+        # status f(int* code)
+        lines += [
+            f"{I4}cdef int code = 0",
+            f"{I4}if (<int (*)(int*) noexcept nogil>__{vf})(&code) != 0:",
+            f"{I4}{I4}return None",
+            f"{I4}return code",
+            "",
+        ]
+    for f in ix.symbols:
         n = f["name"]
         ret = cy_type(f["returns"])
         fptr = f"<{ret} (*)({c_param_types(f)}) noexcept nogil>__{n}"

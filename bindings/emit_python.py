@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from typing import Any
 
 from emit_common import Index, cy_type
@@ -12,8 +13,10 @@ I8 = I4 * 2
 
 
 def _const_name(ix: Index, name: str) -> str:
-    p = ix.prefix.upper() + "_"
-    return name[len(p):] if name.startswith(p) else name
+    for p in sorted(ix.ir["prefixes"], key=len, reverse=True):
+        if name.startswith(p.upper() + "_"):
+            return name[len(p) + 1:]
+    return name
 
 
 def _enum_ctype(e: dict[str, Any]) -> str:
@@ -109,18 +112,8 @@ def _struct_class(ix: Index, s: dict[str, Any]) -> list[str]:
     # Construction
     lines += [f"{I4}def __cinit__(self):", f"{I8}self._refs = {{}}"]
     if init:
-        for f, v in zip(fields, init["values"], strict=False):
-            if v is None:
-                continue
-            vk = value_kind(ix, f["type"]) if f["type"]["kind"] != "array" else "array"
-            if vk in ("handle", "address", "str"):
-                lines.append(f"{I8}self._data.{f['name']} = NULL")
-            elif vk == "enum":
-                ct = cy_type(f["type"], drop_const=True)
-                lines.append(f"{I8}self._data.{f['name']} = <{ct}>{v}")
-            elif vk in ("int", "float", "bool"):
-                lines.append(f"{I8}self._data.{f['name']} = {v!r}")
-        lines.append("")
+        # The bytes of the *_INITIALIZER value, as the compiler laid it out.
+        lines += [f"{I8}memcpy(&self._data, <const char*>{bytes.fromhex(init['image'])!r}, sizeof({name}))", ""]
     else:
         lines += [f"{I8}memset(&self._data, 0, sizeof({name}))", ""]
     if s.get("kind") == "bytes":
@@ -250,7 +243,8 @@ def _function(ix: Index, p: Plan) -> list[str]:
         t = cp["type"]
         decl = pp.name
         if cp["role"] == "in" and not cp.get("struct") and not cp.get("nullable"):
-            vk = value_kind(ix, t) if not (t["kind"] == "pointer" and not is_char_ptr(t)) else "address"
+            is_address = t["kind"] == "pointer" and (cp.get("address") or not is_char_ptr(t))
+            vk = "address" if is_address else value_kind(ix, t)
             if vk in ("int", "float", "bool"):
                 decl = f"{cy_type(resolve(ix, t), pp.name, drop_const=True)}"
                 if resolve(ix, t)["name"] == "bool":
@@ -282,8 +276,11 @@ def _function(ix: Index, p: Plan) -> list[str]:
         t = cp["type"]
         n = cp["name"]
         py = cp["python"]
-        if role == "in":
-            if t["kind"] == "pointer" and cp.get("struct"):
+        if role in ("in", "inout"):
+            if cp.get("convert") == "mpi_comm":
+                pre.append(f"cdef intptr_t _h_{n} = _mpi_comm_address({py})")
+                args.append(f"<{cy_type(t)}>_h_{n}")
+            elif t["kind"] == "pointer" and cp.get("struct"):
                 cls = ix.structs[cp["struct"]]["python"]
                 pre.append(f"cdef {cy_type(t['pointee'], drop_const=True)}* _p_{n} = NULL")
                 conv = f"_o_{n} = _as_{cls}({py}, \"{py}\"); _p_{n} = &(<{cls}>_o_{n})._data"
@@ -293,7 +290,7 @@ def _function(ix: Index, p: Plan) -> list[str]:
                 else:
                     pre.append(conv)
                 args.append(f"_p_{n}")
-            elif is_char_ptr(t):
+            elif is_char_ptr(t) and not cp.get("address"):
                 pre.append(f"cdef const char* _s_{n} = NULL")
                 pre.append(f"cdef bytes _b_{n} = None")
                 if cp.get("nullable"):
@@ -316,6 +313,8 @@ def _function(ix: Index, p: Plan) -> list[str]:
                     pre.append(f"cdef {ct} _v_{n} = (<{cls}>_as_{cls}({py}, \"{py}\"))._data")
                     args.append(f"_v_{n}")
                 elif vk == "enum":
+                    args.append(f"<{cy_type(t, drop_const=True)}>{py}")
+                elif vk == "address":
                     args.append(f"<{cy_type(t, drop_const=True)}>{py}")
                 elif vk == "handle":
                     if cp.get("nullable"):
@@ -374,6 +373,12 @@ def _function(ix: Index, p: Plan) -> list[str]:
                 pre.append(f"cdef {cy_type(pt, '_r_' + n, drop_const=False)}{init}")
                 args.append(f"&_r_{n}")
                 post.append(_convert_out(ix, pt, f"_r_{n}"))
+        elif role == "out_str_buffer":
+            cap = next(c["value"] for c in ir["constants"] if c["name"] == cp["capacity_constant"])
+            pre.append(f"cdef char _sb_{n}[{cap}]")
+            pre.append(f"memset(_sb_{n}, 0, {cap})")
+            args.append(f"_sb_{n}")
+            post.append(f"_sb_{n}[:{cap - 1}].split(b'\\0', 1)[0].decode(errors=\"replace\")")
         elif role == "out_discard":
             pt = t["pointee"]
             pre.append(f"cdef {cy_type(pt, '_d_' + n, drop_const=False)}")
@@ -424,7 +429,7 @@ def _function(ix: Index, p: Plan) -> list[str]:
         call_lines = ["with nogil:"] + [I4 + x for x in call_lines]
     decls = []
     if status:
-        decls.append(f"cdef {ix.status_type} __status__")
+        decls.append(f"cdef {cy_type(ret, '__status__', drop_const=True)}")
     elif not is_void(ret):
         decls.append(f"cdef {cy_type(ret, '__ret__', drop_const=False)}")
     check: list[str] = []
@@ -433,6 +438,11 @@ def _function(ix: Index, p: Plan) -> list[str]:
         cond = " and ".join(f"__status__ != {c}" for c in codes)
         check.append(f"if {cond}:")
         check.append(f'{I4}_raise_error(__status__, "{f["name"]}")')
+    if f.get("null_error"):
+        nonzero = " and ".join(f"{n} != 0" for n in f["null_error"])
+        null_code = next(v for cn, _, v in ix.enums[ix.status_type]["members"] if cn == ir["status"]["null_status"])
+        check.append(f"if __ret__ == NULL and {nonzero}:")
+        check.append(f'{I4}_raise_error({null_code}, "{f["name"]}")')
     results = []
     if not status and not is_void(ret):
         results.append(_convert_out(ix, ret, "__ret__"))
@@ -455,6 +465,71 @@ def _function(ix: Index, p: Plan) -> list[str]:
         body += decls + pre + inner
     out = [f"def {f['python']}({', '.join(sig)}):"] + [I4 + b for b in body]
     return [line.rstrip() for line in "\n".join(out).split("\n")] + ["", ""]
+
+
+def untyped_params(signature: str) -> str:
+    """The parameter list of a Python signature "(a: int, b: X = None) -> R" without annotations."""
+    fn = ast.parse(f"def f{signature}: ...").body[0]
+    assert isinstance(fn, ast.FunctionDef)
+    args = fn.args.args
+    defaults = [None] * (len(args) - len(fn.args.defaults)) + list(fn.args.defaults)
+    return ", ".join(a.arg if d is None else f"{a.arg}={ast.unparse(d)}" for a, d in zip(args, defaults, strict=True))
+
+
+def _inline_function(f: dict[str, Any]) -> list[str]:
+    """A header's static inline function, reproduced by the spec over exported entry points."""
+    body = f["inline_body"]
+    doc = f"{f['name']}: static inline in the header; {body['doc']}"
+    out = [f"def {f['python']}({untyped_params(body['signature'])}):", f'{I4}"""{doc}"""']
+    out += [I4 + line if line else "" for line in body["body"].strip("\n").split("\n")]
+    return out + ["", ""]
+
+
+def _families(ix: Index) -> list[str]:
+    """One dispatcher per per-type family: <op>(dtype, ...) -> <type>_<op>(...)."""
+    ir = ix.ir
+    by_name = {f["name"]: f for f in ix.bound}
+    lines = [
+        "# Type name -> NumPy dtype name, for the family dispatchers.",
+        f"FAMILY_TYPES = {ir['family_types']!r}",
+        "",
+        "",
+        "cdef str _type_name(object dtype, dict members, str op):",
+        f"{I4}if isinstance(dtype, str) and dtype in members:",
+        f"{I8}return dtype",
+        f"{I4}try:",
+        f"{I8}import numpy",
+        f"{I8}np_name = numpy.dtype(dtype).name",
+        f"{I4}except Exception:",
+        f'{I8}raise _UsageError("%s: unknown element type %r; use one of %s" % (op, dtype, ", ".join(members)))'
+        " from None",
+        f"{I4}for name in members:",
+        f"{I8}if FAMILY_TYPES.get(name) == np_name:",
+        f"{I8}{I4}return name",
+        f'{I4}raise _UsageError("%s has no %s variant; types: %s" % (op, np_name, ", ".join(members)))',
+        "",
+        "",
+    ]
+    for fam in ir["families"]:
+        first = by_name[next(iter(fam["members"].values()))]
+        pl = plan(ix, first)
+        names = [pp.name for pp in pl.params]
+        sig = ", ".join(["dtype"] + [n if pp.default is None else f"{n}={pp.default}"
+                                     for n, pp in zip(names, pl.params, strict=True)])
+        table = ", ".join(f'"{t}": {by_name[c]["python"]}' for t, c in fam["members"].items())
+        lines += [
+            f"_FAMILY_{fam['python']} = {{{table}}}",
+            "",
+            "",
+            f"def {fam['python']}({sig}):",
+            f'{I4}"""{fam["python"]} for the element type `dtype` (a type name or a NumPy dtype):',
+            f'{I4}one of {", ".join(fam["members"])}."""',
+            f"{I4}fn = _FAMILY_{fam['python']}[_type_name(dtype, _FAMILY_{fam['python']}, \"{fam['python']}\")]",
+            f"{I4}return fn({', '.join(names)})",
+            "",
+            "",
+        ]
+    return lines
 
 
 _CONSTANT_INIT = {"NULL", "0", "None"}
@@ -544,14 +619,16 @@ def python_pyx(ix: Index) -> str:
     se = ir["status"]
     lines += [
         "cdef int _raise_error(int status, str function) except -1:",
-        f"{I4}cdef const char* s = NULL",
         f"{I4}description = None",
         f"{I4}last = None",
-        f"{I4}try:",
-        f"{I8}description = _str_or_none({se['error_string']}(<{se['type']}>status))",
-        f"{I4}except Exception:",
-        f"{I8}pass",
     ]
+    if se.get("error_string"):
+        lines += [
+            f"{I4}try:",
+            f"{I8}description = _str_or_none({se['error_string']}(<{se['type']}>status))",
+            f"{I4}except Exception:",
+            f"{I8}pass",
+        ]
     if se.get("last_error"):
         lines += [
             f"{I4}try:",
@@ -564,6 +641,23 @@ def python_pyx(ix: Index) -> str:
         "",
         "",
     ]
+    if any(p.get("convert") == "mpi_comm" for f in ix.bound for p in f["params"]):
+        lines += [
+            "cdef intptr_t _mpi_comm_address(object comm) except? 0:",
+            f'{I4}"""The address of an MPI_Comm: an int, or an mpi4py communicator."""',
+            f"{I4}if isinstance(comm, int):",
+            f"{I8}return comm",
+            f"{I4}try:",
+            f"{I8}from mpi4py import MPI",
+            f"{I4}except ImportError:",
+            f'{I8}raise TypeError("mpi_comm must be an int address or an mpi4py communicator") from None',
+            f"{I4}if not isinstance(comm, MPI.Comm):",
+            f'{I8}raise TypeError("mpi_comm must be an int address or an mpi4py communicator, not %s"'
+            f" % type(comm).__name__)",
+            f"{I4}return MPI._addressof(comm)",
+            "",
+            "",
+        ]
     structs, _, _ = ix.reachable_types()
     for name in structs:
         lines += _struct_class(ix, ix.structs[name])
@@ -578,6 +672,14 @@ def python_pyx(ix: Index) -> str:
         lines.append(f'{I4}raise TypeError("%s must be {cls}, not %s" % (what, type(value).__name__))')
         lines += ["", ""]
     for f in ix.bound:
-        lines += _function(ix, plan(ix, f))
+        if "inline_body" in f:
+            lines += _inline_function(f)
+        else:
+            lines += _function(ix, plan(ix, f))
+    if ir.get("families"):
+        lines += _families(ix)
+    if ir.get("inline_support"):
+        lines += ["# Support for the header's static inline functions (from the spec)."]
+        lines += ir["inline_support"].strip("\n").split("\n") + ["", ""]
     text = "\n".join(lines)
     return "\n".join(line.rstrip() for line in text.split("\n")).rstrip() + "\n"

@@ -7,12 +7,12 @@ from typing import Any
 I4 = "    "
 
 
-def _class_name(ir: dict[str, Any], c_name: str) -> str:
-    prefix = ir["prefix"]
-    core = c_name[len(prefix):] if c_name.startswith(prefix) else c_name
-    core = "".join(w[:1].upper() + w[1:].lower() if w.isupper() else w[:1].upper() + w[1:]
-                   for w in core.split("_") if w)
-    name = ir["status"]["error_prefix"] + core
+def _class_name(ir: dict[str, Any], py_member: str) -> str:
+    """NCCLInvalidArgumentError from INVALID_ARGUMENT; NVSHMEMInvalidValueError from ERROR_INVALID_VALUE."""
+    words = py_member.split("_")
+    if words[0] == "ERROR" and len(words) > 1:
+        words = words[1:]
+    name = ir["status"]["error_prefix"] + "".join(w[:1] + w[1:].lower() for w in words)
     return name if name.endswith("Error") else name + "Error"
 
 
@@ -30,7 +30,7 @@ def status_py(irs: list[dict[str, Any]]) -> str:
     for ir in irs:
         enum = next(e for e in ir["enums"] if e["name"] == ir["status"]["type"])
         skip = set(ir["status"].get("not_errors", []))
-        classes[ir["library"]] = [(_class_name(ir, cn), cn, v) for cn, _, v in enum["members"] if cn not in skip]
+        classes[ir["library"]] = [(_class_name(ir, py), cn, v) for cn, py, v in enum["members"] if cn not in skip]
         for cls, _, _ in classes[ir["library"]]:
             lines.append(f'{I4}"{cls}",')
     lines += ["]", "", ""]

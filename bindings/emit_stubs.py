@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from emit_common import Index
@@ -67,19 +68,33 @@ def _struct(ix: Index, s: dict[str, Any]) -> list[str]:
     return out
 
 
+def _union(types: Iterable[str]) -> str:
+    """'int | float' from the members' types, in first-seen order."""
+    seen: list[str] = []
+    for t in types:
+        for part in t.split(" | "):
+            if part not in seen:
+                seen.append(part)
+    return " | ".join(seen)
+
+
 def stub(ix: Index) -> str:
     ir = ix.ir
+    typing_names = (["Any"] if ir.get("families") or any(
+        p.get("convert") for f in ix.bound for p in f["params"]) else []) + (["NewType"] if ix.handles else [])
     lines = [
         f'"""Flat bindings for {ir["pretty"]} {ir["version"]}."""',
         "",
         "from collections.abc import Sequence",
         "from enum import IntEnum",
-        "from typing import NewType",
-        "",
     ]
-    p = ix.prefix.upper() + "_"
+    if typing_names:
+        lines.append(f"from typing import {', '.join(typing_names)}")
+    lines.append("")
+    from emit_python import _const_name
+
     for c in ir["constants"]:
-        name = c["name"][len(p):] if c["name"].startswith(p) else c["name"]
+        name = _const_name(ix, c["name"])
         lines.append(f"{name}: {type(c['value']).__name__}")
     lines.append("")
     for _, py in sorted(ix.handles.items()):
@@ -94,6 +109,9 @@ def stub(ix: Index) -> str:
     for name in structs:
         lines += _struct(ix, ix.structs[name])
     for f in ix.bound:
+        if "inline_body" in f:
+            lines.append(f"def {f['python']}{f['inline_body']['signature']}: ...")
+            continue
         pl = plan(ix, f)
         args = []
         for pp in pl.params:
@@ -102,4 +120,18 @@ def stub(ix: Index) -> str:
                 a += f" = {pp.default}"
             args.append(a)
         lines.append(f"def {f['python']}({', '.join(args)}) -> {pl.return_type}: ...")
+    by_name = {f["name"]: f for f in ix.bound}
+    if ir.get("families"):
+        lines.append("")
+        lines.append("FAMILY_TYPES: dict[str, str]")
+    for fam in ir.get("families", []):
+        plans = [plan(ix, by_name[c]) for c in fam["members"].values()]
+        pl = plans[0]
+        args = ["dtype: str | Any"]
+        for i, pp in enumerate(pl.params):
+            a = f"{pp.name}: {_union(q.params[i].pytype for q in plans)}"
+            if pp.default is not None:
+                a += f" = {pp.default}"
+            args.append(a)
+        lines.append(f"def {fam['python']}({', '.join(args)}) -> {_union(q.return_type for q in plans)}: ...")
     return "\n".join(lines) + "\n"

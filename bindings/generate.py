@@ -34,7 +34,7 @@ from model import ROOT, Spec, build_ir, tomllib  # noqa: E402
 REPO = ROOT.parent
 SRC = REPO / "src" / "mpbind"
 STUBS = REPO / "stubs" / "mpbind"
-LIBRARIES = ["nccl"]
+LIBRARIES = ["nccl", "nvshmem"]
 
 
 def versions() -> dict[str, Any]:

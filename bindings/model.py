@@ -32,6 +32,8 @@ ROLES = {
     "out_str_array",  # const char*** with its count in `length_out`; returns list[str]
     "out_discard",    # an output the Python API does not return (e.g. a string's length)
     "length",         # an array length derived from the Python sequence
+    "inout",          # pointer to a struct the caller passes and the call updates in place
+    "out_str_buffer", # char buffer of `capacity_constant` bytes the call fills; returns str
 }
 
 
@@ -41,12 +43,14 @@ def camel_to_snake(name: str) -> str:
     return s.lower()
 
 
-def enum_class_name(c_name: str, prefix: str) -> str:
+def enum_class_name(c_name: str, prefixes: tuple[str, ...]) -> str:
     name = c_name
     if name.endswith("_t"):
         name = name[:-2]
-    if name.lower().startswith(prefix.lower()):
-        name = name[len(prefix):]
+    for prefix in sorted(prefixes, key=len, reverse=True):
+        if name.lower().startswith(prefix.lower()):
+            name = name[len(prefix):]
+            break
     parts = [p for p in re.split(r"_", name) if p]
     return "".join(p[0].upper() + p[1:] for p in parts)
 
@@ -66,6 +70,9 @@ def enum_member_names(values: list[str], prefix: str) -> list[str]:
             s = s[len(prefix):]
         stripped.append(s)
     words = [_words(s) for s in stripped]
+    # UPPER_SNAKE members start with a library word (NCCL_, NVSHMEMX_, NVSHMEMI_ ...).
+    if all(w and w[0].upper().startswith(prefix.upper()) and len(w) > 1 for w in words):
+        words = [w[1:] for w in words]
     common = 0
     if len(words) > 1:
         while all(len(w) > common + 1 for w in words) and len({w[common] for w in words}) == 1:
@@ -103,6 +110,12 @@ class Spec:
     enums: dict[str, dict[str, Any]]
     structs: dict[str, dict[str, Any]]
     since: dict[str, str]
+    value_types: dict[str, str]
+    python_prefixes: dict[str, str]
+    family_types: dict[str, str]
+    inline: dict[str, dict[str, Any]]
+    inline_support: str
+    scalar_pointers: str
 
     @classmethod
     def load(cls, name: str) -> Spec:
@@ -132,14 +145,31 @@ class Spec:
             enums=d.get("enums", {}),
             structs=d.get("structs", {}),
             since=d.get("since", {}),
+            value_types=d.get("value_types", {}),
+            python_prefixes=lib.get("python_prefixes", {f"{lib['prefixes'][0]}": ""}),
+            family_types=d.get("families", {}).get("types", {}),
+            inline=d.get("inline", {}),
+            inline_support=d.get("inline_support", {}).get("code", ""),
+            scalar_pointers=lib.get("scalar_pointers", "out"),
         )
+
+    def python_name(self, c_name: str) -> str:
+        for pre in sorted(self.python_prefixes, key=len, reverse=True):
+            if c_name.startswith(pre):
+                return self.python_prefixes[pre] + camel_to_snake(c_name[len(pre):].lstrip("_"))
+        raise ValueError(f"{c_name} has none of the prefixes {list(self.python_prefixes)}")
 
 
 def is_char_ptr(t: dict[str, Any]) -> bool:
     return t["kind"] == "pointer" and t["pointee"]["kind"] == "builtin" and t["pointee"]["name"] == "char"
 
 
-def default_role(t: dict[str, Any]) -> str:
+def default_role(t: dict[str, Any], scalar_pointers: str = "out") -> str:
+    """A pointer parameter is an output unless the spec says otherwise.
+
+    scalar_pointers="address": a library (NVSHMEM) whose non-const pointers to
+    scalars are buffers (dest, sig_addr), its outputs listed in the spec.
+    """
     if t["kind"] != "pointer":
         return "in"
     p = t["pointee"]
@@ -147,6 +177,8 @@ def default_role(t: dict[str, Any]) -> str:
         return "in"
     if p["kind"] == "builtin" and p["name"] == "void":
         return "in"  # a device or host address
+    if scalar_pointers == "address" and p["kind"] != "struct":
+        return "in"
     return "out"
 
 
@@ -158,7 +190,7 @@ def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[
     _void_unknown_pointees(parsed, struct_names)
     functions = []
     known = {f["name"] for f in parsed["functions"]}
-    for name in list(spec.functions) + list(spec.excluded) + list(spec.gil_keep) + list(spec.since):
+    for name in list(spec.functions) + list(spec.excluded) + list(spec.gil_keep) + list(spec.inline):
         if name not in known and name not in spec.excluded:
             raise ValueError(f"spec names {name}, which the pinned headers do not declare")
     for f in parsed["functions"]:
@@ -166,21 +198,27 @@ def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[
         fs = spec.functions.get(name, {})
         entry: dict[str, Any] = dict(f)
         reason = spec.excluded.get(name)
-        if reason is None and (f["inline"] or name not in exports):
+        if reason is None and f.get("device_only"):
+            reason = "device-only (__device__): not callable from the host"
+        if reason is None and name not in spec.inline and (f["inline"] or name not in exports):
             reason = f"not exported by {Path(spec.binary).name} (header-inline or device-only)"
         if reason is not None:
             entry["excluded"] = reason
             functions.append(entry)
             continue
-        if name not in spec.since:
-            raise ValueError(f"spec has no 'since' version for {name}")
-        entry["since"] = spec.since[name]
-        entry["python"] = fs.get("python", camel_to_snake(name[len(prefix):]))
+        # A reproduced static inline function needs what its body calls.
+        since_of = spec.inline[name]["uses"] if name in spec.inline else name
+        if since_of not in spec.since:
+            raise ValueError(f"spec has no 'since' version for {since_of}")
+        entry["since"] = spec.since[since_of]
+        entry["python"] = fs.get("python", spec.python_name(name))
         entry["gil"] = "keep" if name in spec.gil_keep else "release"
-        statuses = list(spec.status["success"])
-        if _uses_in_progress(spec, f):
-            statuses.append(spec.status["in_progress"])
-        entry["success"] = statuses if f["returns"].get("name") == spec.status["type"] else None
+        entry["success"] = _success(spec, f)
+        if name in spec.status.get("null_error", {}):
+            entry["null_error"] = [camel_to_snake(n) for n in spec.status["null_error"][name]]
+        if name in spec.inline:
+            # static inline in the header: the spec reproduces it over exported entry points.
+            entry["inline_body"] = spec.inline[name]
         pspec = fs.get("params", {})
         for pname in pspec:
             if pname not in {p["name"] for p in f["params"]}:
@@ -188,14 +226,16 @@ def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[
         params = []
         for p in f["params"]:
             ps = dict(pspec.get(p["name"], {}))
-            role = ps.pop("role", default_role(p["type"]))
+            role = ps.pop("role", default_role(p["type"], spec.scalar_pointers))
             if role not in ROLES:
                 raise ValueError(f"{name}.{p['name']}: unknown role {role}")
             t = p["type"]
-            if role == "in" and t["kind"] == "pointer" and not is_char_ptr(t):
+            if role in ("in", "inout") and t["kind"] == "pointer" and not is_char_ptr(t):
                 pointee = t["pointee"]
                 if pointee["kind"] == "struct" and pointee["name"] in struct_names:
                     ps.setdefault("struct", pointee["name"])
+            if spec.scalar_pointers == "address" and role == "in" and is_char_ptr(t):
+                ps.setdefault("address", True)  # a char buffer (nvshmem_char_put), not a string
             params.append({**p, "role": role, "python": camel_to_snake(p["name"]), **ps})
         # Lengths of input arrays come from the Python sequence.
         for p in params:
@@ -206,18 +246,33 @@ def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[
                         q["length_of"] = p["name"]
         entry["params"] = params
         functions.append(entry)
+    pynames: dict[str, str] = {}
+    for f in functions:
+        if "python" in f:
+            if f["python"] in pynames:
+                raise ValueError(f"{f['name']} and {pynames[f['python']]} both map to {f['python']}")
+            pynames[f["python"]] = f["name"]
+    families = _families(spec, functions, pynames)
 
     enums = []
     for e in parsed["enums"]:
         es = spec.enums.get(e["name"], {})
         names = [v[0] for v in e["values"]]
-        py = es.get("members") or enum_member_names(names, prefix)
-        enums.append({**e, "python": es.get("python", enum_class_name(e["name"], prefix)),
+        py = es.get("members") or enum_member_names(names, spec.name)
+        if es.get("strip"):
+            py = [m[len(es["strip"]):] if m.startswith(es["strip"]) else m for m in py]
+        if len(set(py)) != len(py):
+            # Shortened names collide (e.g. an enum listing both RDXN_OP_AND and
+            # NVSHMEMI_AND): keep the C names.
+            py = names
+        if len(set(py)) != len(py):
+            raise ValueError(f"enum {e['name']}: Python member names collide: {py}")
+        enums.append({**e, "python": es.get("python", enum_class_name(e["name"], spec.prefixes)),
                       "members": [[c, p, v] for (c, v), p in zip(e["values"], py, strict=True)]})
     structs = []
     for s in parsed["structs"]:
         ss = spec.structs.get(s["name"], {})
-        entry = {**s, "python": ss.get("python", enum_class_name(s["name"], prefix))}
+        entry = {**s, "python": ss.get("python", enum_class_name(s["name"], spec.prefixes))}
         if ss.get("kind"):
             entry["kind"] = ss["kind"]
         if ss.get("opaque"):
@@ -242,6 +297,10 @@ def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[
         "structs": structs,
         "constants": parsed["constants"],
         "functions": functions,
+        "families": families,
+        "inline_support": spec.inline_support,
+        "prefixes": list(spec.prefixes),
+        "family_types": spec.family_types,
     }
 
 
@@ -285,3 +344,51 @@ def _void_unknown_pointees(parsed: dict[str, Any], known: set[str]) -> None:
             fix(fl["type"])
     for a in parsed["aliases"].values():
         fix(a)
+
+
+def _success(spec: Spec, f: dict[str, Any]) -> list[str] | None:
+    """The status names that mean success, or None when the return is not a status."""
+    ret = f["returns"]
+    statuses = list(spec.status["success"])
+    if _uses_in_progress(spec, f):
+        statuses.append(spec.status["in_progress"])
+    if ret.get("name") == spec.status["type"]:
+        return statuses
+    # Libraries whose functions return a plain int status (spec: int_values lists the
+    # functions whose int is a value instead).
+    patterns = spec.status.get("int_values")
+    if patterns is not None and ret["kind"] == "builtin" and ret["name"] == "int":
+        if not any(re.match(p, f["name"]) for p in patterns):
+            return statuses
+    return None
+
+
+def _families(spec: Spec, functions: list[dict[str, Any]], pynames: dict[str, str]) -> list[dict[str, Any]]:
+    """Group <prefix>_<type>_<op> functions into one operation per op."""
+    if not spec.family_types:
+        return []
+    types = "|".join(sorted(spec.family_types, key=len, reverse=True))
+    prefixes = "|".join(re.escape(p) for p in sorted(spec.python_prefixes, key=len, reverse=True))
+    rx = re.compile(rf"^(?:{prefixes})_?({types})_(\w+)$")
+    fams: dict[str, dict[str, Any]] = {}
+    for f in functions:
+        if "python" not in f:
+            continue
+        m = rx.match(f["name"])
+        if not m:
+            continue
+        tname, op = m.group(1), m.group(2)
+        fam = fams.setdefault(op, {"python": op, "members": {}})
+        if tname in fam["members"]:
+            raise ValueError(f"family {op} has two {tname} members")
+        fam["members"][tname] = f["name"]
+    by_name = {f["name"]: f for f in functions}
+    out = []
+    for op, fam in sorted(fams.items()):
+        if op in pynames:
+            raise ValueError(f"family {op} collides with function {pynames[op]}")
+        shapes = {tuple(p["role"] for p in by_name[c]["params"]) for c in fam["members"].values()}
+        if len(shapes) != 1:
+            raise ValueError(f"family {op}: members differ in their parameters")
+        out.append(fam)
+    return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import re
+import struct
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,9 @@ class HeaderParser:
             if const:
                 out["const"] = True
             return out
+        vt = self._value_type(t)
+        if vt is not None:
+            return vt
         if t.kind == T.TYPEDEF:
             name = t.get_declaration().spelling
             canon = t.get_canonical()
@@ -170,9 +174,11 @@ class HeaderParser:
             elif name in self.spec.handles or name in self.spec.foreign_handles:
                 out = {"kind": "handle", "name": name}
             elif canon.kind == T.ENUM:
-                out = {"kind": "enum", "name": name}
+                out = {"kind": "enum", "name": self._tag_name(canon.get_declaration())}
             elif canon.kind == T.RECORD:
-                out = {"kind": "struct", "name": name}
+                # Named after the struct's own typedef (a typedef of a typedef,
+                # like nvshmemx_init_attr_t -> nvshmemx_init_attr_v2, is the same struct).
+                out = {"kind": "struct", "name": self._tag_name(canon.get_declaration())}
             elif canon.kind == T.POINTER and canon.get_pointee().kind == T.RECORD \
                     and canon.get_pointee().get_declaration().is_definition() is False:
                 out = {"kind": "handle", "name": name}
@@ -184,6 +190,9 @@ class HeaderParser:
             out = {"kind": "struct", "name": self._tag_name(decl)}
         elif t.kind == T.ENUM:
             out = {"kind": "enum", "name": self._tag_name(t.get_declaration())}
+        elif t.kind == T.POINTER and t.get_pointee().get_canonical().kind in (T.FUNCTIONPROTO, T.FUNCTIONNOPROTO):
+            # A function pointer is an address to mpbind.
+            out = {"kind": "pointer", "pointee": {"kind": "builtin", "name": "void"}}
         elif t.kind == T.POINTER:
             out = {"kind": "pointer", "pointee": self.type_of(t.get_pointee())}
         elif t.kind == T.CONSTANTARRAY:
@@ -195,6 +204,18 @@ class HeaderParser:
         if const:
             out["const"] = True
         return out
+
+    def _value_type(self, t: ci.Type) -> dict[str, Any] | None:
+        """A type the spec passes as the builtin of the same size (CUDA's __half)."""
+        for cand in (t, t.get_canonical()):
+            decl = cand.get_declaration()
+            name = decl.spelling if decl.kind != K.NO_DECL_FOUND else cand.spelling
+            if name in self.spec.value_types:
+                out: dict[str, Any] = {"kind": "builtin", "name": self.spec.value_types[name], "as": name}
+                if t.is_const_qualified():
+                    out["const"] = True
+                return out
+        return None
 
     def _tag_name(self, decl: ci.Cursor) -> str:
         """The typedef name of a struct or enum (ncclConfig_t), else its tag."""
@@ -258,14 +279,16 @@ class HeaderParser:
         structs = {n: self._struct(records[n], n) for n in sorted(records)}
         constants, initializers = self._macro_values(macros)
         for sname, init in self.spec.initializers.items():
-            if sname in structs and init in initializers:
-                structs[sname]["initializer"] = {"macro": init, "values": initializers[init]}
+            canon = typedefs[sname].underlying_typedef_type.get_canonical() if sname in typedefs else None
+            key = self._tag_name(canon.get_declaration()) if canon is not None else sname
+            if key in structs and init in initializers:
+                structs[key]["initializer"] = {"macro": init, "image": initializers[init]}
 
         aliases = {}
         for name, c in sorted(typedefs.items()):
             under = c.underlying_typedef_type
             t = self.type_of(under)
-            if t["kind"] in ("builtin", "alias"):
+            if t["kind"] in ("builtin", "alias", "pointer"):
                 aliases[name] = t
         return {
             "functions": functions,
@@ -283,12 +306,15 @@ class HeaderParser:
         # A header-inline function (a body in the header, or `inline`) is not a
         # library symbol: there is nothing to dlsym.
         inline = c.is_definition() or any(t.spelling in ("inline", "__forceinline__") for t in c.get_tokens())
+        # The spec defines __device__/__host__ as annotations (see its defines).
+        notes = {ch.spelling for ch in c.get_children() if ch.kind == K.ANNOTATE_ATTR}
         return {
             "name": c.spelling,
             "header": header,
             "returns": self.type_of(c.result_type),
             "params": params,
             "inline": bool(inline),
+            "device_only": "mpbind:device" in notes and "mpbind:host" not in notes,
             "deprecated": any(ch.kind == K.UNEXPOSED_ATTR and "deprecated" in
                               " ".join(t.spelling for t in ch.get_tokens()) for ch in c.get_children()),
         }
@@ -326,6 +352,39 @@ class HeaderParser:
             out["opaque"] = opaque_reason
         return out
 
+    def _fill(self, init: ci.Cursor, t: ci.Type, base: int, image: bytearray) -> None:
+        """Write the bytes of initializer list `init` for type t at offset base."""
+        t = t.get_canonical()
+        kids = list(init.get_children())
+        if t.kind == T.CONSTANTARRAY:
+            et = t.element_type
+            for i, k in enumerate(kids):
+                self._fill_one(k, et, base + i * et.get_size(), image)
+            return
+        fields = list(t.get_fields())
+        for f, k in zip(fields, kids, strict=False):
+            self._fill_one(k, f.type, base + t.get_offset(f.spelling) // 8, image)
+
+    def _fill_one(self, k: ci.Cursor, t: ci.Type, off: int, image: bytearray) -> None:
+        k = _unwrap(k)
+        ct = t.get_canonical()
+        if k.kind == K.INIT_LIST_EXPR:
+            self._fill(k, ct, off, image)
+            return
+        size = ct.get_size()
+        v = self.evaluate(k)
+        if v is None:
+            toks = "".join(x.spelling for x in k.get_tokens())
+            if ct.kind == T.POINTER or toks in ("NULL", "__null", "nullptr", "0"):
+                v = 0
+            else:
+                raise RuntimeError(f"cannot evaluate initializer element {toks!r}")
+        if ct.kind in (T.FLOAT, T.DOUBLE):
+            raw = struct.pack("<f" if size == 4 else "<d", float(v))
+        else:
+            raw = (int(v) & ((1 << (8 * size)) - 1)).to_bytes(size, "little")
+        image[off:off + size] = raw
+
     def _macro_values(self, macros: list[tuple[str, str]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """Evaluate object-like macros and struct initializers with the compiler."""
         wanted = [(m, h) for m, h in macros if any(re.match(p, m) for p in self.spec.constant_patterns)]
@@ -345,17 +404,10 @@ class HeaderParser:
             elif c.spelling.startswith("mpbind_init_"):
                 init_name = c.spelling[len("mpbind_init_"):]
                 lists = [ch for ch in c.get_children() if ch.kind == K.INIT_LIST_EXPR]
-                if not lists:
-                    continue
-                vals = []
-                for ch in lists[0].get_children():
-                    v = self.evaluate(ch)
-                    if v is None:
-                        # NULL pointers do not evaluate as integers.
-                        toks = "".join(t.spelling for t in ch.get_tokens())
-                        v = 0 if toks in ("NULL", "__null", "nullptr", "0", "NCCL_CONFIG_UNDEF_PTR") else None
-                    vals.append(v)
-                inits[init_name] = vals
+                if lists:
+                    image = bytearray(c.type.get_size())
+                    self._fill(lists[0], c.type, 0, image)
+                    inits[init_name] = image.hex()
         consts = []
         for m, h in wanted:
             v = values.get(m)
@@ -363,6 +415,16 @@ class HeaderParser:
                 continue
             consts.append({"name": m, "header": h, "value": v})
         return consts, inits
+
+
+def _unwrap(c: ci.Cursor) -> ci.Cursor:
+    """Skip implicit casts and parentheses around an initializer element."""
+    while c.kind in (K.UNEXPOSED_EXPR, K.PAREN_EXPR, K.CSTYLE_CAST_EXPR) and \
+            len(kids := list(c.get_children())) == 1 and kids[0].kind != K.INTEGER_LITERAL:
+        if kids[0].kind == K.INIT_LIST_EXPR:
+            return kids[0]
+        c = kids[0]
+    return c
 
 
 def _is_function_like(c: ci.Cursor) -> bool:

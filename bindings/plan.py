@@ -110,11 +110,13 @@ def plan(ix: Index, f: dict[str, Any]) -> Plan:
     for cp in f["params"]:
         role = cp["role"]
         t = cp["type"]
-        if role == "in":
-            if t["kind"] == "pointer" and cp.get("struct"):
+        if role in ("in", "inout"):
+            if cp.get("convert") == "mpi_comm":
+                pytype = "int | Any"
+            elif t["kind"] == "pointer" and cp.get("struct"):
                 s = ix.structs[cp["struct"]]
                 pytype = s["python"] + (" | bytes" if s.get("kind") == "bytes" else "")
-            elif t["kind"] == "pointer" and not is_char_ptr(t):
+            elif t["kind"] == "pointer" and (cp.get("address") or not is_char_ptr(t)):
                 pytype = "int"
             else:
                 pytype = py_value_type(ix, t)
@@ -131,6 +133,8 @@ def plan(ix: Index, f: dict[str, Any]) -> Plan:
             p.returns.append((cp, py_value_type(ix, t["pointee"], out=True)))
         elif role == "out_array":
             p.returns.append((cp, f"list[{py_value_type(ix, t['pointee'], out=True)}]"))
+        elif role == "out_str_buffer":
+            p.returns.append((cp, "str"))
         elif role == "out_bytes":
             p.returns.append((cp, "bytes"))
         elif role == "out_str_array":

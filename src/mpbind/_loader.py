@@ -105,8 +105,10 @@ def is_loaded(name: str) -> bool:
     return name in _loaded
 
 
-def format_version(name: str, code: int) -> str:
-    """Turn a library's integer version code into 'major.minor.patch'."""
+def format_version(name: str, code: int | tuple[int, ...]) -> str:
+    """Turn a library's version code (an int, or a (major, minor, patch) tuple) into 'major.minor.patch'."""
+    if isinstance(code, tuple):
+        return ".".join(str(c) for c in code)
     if name == "nccl":
         # NCCL_VERSION(X,Y,Z): X*1000+Y*100+Z up to 2.8, X*10000+Y*100+Z after.
         if code >= 10000:
