@@ -180,3 +180,9 @@ def c_param_types(f: dict[str, Any]) -> str:
 
 def c_args(f: dict[str, Any]) -> str:
     return ", ".join(p["name"] for p in f["params"])
+
+
+def internal_fields(s: dict[str, Any]) -> set[str]:
+    """Fields users never set: the size/magic/version header of NCCL-style versioned structs."""
+    names = {f["name"] for f in s.get("fields", [])}
+    return {"size", "magic", "version"} if s.get("initializer") and {"size", "magic"} <= names else set()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from emit_common import Index, cy_type
+from emit_common import Index, cy_type, internal_fields
 from plan import Plan, is_char_ptr, is_void, plan, resolve, value_kind
 
 I4 = "    "
@@ -99,7 +99,7 @@ def _struct_class(ix: Index, s: dict[str, Any]) -> list[str]:
     name = s["name"]
     init = s.get("initializer")
     fields = s.get("fields", [])
-    internal = {"size", "magic", "version"} if init else set()
+    internal = internal_fields(s)
     lines = [f"cdef class {cls}:"]
     if s.get("kind") == "bytes":
         doc = f"{name}: {s['size']} opaque bytes; bytes-like, comparable, hashable and picklable."
@@ -242,7 +242,7 @@ def _function(ix: Index, p: Plan) -> list[str]:
         cp = pp.c
         t = cp["type"]
         decl = pp.name
-        if cp["role"] == "in" and not cp.get("struct") and not cp.get("nullable"):
+        if cp["role"] == "in" and not cp.get("struct") and not cp.get("nullable") and not cp.get("convert"):
             is_address = t["kind"] == "pointer" and (cp.get("address") or not is_char_ptr(t))
             vk = "address" if is_address else value_kind(ix, t)
             if vk in ("int", "float", "bool"):
@@ -454,6 +454,11 @@ def _function(ix: Index, p: Plan) -> list[str]:
     else:
         tail = [f"return ({', '.join(results)})"]
 
+    for cp in f["params"]:
+        for kept in cp.get("keeps", []):
+            # The call stores a pointer into kept's data in this struct: keep kept alive with it.
+            kp = next(q for q in f["params"] if q["name"] == kept)
+            check.append(f'(<{ix.structs[cp["struct"]]["python"]}>_o_{cp["name"]})._refs["{kept}"] = _o_{kp["name"]}')
     inner = call_lines + check + tail
     if cleanup:
         # Everything that can fail runs inside try, so finally frees what was
@@ -497,6 +502,8 @@ def _families(ix: Index) -> list[str]:
         "cdef str _type_name(object dtype, dict members, str op):",
         f"{I4}if isinstance(dtype, str) and dtype in members:",
         f"{I8}return dtype",
+        f"{I4}if isinstance(dtype, str) and dtype in FAMILY_TYPES:",
+        f'{I8}raise _UsageError("%s has no %s variant; types: %s" % (op, dtype, ", ".join(members)))',
         f"{I4}try:",
         f"{I8}import numpy",
         f"{I8}np_name = numpy.dtype(dtype).name",

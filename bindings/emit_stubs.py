@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from emit_common import Index
+from emit_common import Index, internal_fields
 from plan import plan, py_value_type, resolve, value_kind
 
 I4 = "    "
@@ -30,7 +30,7 @@ def _field_type(ix: Index, t: dict[str, Any]) -> tuple[str, str]:
 def _struct(ix: Index, s: dict[str, Any]) -> list[str]:
     cls = s["python"]
     out = [f"class {cls}:"]
-    internal = {"size", "magic", "version"} if s.get("initializer") else set()
+    internal = internal_fields(s)
     if s.get("kind") == "bytes":
         out += [
             f"{I4}def __init__(self, data: bytes | bytearray | memoryview | None = None) -> None: ...",

@@ -47,6 +47,11 @@ def _run(mpirun: str, nprocs: int, *args: str) -> tuple[int, str]:
     cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(nprocs)]
     for name, value in NVLS_OFF.items():
         cmd += ["-x", f"{name}={value}"]
+    if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
+        # Under an MPS daemon, PEs sharing the GPU whose thread percentages add up to at
+        # most 100 get NVSHMEM's full multi-PE-per-GPU mode (collectives, teams, waits);
+        # without MPS the suite skips what NVSHMEM's limited mode would exit on.
+        cmd += ["-x", "CUDA_MPS_PIPE_DIRECTORY", "-x", f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={100 // nprocs}"]
     cmd += ["-x", "PYTHONPATH", "-x", "LD_LIBRARY_PATH", sys.executable, str(SUITE), *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)

@@ -32,7 +32,7 @@ INITIALIZERS = {
     "NVSHMEMX_REGION_ATTRS_INITIALIZER": ("nvshmemx_region_attrs_t", nvshmem.RegionAttrs),
 }
 
-Probe = dict[tuple[str, str, str], "float | int | str"]
+Probe = dict[tuple[str, str, str], float | int | str]
 
 
 def _ir() -> dict[str, Any]:
@@ -73,12 +73,12 @@ def cxx_compiler() -> str:
     pytest.skip("no C++ compiler (c++, g++ or clang++) on PATH")
 
 
-def _visible_headers(cxx: str, includes: list[str], src: Path) -> set[str]:
-    """Headers under the NVSHMEM include folder that nvshmem_host.h pulls in (relative paths)."""
+def _visible_headers(cxx: str, includes: list[str], nvshmem_include: Path, src: Path) -> set[str]:
+    """Headers under the NVSHMEM include folder that `src` pulls in (paths relative to it)."""
     proc = subprocess.run([cxx, "-std=c++17", "-M", *includes, str(src)], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
-    root = str(Path(includes[1][2:]).resolve()) + "/"
+    root = str(nvshmem_include.resolve()) + "/"
     deps = proc.stdout.replace("\\\n", " ").split()
     return {str(Path(d).resolve())[len(root):] for d in deps if str(Path(d).resolve()).startswith(root)}
 
@@ -123,11 +123,12 @@ def _program(ir: dict[str, Any], visible: set[str]) -> str:
 def compiled(tmp_path_factory: pytest.TempPathFactory, cxx_compiler: str) -> Probe:
     """(kind, owner, name) -> value, as printed by the compiled probe."""
     ir = _ir()
-    includes = [f"-I{_cuda_include()}", f"-I{_nvshmem_include()}"]
+    nvshmem_include = _nvshmem_include()
+    includes = [f"-I{_cuda_include()}", f"-I{nvshmem_include}"]
     tmp = tmp_path_factory.mktemp("nvshmem_probe")
     head = tmp / "head.cpp"
     head.write_text("#include <nvshmem_host.h>\n")
-    visible = _visible_headers(cxx_compiler, includes, head)
+    visible = _visible_headers(cxx_compiler, includes, nvshmem_include, head)
     assert "nvshmem_host.h" in visible
     src = tmp / "probe.cpp"
     src.write_text(_program(ir, visible))
