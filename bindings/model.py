@@ -116,6 +116,7 @@ class Spec:
     inline: dict[str, dict[str, Any]]
     inline_support: str
     scalar_pointers: str
+    device_only_patterns: list[str]
 
     @classmethod
     def load(cls, name: str) -> Spec:
@@ -151,6 +152,7 @@ class Spec:
             inline=d.get("inline", {}),
             inline_support=d.get("inline_support", {}).get("code", ""),
             scalar_pointers=lib.get("scalar_pointers", "out"),
+            device_only_patterns=lib.get("device_only_patterns", []),
         )
 
     def python_name(self, c_name: str) -> str:
@@ -200,6 +202,8 @@ def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[
         reason = spec.excluded.get(name)
         if reason is None and f.get("device_only"):
             reason = "device-only (__device__): not callable from the host"
+        if reason is None and any(re.search(p, name) for p in spec.device_only_patterns) and name not in exports:
+            reason = "device-only (thread-group variant): not callable from the host"
         if reason is None and name not in spec.inline and (f["inline"] or name not in exports):
             reason = f"not exported by {Path(spec.binary).name} (header-inline or device-only)"
         if reason is not None:

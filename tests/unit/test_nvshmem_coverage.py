@@ -30,6 +30,7 @@ API_SYMBOL = re.compile(r"^nvshmem(?:x|id)?_\w+$")
 DEVICE_SUFFIX = re.compile(r"_(?:block|warp|warpgroup)$")
 DEVICE_ONLY = "device-only (__device__): not callable from the host"
 NOT_EXPORTED = "not exported by libnvshmem_host.so.3 (header-inline or device-only)"
+THREAD_GROUP = "device-only (thread-group variant): not callable from the host"
 # Exported by the host library but declared outside nvshmem_host.h (device/ headers, or
 # no public header at all), so the pinned host headers do not declare them.
 EXPORTED_UNDECLARED = {
@@ -127,7 +128,7 @@ def test_every_function_is_bound_or_excluded(functions: Functions) -> None:
 
 def test_exclusion_reasons_follow_the_device_flag(functions: Functions) -> None:
     reasons = {f["excluded"] for f in functions.values() if f.get("excluded")}
-    assert reasons == {DEVICE_ONLY, NOT_EXPORTED}
+    assert reasons == {DEVICE_ONLY, THREAD_GROUP, NOT_EXPORTED}
     wrong = sorted(
         name for name, f in functions.items()
         if f.get("excluded") and (f["excluded"] == DEVICE_ONLY) != bool(f["device_only"])
@@ -139,7 +140,8 @@ def test_exclusion_reasons_follow_the_device_flag(functions: Functions) -> None:
 def test_no_excluded_function_is_exported(functions: Functions, exported: set[str]) -> None:
     device_only = sorted(n for n, f in functions.items() if f.get("excluded") == DEVICE_ONLY and n in exported)
     assert device_only == [], f"excluded as device-only, yet exported by libnvshmem_host: {device_only}"
-    not_exported = sorted(n for n, f in functions.items() if f.get("excluded") == NOT_EXPORTED and n in exported)
+    not_exported = sorted(n for n, f in functions.items()
+                          if f.get("excluded") in (NOT_EXPORTED, THREAD_GROUP) and n in exported)
     assert not_exported == [], f"excluded as not exported, yet exported: {not_exported}"
 
 
@@ -147,6 +149,8 @@ def test_block_warp_and_warpgroup_variants_are_excluded(functions: Functions) ->
     suffixed = [name for name in functions if DEVICE_SUFFIX.search(name)]
     assert len(suffixed) > 500
     assert sorted(name for name in suffixed if not functions[name].get("excluded")) == []
+    assert sorted(name for name in suffixed
+                  if functions[name].get("excluded") not in (DEVICE_ONLY, THREAD_GROUP)) == []
 
 
 def test_bound_functions_are_exported_or_reproduced_inline(functions: Functions, exported: set[str]) -> None:
