@@ -37,6 +37,8 @@ def _field_get(ix: Index, f: dict[str, Any]) -> list[str]:
             return [f"return tuple({cls}._from_data(self._data.{n}[i]) for i in range({t['length']}))"]
         if vk == "bool":
             return [f"return tuple(bool(self._data.{n}[i]) for i in range({t['length']}))"]
+        if vk in ("handle", "address"):
+            return [f"return tuple(<intptr_t>self._data.{n}[i] for i in range({t['length']}))"]
         return [f"return tuple(self._data.{n}[i] for i in range({t['length']}))"]
     vk = value_kind(ix, t)
     if vk in ("int", "float"):
@@ -69,6 +71,8 @@ def _field_set(ix: Index, f: dict[str, Any]) -> list[str]:
         if vk == "struct":
             cls = ix.structs[resolve(ix, el)["name"]]["python"]
             out.append(f"{I4}self._data.{n}[i] = (<{cls}?>value[i])._data")
+        elif vk in ("handle", "address"):
+            out.append(f"{I4}self._data.{n}[i] = <{cy_type(el, drop_const=True)}><intptr_t>value[i]")
         else:
             out.append(f"{I4}self._data.{n}[i] = value[i]")
         return out
@@ -198,6 +202,13 @@ def _struct_class(ix: Index, s: dict[str, Any]) -> list[str]:
         f"{I4}@property",
         f"{I4}def nbytes(self):",
         f"{I8}return sizeof({name})",
+        "",
+        f"{I4}@staticmethod",
+        f"{I4}def from_ptr(intptr_t address):",
+        f'{I8}"""A copy of the {name} at `address` (for example one a library call returned)."""',
+        f"{I8}if address == 0:",
+        f'{I8}{I4}raise _UsageError("{cls}.from_ptr: NULL address")',
+        f"{I8}return {cls}._from_data((<{name}*>address)[0])",
         "",
         f"{I4}@staticmethod",
         f"{I4}cdef {cls} _from_data({name} data):",
@@ -651,7 +662,9 @@ def python_pyx(ix: Index) -> str:
     if any(p.get("convert") == "mpi_comm" for f in ix.bound for p in f["params"]):
         lines += [
             "cdef intptr_t _mpi_comm_address(object comm) except? 0:",
-            f'{I4}"""The address of an MPI_Comm: an int, or an mpi4py communicator."""',
+            f'{I4}"""The address of an MPI_Comm: an int, an mpi4py communicator, or None (NULL)."""',
+            f"{I4}if comm is None:",
+            f"{I8}return 0",
             f"{I4}if isinstance(comm, int):",
             f"{I8}return comm",
             f"{I4}try:",

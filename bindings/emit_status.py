@@ -23,7 +23,9 @@ def status_py(irs: list[dict[str, Any]]) -> str:
         "from __future__ import annotations",
         "",
     ]
-    bases = sorted({ir["status"]["error_base"] for ir in irs} | {"LIBRARY_ERRORS", "LibraryError"})
+    # isort's order: constants, then classes
+    bases = sorted({ir["status"]["error_base"] for ir in irs} | {"LIBRARY_ERRORS", "LibraryError"},
+                   key=lambda n: (not n.isupper(), n))
     lines.append(f"from mpbind.errors import {', '.join(bases)}")
     lines += ["", "__all__ = ["]
     classes: dict[str, list[tuple[str, str, int]]] = {}

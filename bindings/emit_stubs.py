@@ -59,6 +59,8 @@ def _struct(ix: Index, s: dict[str, Any]) -> list[str]:
                 out.append(f"{I4}@{f['name']}.setter")
                 out.append(f"{I4}def {f['name']}(self, value: {st}) -> None: ...")
     out += [
+        f"{I4}@staticmethod",
+        f"{I4}def from_ptr(address: int) -> {cls}: ...",
         f"{I4}@property",
         f"{I4}def ptr(self) -> int: ...",
         f"{I4}@property",

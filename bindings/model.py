@@ -39,7 +39,10 @@ ROLES = {
 
 def camel_to_snake(name: str) -> str:
     s = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
-    s = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", s)
+    # a lower-case letter before a capital, or a digit before a capitalised word;
+    # "C2C" stays one word (cufftExecC2C -> exec_c2c)
+    s = re.sub(r"([a-z])([A-Z])", r"\1_\2", s)
+    s = re.sub(r"([0-9])([A-Z][a-z])", r"\1_\2", s)
     return s.lower()
 
 
@@ -234,7 +237,7 @@ def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[
             if role not in ROLES:
                 raise ValueError(f"{name}.{p['name']}: unknown role {role}")
             t = p["type"]
-            if role in ("in", "inout") and t["kind"] == "pointer" and not is_char_ptr(t):
+            if role in ("in", "inout") and t["kind"] == "pointer" and not is_char_ptr(t) and not ps.get("address"):
                 pointee = t["pointee"]
                 if pointee["kind"] == "struct" and pointee["name"] in struct_names:
                     ps.setdefault("struct", pointee["name"])
@@ -275,6 +278,9 @@ def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[
                       "members": [[c, p, v] for (c, v), p in zip(e["values"], py, strict=True)]})
     structs = []
     for s in parsed["structs"]:
+        if not spec.structs.get(s["name"], {}).get("python") and \
+                not enum_class_name(s["name"], spec.prefixes)[:1].isalpha():
+            raise ValueError(f"struct {s['name']} needs a Python name in the spec")
         ss = spec.structs.get(s["name"], {})
         entry = {**s, "python": ss.get("python", enum_class_name(s["name"], spec.prefixes))}
         if ss.get("kind"):

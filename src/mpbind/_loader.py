@@ -25,6 +25,9 @@ class LibrarySpec:
     sonames: tuple[str, ...]
     env_var: str
     deepbind: bool = False  # cuda.pathfinder opens libcufftMp with RTLD_DEEPBIND
+    # Libraries to load first, so that this one binds to the process's copy of them
+    # (libcufftMp needs the one libnvshmem_host the NVSHMEM bindings use).
+    depends: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,7 @@ LIBRARIES: dict[str, LibrarySpec] = {
     "nvshmem": LibrarySpec("nvshmem", "nvshmem_host", ("libnvshmem_host.so.3",), "MPBIND_NVSHMEM_PATH"),
     "cublasmp": LibrarySpec("cublasmp", "cublasmp", ("libcublasmp.so.0",), "MPBIND_CUBLASMP_PATH"),
     "cufftmp": LibrarySpec("cufftmp", "cufftMp", ("libcufftMp.so.12", "libcufftMp.so.11"),
-                           "MPBIND_CUFFTMP_PATH", deepbind=True),
+                           "MPBIND_CUFFTMP_PATH", deepbind=True, depends=("nvshmem",)),
 }
 
 _lock = threading.Lock()
@@ -92,6 +95,8 @@ def load(name: str) -> LoadedLibrary:
     if found is not None:
         return found
     spec = _spec(name)
+    for dep in spec.depends:
+        load(dep)
     with _lock:
         found = _loaded.get(name)
         if found is None:
@@ -113,6 +118,9 @@ def format_version(name: str, code: int | tuple[int, ...]) -> str:
         # NCCL_VERSION(X,Y,Z): X*1000+Y*100+Z up to 2.8, X*10000+Y*100+Z after.
         if code >= 10000:
             return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
+        return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
+    if name == "cufftmp":
+        # CUFFT_VERSION: major*1000 + minor*100 + patch (12103 is 12.1.3).
         return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
     return str(code)
 
