@@ -95,6 +95,9 @@ class Index:
             visit(f["returns"])
             for p in f["params"]:
                 visit(p["type"])
+        for s in self.ir["structs"]:
+            if s.get("expose"):
+                visit({"kind": "struct", "name": s["name"]})
         return structs, aliases, sorted(handles)
 
 

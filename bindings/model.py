@@ -285,6 +285,8 @@ def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[
         entry = {**s, "python": ss.get("python", enum_class_name(s["name"], spec.prefixes))}
         if ss.get("kind"):
             entry["kind"] = ss["kind"]
+        if ss.get("expose"):
+            entry["expose"] = True  # emitted even though no function signature names it
         if ss.get("opaque"):
             entry.pop("fields", None)
             entry["opaque"] = ss["opaque"]
