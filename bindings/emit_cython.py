@@ -36,12 +36,12 @@ def _types_block(ix: Index) -> list[str]:
                     "#include <stdint.h>", "#include <stdbool.h>"]
     # Returned by an entry point whose symbol is missing, with a Python exception set.
     c.append(f"#define {loading_error(ir)} (({ir['status']['type']})-42)")
-    for name in sorted(ix.foreign):
-        c.append(f"typedef struct {_foreign_tag(name)} *{name};")
-    for name in handles:
-        if name in ix.foreign:
-            continue
-        c.append(f"typedef struct {name}_opaque *{name};")
+    # Handles are declared with the struct tag the library's header uses, so that two
+    # modules declaring the same handle (cynccl, cycublasmp: ncclComm_t) agree.
+    tags = ir.get("handle_tags", {})
+    for name in sorted(set(ix.foreign) | set(handles)):
+        tag = tags.get(name) or _foreign_tag(name)
+        c.append(f"typedef struct {tag} *{name};")
     for name in aliases:
         c.append(f"typedef {c_type(ix.aliases[name], name)};")
     for e in ir["enums"]:

@@ -288,8 +288,9 @@ def _function(ix: Index, p: Plan) -> list[str]:
         n = cp["name"]
         py = cp["python"]
         if role in ("in", "inout"):
-            if cp.get("convert") == "mpi_comm":
-                pre.append(f"cdef intptr_t _h_{n} = _mpi_comm_address({py})")
+            if cp.get("convert"):
+                # _convert_<name>: the generated mpi_comm one, or one from the spec's support code
+                pre.append(f"cdef intptr_t _h_{n} = _convert_{cp['convert']}({py})")
                 args.append(f"<{cy_type(t)}>_h_{n}")
             elif t["kind"] == "pointer" and cp.get("struct"):
                 cls = ix.structs[cp["struct"]]["python"]
@@ -661,7 +662,7 @@ def python_pyx(ix: Index) -> str:
     ]
     if any(p.get("convert") == "mpi_comm" for f in ix.bound for p in f["params"]):
         lines += [
-            "cdef intptr_t _mpi_comm_address(object comm) except? 0:",
+            "cdef intptr_t _convert_mpi_comm(object comm) except? 0:",
             f'{I4}"""The address of an MPI_Comm: an int, an mpi4py communicator, or None (NULL)."""',
             f"{I4}if comm is None:",
             f"{I8}return 0",
@@ -691,6 +692,9 @@ def python_pyx(ix: Index) -> str:
             lines.append(f"{I8}return {cls}(value)")
         lines.append(f'{I4}raise TypeError("%s must be {cls}, not %s" % (what, type(value).__name__))')
         lines += ["", ""]
+    if ir.get("inline_support"):
+        lines += ["# Support code from the spec (static inline functions, converters)."]
+        lines += ir["inline_support"].strip("\n").split("\n") + ["", ""]
     for f in ix.bound:
         if "inline_body" in f:
             lines += _inline_function(f)
@@ -698,8 +702,5 @@ def python_pyx(ix: Index) -> str:
             lines += _function(ix, plan(ix, f))
     if ir.get("families"):
         lines += _families(ix)
-    if ir.get("inline_support"):
-        lines += ["# Support for the header's static inline functions (from the spec)."]
-        lines += ir["inline_support"].strip("\n").split("\n") + ["", ""]
     text = "\n".join(lines)
     return "\n".join(line.rstrip() for line in text.split("\n")).rstrip() + "\n"

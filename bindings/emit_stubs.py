@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -82,17 +83,7 @@ def _union(types: Iterable[str]) -> str:
 
 def stub(ix: Index) -> str:
     ir = ix.ir
-    typing_names = (["Any"] if ir.get("families") or any(
-        p.get("convert") for f in ix.bound for p in f["params"]) else []) + (["NewType"] if ix.handles else [])
-    lines = [
-        f'"""Flat bindings for {ir["pretty"]} {ir["version"]}."""',
-        "",
-        "from collections.abc import Sequence",
-        "from enum import IntEnum",
-    ]
-    if typing_names:
-        lines.append(f"from typing import {', '.join(typing_names)}")
-    lines.append("")
+    lines: list[str] = []
     from emit_python import _const_name
 
     for c in ir["constants"]:
@@ -136,4 +127,15 @@ def stub(ix: Index) -> str:
                 a += f" = {pp.default}"
             args.append(a)
         lines.append(f"def {fam['python']}({', '.join(args)}) -> {_union(q.return_type for q in plans)}: ...")
-    return "\n".join(lines) + "\n"
+    body = "\n".join(lines) + "\n"
+    # Import what the body uses.
+    abc = [n for n in ("Callable", "Sequence") if re.search(rf"\b{n}\[", body)]
+    typing_names = [n for n in ("Any", "NewType") if re.search(rf"\b{n}\b", body)]
+    head = [f'"""Flat bindings for {ir["pretty"]} {ir["version"]}."""', ""]
+    if abc:
+        head.append(f"from collections.abc import {', '.join(abc)}")
+    head.append("from enum import IntEnum")
+    if typing_names:
+        head.append(f"from typing import {', '.join(typing_names)}")
+    head.append("")
+    return "\n".join(head) + "\n" + body

@@ -34,7 +34,7 @@ from model import ROOT, Spec, build_ir, tomllib  # noqa: E402
 REPO = ROOT.parent
 SRC = REPO / "src" / "mpbind"
 STUBS = REPO / "stubs" / "mpbind"
-LIBRARIES = ["nccl", "nvshmem", "cufftmp"]
+LIBRARIES = ["nccl", "nvshmem", "cublasmp", "cufftmp"]
 
 
 def versions() -> dict[str, Any]:
@@ -94,7 +94,13 @@ def parse_lib(lib: str) -> tuple[dict[str, Any] | None, str]:
     from cuda.pathfinder import find_nvidia_header_directory
 
     cuda_inc = find_nvidia_header_directory("cudart")
-    parsed = parse.HeaderParser(spec, include, cuda_inc).parse()
+    extra = []
+    for wheel, subdir in spec.extra_includes:
+        try:
+            extra.append(Path(str(md.distribution(wheel).locate_file(subdir))))
+        except md.PackageNotFoundError:
+            return None, f"{wheel} (headers {spec.name} includes) is not installed"
+    parsed = parse.HeaderParser(spec, include, cuda_inc, extra).parse()
     shas = {h: parse.sha256_of(include / h) for h in spec.headers}
     binary = Path(str(md.distribution(spec.wheel).locate_file(spec.binary)))
     ir = build_ir(spec, parsed, pin["version"], shas, exported_symbols(binary))

@@ -120,6 +120,8 @@ class Spec:
     inline_support: str
     scalar_pointers: str
     device_only_patterns: list[str]
+    foreign_enums: list[str]
+    extra_includes: list[list[str]]
 
     @classmethod
     def load(cls, name: str) -> Spec:
@@ -156,6 +158,8 @@ class Spec:
             inline_support=d.get("inline_support", {}).get("code", ""),
             scalar_pointers=lib.get("scalar_pointers", "out"),
             device_only_patterns=lib.get("device_only_patterns", []),
+            foreign_enums=lib.get("foreign_enums", []),
+            extra_includes=lib.get("extra_includes", []),
         )
 
     def python_name(self, c_name: str) -> str:
@@ -303,6 +307,7 @@ def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[
         "status": {**spec.status, "enum": status_enum},
         "version_function": spec.version,
         "handles": spec.handles,
+        "handle_tags": parsed["handle_tags"],
         "foreign_handles": spec.foreign_handles,
         "aliases": parsed["aliases"],
         "enums": enums,

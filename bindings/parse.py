@@ -118,13 +118,16 @@ def sha256_of(path: Path) -> str:
 
 
 class HeaderParser:
-    def __init__(self, spec: Spec, include_dir: Path, cuda_include: str | None) -> None:
+    def __init__(self, spec: Spec, include_dir: Path, cuda_include: str | None,
+                 extra_includes: list[Path] | None = None) -> None:
         self.spec = spec
         self.include_dir = include_dir.resolve()
         self.args = ["-x", spec.language]
         if spec.language == "c++":
             self.args.append("-std=c++17")
         self.args += ["-I", str(self.include_dir)]
+        for inc in extra_includes or []:
+            self.args += ["-I", str(inc)]
         if cuda_include:
             self.args += ["-I", cuda_include]
         for d in _compiler_include_dirs():
@@ -173,6 +176,7 @@ class HeaderParser:
                 out = {"kind": "builtin", "name": name}
             elif name in self.spec.handles or name in self.spec.foreign_handles:
                 out = {"kind": "handle", "name": name}
+                self._note_handle_tag(name, canon)
             elif canon.kind == T.ENUM:
                 out = {"kind": "enum", "name": self._tag_name(canon.get_declaration())}
             elif canon.kind == T.RECORD:
@@ -182,6 +186,7 @@ class HeaderParser:
             elif canon.kind == T.POINTER and canon.get_pointee().kind == T.RECORD \
                     and canon.get_pointee().get_declaration().is_definition() is False:
                 out = {"kind": "handle", "name": name}
+                self._note_handle_tag(name, canon)
             else:
                 under = t.get_declaration().underlying_typedef_type
                 out = {"kind": "alias", "name": name, "target": self.type_of(under)}
@@ -205,6 +210,11 @@ class HeaderParser:
             out["const"] = True
         return out
 
+    def _note_handle_tag(self, name: str, canon: ci.Type) -> None:
+        """The struct tag a handle points to (struct ncclComm), so every module declares it alike."""
+        if canon.kind == T.POINTER and canon.get_pointee().kind == T.RECORD:
+            self.handle_tags[name] = canon.get_pointee().get_declaration().spelling
+
     def _value_type(self, t: ci.Type) -> dict[str, Any] | None:
         """A type the spec passes as the builtin of the same size (CUDA's __half)."""
         for cand in (t, t.get_canonical()):
@@ -225,6 +235,7 @@ class HeaderParser:
     def parse(self) -> dict[str, Any]:
         tu = self._tu()
         self.typedef_of_record: dict[int, str] = {}
+        self.handle_tags: dict[str, str] = {}
         functions: list[dict[str, Any]] = []
         enums: dict[str, dict[str, Any]] = {}
         records: dict[str, ci.Cursor] = {}
@@ -240,8 +251,9 @@ class HeaderParser:
                 flat.extend(c.get_children())
             else:
                 flat.append(c)
+        foreign_enums = set(getattr(self.spec, "foreign_enums", []))
         for c in flat:
-            if c.kind == K.TYPEDEF_DECL and self._own(c):
+            if c.kind == K.TYPEDEF_DECL and (self._own(c) or c.spelling in foreign_enums):
                 under = c.underlying_typedef_type
                 if under.kind == T.ELABORATED:
                     under = under.get_named_type()
@@ -253,6 +265,10 @@ class HeaderParser:
         for c in flat:
             header = self._own(c)
             if header is None:
+                # Enums of other libraries' headers that this API takes (cudaDataType_t, ...).
+                if c.kind == K.ENUM_DECL and c.is_definition() and self._tag_name(c) in foreign_enums:
+                    name = self._tag_name(c)
+                    enums.setdefault(name, self._enum(c, name, Path(c.location.file.name).name))
                 continue
             if c.kind == K.MACRO_DEFINITION:
                 toks = [t.spelling for t in c.get_tokens()]
@@ -296,6 +312,7 @@ class HeaderParser:
             "structs": list(structs.values()),
             "aliases": aliases,
             "handles": sorted(self.spec.handles),
+            "handle_tags": dict(sorted(self.handle_tags.items())),
             "constants": constants,
         }
 
@@ -390,7 +407,8 @@ class HeaderParser:
         wanted = [(m, h) for m, h in macros if any(re.match(p, m) for p in self.spec.constant_patterns)]
         probe = []
         for m, _ in wanted:
-            probe.append(f"static const auto mpbind_const_{m} = ({m});\n")
+            auto = "auto" if self.spec.language == "c++" else "__auto_type"
+            probe.append(f"static const {auto} mpbind_const_{m} = ({m});\n")
         for sname, init in self.spec.initializers.items():
             probe.append(f"static {sname} mpbind_init_{init} = {init};\n")
         tu = self._tu("".join(probe))

@@ -111,7 +111,9 @@ def plan(ix: Index, f: dict[str, Any]) -> Plan:
         role = cp["role"]
         t = cp["type"]
         if role in ("in", "inout"):
-            if cp.get("convert") == "mpi_comm":
+            if cp.get("pytype"):
+                pytype = cp["pytype"]
+            elif cp.get("convert") == "mpi_comm":
                 pytype = "int | Any"
             elif t["kind"] == "pointer" and cp.get("struct"):
                 s = ix.structs[cp["struct"]]

@@ -28,6 +28,9 @@ class LibrarySpec:
     # Libraries to load first, so that this one binds to the process's copy of them
     # (libcufftMp needs the one libnvshmem_host the NVSHMEM bindings use).
     depends: tuple[str, ...] = ()
+    # Minimum versions of those libraries, and the NVIDIA driver library it links against.
+    min_versions: tuple[tuple[str, str], ...] = ()
+    needs_driver: bool = False
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,8 @@ class LoadedLibrary:
 LIBRARIES: dict[str, LibrarySpec] = {
     "nccl": LibrarySpec("nccl", "nccl", ("libnccl.so.2",), "MPBIND_NCCL_PATH"),
     "nvshmem": LibrarySpec("nvshmem", "nvshmem_host", ("libnvshmem_host.so.3",), "MPBIND_NVSHMEM_PATH"),
-    "cublasmp": LibrarySpec("cublasmp", "cublasmp", ("libcublasmp.so.0",), "MPBIND_CUBLASMP_PATH"),
+    "cublasmp": LibrarySpec("cublasmp", "cublasmp", ("libcublasmp.so.0",), "MPBIND_CUBLASMP_PATH",
+                            depends=("nccl",), min_versions=(("nccl", "2.29.2"),), needs_driver=True),
     "cufftmp": LibrarySpec("cufftmp", "cufftMp", ("libcufftMp.so.12", "libcufftMp.so.11"),
                            "MPBIND_CUFFTMP_PATH", deepbind=True, depends=("nvshmem",)),
 }
@@ -84,7 +88,7 @@ def _open_pathfinder(spec: LibrarySpec) -> LoadedLibrary:
             f"then cuda.pathfinder: {exc}. Install its nvidia-* wheel "
             f"or set {spec.env_var} to the library file or its folder."
         ) from exc
-    except OSError as exc:
+    except (OSError, RuntimeError) as exc:  # cuda.pathfinder reports a failed dlopen as RuntimeError
         raise LibraryNotFoundError(f"{spec.name} was found but could not be loaded: {exc}") from exc
     return LoadedLibrary(spec.name, dl.abs_path or spec.sonames[0], int(dl._handle_uint), dl.found_via)
 
@@ -97,13 +101,34 @@ def load(name: str) -> LoadedLibrary:
     spec = _spec(name)
     for dep in spec.depends:
         load(dep)
+    for dep, minimum in spec.min_versions:
+        have = loaded_version(dep)
+        if have is not None and _version_tuple(have) < _version_tuple(minimum):
+            raise LibraryNotFoundError(
+                f"{spec.name} needs {dep} >= {minimum}, but the process has {dep} {have} "
+                f"({load(dep).path}); install a newer one or point {LIBRARIES[dep].env_var} at it "
+                f"(or LD_PRELOAD it, so that every library in the process uses it)"
+            )
     with _lock:
         found = _loaded.get(name)
         if found is None:
             override = os.environ.get(spec.env_var)
-            found = _open_override(spec, override) if override else _open_pathfinder(spec)
+            try:
+                found = _open_override(spec, override) if override else _open_pathfinder(spec)
+            except LibraryNotFoundError as exc:
+                if spec.needs_driver and "libcuda.so.1" in str(exc):
+                    raise LibraryNotFoundError(
+                        f"{spec.name} links against libcuda.so.1, the NVIDIA driver's library, and this "
+                        f"machine has none (no NVIDIA driver installed): {spec.name} can only be loaded "
+                        f"where a GPU driver is. ({exc})"
+                    ) from exc
+                raise
             _loaded[name] = found
     return found
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split(".") if p.isdigit())
 
 
 def is_loaded(name: str) -> bool:
@@ -119,6 +144,9 @@ def format_version(name: str, code: int | tuple[int, ...]) -> str:
         if code >= 10000:
             return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
         return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
+    if name == "cublasmp":
+        # CUBLASMP_VERSION: major*10000 + minor*100 + patch (1000 is 0.10.0).
+        return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
     if name == "cufftmp":
         # CUFFT_VERSION: major*1000 + minor*100 + patch (12103 is 12.1.3).
         return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
