@@ -493,6 +493,85 @@ def untyped_params(signature: str) -> str:
     return ", ".join(a.arg if d is None else f"{a.arg}={ast.unparse(d)}" for a, d in zip(args, defaults, strict=True))
 
 
+# struct format of each C type an attribute can take (enums are C ints).
+_ATTRIBUTE_FORMATS = {"int32_t": "i", "int": "i", "uint32_t": "I", "int64_t": "q", "uint64_t": "Q",
+                      "size_t": "Q", "float": "f", "double": "d", "void *": "Q", "const void *": "Q"}
+
+
+def attribute_table(ix: Index, enum_name: str) -> dict[str, tuple[str, str, str | None]]:
+    """C enumerator -> (C type, struct format, Python enum class or None), from the header's docs."""
+    e = ix.enums[enum_name]
+    table = {}
+    for cname, ctype in e["value_types"].items():
+        if ctype in ix.enums:
+            table[cname] = (ctype, "i", ix.enums[ctype]["python"])
+        elif ctype in _ATTRIBUTE_FORMATS:
+            table[cname] = (ctype, _ATTRIBUTE_FORMATS[ctype], None)
+        else:
+            raise ValueError(f"{enum_name}.{cname}: no format for attribute type {ctype}")
+    missing = [cn for cn, _, _ in e["members"] if cn not in table]
+    if missing:
+        raise ValueError(f"{enum_name}: the header documents no type for {missing}")
+    return table
+
+
+def _typed_attribute(ix: Index, enum_name: str, ta: dict[str, str]) -> list[str]:
+    """<python>_set(obj, attr, value) / <python>_get(obj, attr) with each attribute's C type."""
+    e = ix.enums[enum_name]
+    cls = e["python"]
+    by_c = {f["name"]: f for f in ix.bound}
+    setter, getter = by_c[ta["set"]]["python"], by_c[ta["get"]]["python"]
+    name = ta["python"]
+    table = attribute_table(ix, enum_name)
+    py_of = {cn: py for cn, py, _ in e["members"]}
+    table_name = f"{name.upper()}_ATTRIBUTE_TYPES"
+    rows = ", ".join(f'{cls}.{py_of[cn]}: ({ct!r}, {fmt!r}, {pc or "None"})' for cn, (ct, fmt, pc) in table.items())
+    return [
+        f"# {enum_name} value -> (C type, struct format, enum class), from the header's documentation.",
+        f"{table_name} = {{{rows}}}",
+        "",
+        "",
+        f"cdef tuple _{name}_attribute(object attr):",
+        f"{I4}try:",
+        f"{I8}key = {cls}(attr)",
+        f"{I4}except ValueError:",
+        f'{I8}raise _UsageError("unknown {cls} value %r" % (attr,)) from None',
+        f"{I4}return (key,) + {table_name}[key]",
+        "",
+        "",
+        f"def {name}_set(obj, attr, value):",
+        f'{I4}"""Set attribute `attr` ({cls}) to `value`, checked against the attribute\'s C type;',
+        f'{I4}then {ta["set"]}."""',
+        f"{I4}key, ctype, fmt, enum_cls = _{name}_attribute(attr)",
+        f"{I4}if isinstance(value, float) and fmt not in ('f', 'd') or isinstance(value, (str, bytes)):",
+        f'{I8}raise _UsageError("%s takes %s, not %s" % (key.name, ctype, type(value).__name__))',
+        f"{I4}if enum_cls is not None:",
+        f"{I8}try:",
+        f"{I8}{I4}enum_cls(value)",
+        f"{I8}except ValueError:",
+        f'{I8}{I4}raise _UsageError("%s takes %s: %r is not one of its values" % (key.name, ctype, value)) from None',
+        f"{I4}try:",
+        f"{I8}buf = _struct.pack(fmt, value)",
+        f"{I4}except _struct.error as exc:",
+        f'{I8}raise _UsageError("%s takes %s: %s" % (key.name, ctype, exc)) from None',
+        f"{I4}cdef const char* p = buf",
+        f"{I4}{setter}(obj, key, <intptr_t>p, len(buf))",
+        "",
+        "",
+        f"def {name}_get(obj, attr):",
+        f'{I4}"""The value of attribute `attr` ({cls}) as its C type (enums as their IntEnum); {ta["get"]}."""',
+        f"{I4}key, ctype, fmt, enum_cls = _{name}_attribute(attr)",
+        f"{I4}cdef char out[16]",
+        f"{I4}memset(out, 0, 16)",
+        f"{I4}size = _struct.calcsize(fmt)",
+        f"{I4}{getter}(obj, key, <intptr_t>out, size)",
+        f"{I4}value = _struct.unpack(fmt, out[:size])[0]",
+        f"{I4}return value if enum_cls is None else _enum_or_int(enum_cls, value)",
+        "",
+        "",
+    ]
+
+
 def _inline_function(f: dict[str, Any]) -> list[str]:
     """A header's static inline function, reproduced by the spec over exported entry points."""
     body = f["inline_body"]
@@ -591,6 +670,7 @@ def python_pyx(ix: Index) -> str:
         "",
         f"from mpbind.bindings.cy{lib} cimport *",
         "",
+        *(["import struct as _struct"] if ir.get("typed_attributes") else []),
         "from enum import IntEnum as _IntEnum",
         "from typing import NewType as _NewType",
         "",
@@ -702,5 +782,7 @@ def python_pyx(ix: Index) -> str:
             lines += _function(ix, plan(ix, f))
     if ir.get("families"):
         lines += _families(ix)
+    for enum_name, ta in ir.get("typed_attributes", {}).items():
+        lines += _typed_attribute(ix, enum_name, ta)
     text = "\n".join(lines)
     return "\n".join(line.rstrip() for line in text.split("\n")).rstrip() + "\n"

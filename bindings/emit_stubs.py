@@ -127,6 +127,18 @@ def stub(ix: Index) -> str:
                 a += f" = {pp.default}"
             args.append(a)
         lines.append(f"def {fam['python']}({', '.join(args)}) -> {_union(q.return_type for q in plans)}: ...")
+    from emit_python import attribute_table
+
+    for enum_name, ta in ir.get("typed_attributes", {}).items():
+        cls = ix.enums[enum_name]["python"]
+        handle = next(p["type"] for f in ix.bound if f["name"] == ta["set"] for p in f["params"][:1])
+        obj = ix.handles.get(handle.get("name", ""), "int")
+        kinds = sorted({pc or ("float" if fmt in "fd" else "int")
+                        for _, fmt, pc in attribute_table(ix, enum_name).values()})
+        value = _union(k if k in ("int", "float") else f"{k} | int" for k in kinds)
+        lines.append(f"{ta['python'].upper()}_ATTRIBUTE_TYPES: dict[{cls}, tuple[str, str, type | None]]")
+        lines.append(f"def {ta['python']}_set(obj: {obj}, attr: {cls} | int, value: {value}) -> None: ...")
+        lines.append(f"def {ta['python']}_get(obj: {obj}, attr: {cls} | int) -> {value}: ...")
     body = "\n".join(lines) + "\n"
     # Import what the body uses.
     abc = [n for n in ("Callable", "Sequence") if re.search(rf"\b{n}\[", body)]

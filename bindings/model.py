@@ -122,6 +122,7 @@ class Spec:
     device_only_patterns: list[str]
     foreign_enums: list[str]
     extra_includes: list[list[str]]
+    typed_attributes: dict[str, dict[str, str]]
 
     @classmethod
     def load(cls, name: str) -> Spec:
@@ -160,6 +161,7 @@ class Spec:
             device_only_patterns=lib.get("device_only_patterns", []),
             foreign_enums=lib.get("foreign_enums", []),
             extra_includes=lib.get("extra_includes", []),
+            typed_attributes=d.get("typed_attributes", {}),
         )
 
     def python_name(self, c_name: str) -> str:
@@ -316,6 +318,7 @@ def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[
         "functions": functions,
         "families": families,
         "inline_support": spec.inline_support,
+        "typed_attributes": spec.typed_attributes,
         "prefixes": list(spec.prefixes),
         "family_types": spec.family_types,
     }

@@ -338,8 +338,19 @@ class HeaderParser:
 
     def _enum(self, c: ci.Cursor, name: str, header: str) -> dict[str, Any]:
         values = [[e.spelling, e.enum_value] for e in c.get_children() if e.kind == K.ENUM_CONSTANT_DECL]
-        return {"name": name, "header": header, "values": values,
-                "underlying": self.type_of(c.enum_type)["name"]}
+        out = {"name": name, "header": header, "values": values,
+               "underlying": self.type_of(c.enum_type)["name"]}
+        # Attribute enums document each value's C type ("... Type: int64_t."): keep it,
+        # for typed get/set of the attribute.
+        types = {}
+        for e in c.get_children():
+            m = re.search(r"Type:\s*((?:const\s+)?\w+\s*\*?)", e.raw_comment or "") \
+                if e.kind == K.ENUM_CONSTANT_DECL else None
+            if m:
+                types[e.spelling] = " ".join(m.group(1).replace("*", " *").split())
+        if types:
+            out["value_types"] = types
+        return out
 
     def _struct(self, c: ci.Cursor, name: str) -> dict[str, Any]:
         ty = c.type

@@ -124,3 +124,32 @@ def test_stubtest_passes() -> None:
         capture_output=True, text=True, timeout=600, cwd=HERE,
     )
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+
+
+def test_attribute_types_are_those_the_header_documents() -> None:
+    header = (Path(str(_dist("nvidia-cublasmp-cu13").locate_file("nvidia/cublasmp/cu13/include")))
+              / "cublasmp.h").read_text()
+    documented = {
+        name: " ".join(ctype.replace("*", " *").split())
+        for ctype, name in __import__("re").findall(
+            r"Type:\s*((?:const\s+)?\w+\s*\*?)\.?[^/]*?\*/\s*CUBLASMP_MATMUL_DESCRIPTOR_ATTRIBUTE_(\w+)\s*=", header)
+    }
+    table = {attr.name: ctype for attr, (ctype, _, _) in cublasmp.MATMUL_DESCRIPTOR_ATTRIBUTE_TYPES.items()}
+    assert len(documented) == len(cublasmp.MatmulDescriptorAttribute) == 29
+    assert table == documented
+
+
+@pytest.mark.parametrize(("attr", "value", "message"), [
+    ("TRANSA", 1.5, "cublasOperation_t"),
+    ("TRANSA", 99, "not one of its values"),
+    ("EPILOGUE", "relu", "cublasMpMatmulEpilogue_t"),
+    ("COMMUNICATION_SM_COUNT", 2**40, "int32_t"),
+    ("BIAS_POINTER", -1, "void *"),
+])
+def test_typed_attribute_refuses_wrong_values_before_the_library(attr: str, value: object, message: str) -> None:
+    from mpbind.errors import UsageError
+
+    with pytest.raises(UsageError, match=message):
+        cublasmp.matmul_descriptor_set(0, cublasmp.MatmulDescriptorAttribute[attr], value)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="unknown"):
+        cublasmp.matmul_descriptor_get(0, 999)
