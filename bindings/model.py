@@ -69,7 +69,9 @@ def enum_member_names(values: list[str], prefix: str) -> list[str]:
     stripped = []
     for v in values:
         s = v
-        if s.lower().startswith(prefix.lower()) and not s.isupper():
+        # camelCase members (ncclSum) lose the library prefix here; UPPER_SNAKE ones
+        # (CUBLASMP_..._BLK128x128_FP32, not all upper case) lose their first word below.
+        if s.lower().startswith(prefix.lower()) and not s.isupper() and not s[len(prefix):].startswith("_"):
             s = s[len(prefix):]
         stripped.append(s)
     words = [_words(s) for s in stripped]

@@ -60,6 +60,7 @@ from mpbind.bindings import cublasmp, nccl  # noqa: E402
 
 M, N, K = 64, 48, 96  # matmul sizes: multiples of 16, as FP8 needs
 SEED = 1234
+_NO_DESC = cublasmp.MatrixDescriptor(0)  # C is not given (beta is 0): NULL pointer and descriptor
 
 CTypesValue = ctypes.c_int32 | ctypes.c_int64 | ctypes.c_void_p | ctypes.c_float | ctypes.c_double
 
@@ -69,9 +70,9 @@ CTypesValue = ctypes.c_int32 | ctypes.c_int64 | ctypes.c_void_p | ctypes.c_float
 
 @dataclass
 class Env:
-    comm: int
-    handle: int
-    grid: int
+    comm: nccl.Comm
+    handle: cublasmp.Handle
+    grid: cublasmp.Grid
     stream: Any  # torch.cuda.Stream
 
     def sync(self) -> None:
@@ -130,7 +131,7 @@ def _load(buf: Any) -> Any:
 
 
 def _desc(stack: contextlib.ExitStack, env: Env, rows: int, cols: int, dtype: CudaDataType | int,
-          mb: int | None = None, nb: int | None = None) -> int:
+          mb: int | None = None, nb: int | None = None) -> cublasmp.MatrixDescriptor:
     """A descriptor of a rows x cols matrix on the 1 x 1 grid; blocks default to the whole matrix."""
     mb = rows if mb is None else mb
     nb = cols if nb is None else nb
@@ -170,20 +171,21 @@ def _workspace(stack: contextlib.ExitStack, env: Env, sizes: tuple[int, int]) ->
     return Workspace(device, device_bytes, host, host_bytes)
 
 
-def _matmul_desc(stack: contextlib.ExitStack, compute: CublasComputeType) -> int:
+def _matmul_desc(stack: contextlib.ExitStack, compute: CublasComputeType) -> cublasmp.MatmulDescriptor:
     desc = cublasmp.matmul_descriptor_create(compute)
     assert desc != 0
     stack.callback(cublasmp.matmul_descriptor_destroy, desc)
     return desc
 
 
-def _set_attr(desc: int, attr: MatmulDescriptorAttribute, value: CTypesValue) -> None:
-    cublasmp.matmul_descriptor_set_attribute(desc, attr, _addr(value), ctypes.sizeof(value))
+def _set_attr(desc: cublasmp.MatmulDescriptor, attr: MatmulDescriptorAttribute, value: int) -> None:
+    """The typed setter: it packs `value` as the attribute's C type (enums as int32, pointers as void *)."""
+    cublasmp.matmul_descriptor_set(desc, attr, value)
 
 
-def _set_trans(desc: int, transa: CublasOperation, transb: CublasOperation) -> None:
-    _set_attr(desc, MatmulDescriptorAttribute.TRANSA, ctypes.c_int32(transa))
-    _set_attr(desc, MatmulDescriptorAttribute.TRANSB, ctypes.c_int32(transb))
+def _set_trans(desc: cublasmp.MatmulDescriptor, transa: CublasOperation, transb: CublasOperation) -> None:
+    _set_attr(desc, MatmulDescriptorAttribute.TRANSA, transa)
+    _set_attr(desc, MatmulDescriptorAttribute.TRANSB, transb)
 
 
 def _scale_mode(suffix: str) -> int:
@@ -194,17 +196,18 @@ def _scale_mode(suffix: str) -> int:
     raise AssertionError(f"no MatmulMatrixScale member ends with {suffix}")
 
 
-def _run_matmul(stack: contextlib.ExitStack, env: Env, mm: int, m: int, n: int, k: int,
-                alpha: ctypes.c_float | ctypes.c_double, a: Any, desc_a: int, b: Any, desc_b: int,
-                beta: ctypes.c_float | ctypes.c_double, d: Any, desc_d: int) -> None:
+def _run_matmul(stack: contextlib.ExitStack, env: Env, mm: cublasmp.MatmulDescriptor, m: int, n: int, k: int,
+                alpha: ctypes.c_float | ctypes.c_double, a: Any, desc_a: cublasmp.MatrixDescriptor, b: Any,
+                desc_b: cublasmp.MatrixDescriptor, beta: ctypes.c_float | ctypes.c_double, d: Any,
+                desc_d: cublasmp.MatrixDescriptor) -> None:
     """D = alpha op(A) op(B) (beta 0, no C): buffer sizes, workspace, matmul, synchronise."""
     sizes = cublasmp.matmul_buffer_size(env.handle, mm, m, n, k, _addr(alpha), a.data_ptr(), 1, 1, desc_a,
-                                        b.data_ptr(), 1, 1, desc_b, _addr(beta), 0, 1, 1, 0,
+                                        b.data_ptr(), 1, 1, desc_b, _addr(beta), 0, 1, 1, _NO_DESC,
                                         d.data_ptr(), 1, 1, desc_d)
     assert isinstance(sizes, tuple) and len(sizes) == 2
     ws = _workspace(stack, env, sizes)
     cublasmp.matmul(env.handle, mm, m, n, k, _addr(alpha), a.data_ptr(), 1, 1, desc_a,
-                    b.data_ptr(), 1, 1, desc_b, _addr(beta), 0, 1, 1, 0,
+                    b.data_ptr(), 1, 1, desc_b, _addr(beta), 0, 1, 1, _NO_DESC,
                     d.data_ptr(), 1, 1, desc_d, ws.device, ws.device_bytes, ws.host_ptr, ws.host_bytes)
     env.sync()
 
@@ -260,16 +263,33 @@ def test_error_is_typed(env: Env) -> None:
         assert described in str(err)
 
 
-def test_matmul_descriptor_attribute_round_trip() -> None:
+def test_matmul_descriptor_raw_attribute_round_trip() -> None:
     with contextlib.ExitStack() as stack:
         mm = _matmul_desc(stack, CublasComputeType.COMPUTE_32F)
-        _set_attr(mm, MatmulDescriptorAttribute.TRANSA, ctypes.c_int32(CublasOperation.T))
+        value = ctypes.c_int32(CublasOperation.T)
+        cublasmp.matmul_descriptor_set_attribute(mm, MatmulDescriptorAttribute.TRANSA, _addr(value),
+                                                 ctypes.sizeof(value))
         out = ctypes.c_int32(-1)
         written = cublasmp.matmul_descriptor_get_attribute(mm, MatmulDescriptorAttribute.TRANSA, _addr(out),
                                                            ctypes.sizeof(out))
         assert written == ctypes.sizeof(out)
         assert out.value == CublasOperation.T
         cublasmp.matmul_descriptor_init(mm, CublasComputeType.COMPUTE_32F)  # back to defaults
+        assert cublasmp.matmul_descriptor_get(mm, MatmulDescriptorAttribute.TRANSA) \
+            == CublasOperation.N
+
+
+def test_matmul_descriptor_typed_attribute_round_trip() -> None:
+    with contextlib.ExitStack() as stack:
+        mm = _matmul_desc(stack, CublasComputeType.COMPUTE_32F)
+        assert cublasmp.matmul_descriptor_get(mm, MatmulDescriptorAttribute.COMPUTE_TYPE) \
+            == CublasComputeType.COMPUTE_32F
+        cublasmp.matmul_descriptor_set(mm, MatmulDescriptorAttribute.TRANSB, CublasOperation.T)
+        got = cublasmp.matmul_descriptor_get(mm, MatmulDescriptorAttribute.TRANSB)
+        assert got == CublasOperation.T and isinstance(got, CublasOperation)
+        scale = torch.ones(1, dtype=torch.float32, device="cuda")
+        cublasmp.matmul_descriptor_set(mm, MatmulDescriptorAttribute.A_SCALE_POINTER, scale.data_ptr())
+        assert cublasmp.matmul_descriptor_get(mm, MatmulDescriptorAttribute.A_SCALE_POINTER) == scale.data_ptr()
 
 
 # --- matmul --------------------------------------------------------------------------------
@@ -311,7 +331,7 @@ def _matmul_case(env: Env, case: MatmulCase, alpha_value: float = 1.0) -> tuple[
         a_buf = _store(stored_a, case.dtype)
         b_buf = _store(b, case.dtype)
         d_buf = torch.full((N, M), float("nan"), dtype=case.dtype, device="cuda")
-        desc_a = _desc(stack, env, *stored_a.shape, case.cuda_type)
+        desc_a = _desc(stack, env, stored_a.shape[0], stored_a.shape[1], case.cuda_type)
         desc_b = _desc(stack, env, K, N, case.cuda_type)
         desc_d = _desc(stack, env, M, N, case.cuda_type)
         mm = _matmul_desc(stack, case.compute)
@@ -357,11 +377,11 @@ def test_matmul_fp8_per_tensor_scales(env: Env) -> None:
         beta = ctypes.c_float(0.0)
         try:
             _set_trans(mm, CublasOperation.T, CublasOperation.N)
-            scalar = ctypes.c_int32(_scale_mode("SCALAR_FP32"))
+            scalar = _scale_mode("SCALAR_FP32")
             _set_attr(mm, MatmulDescriptorAttribute.A_SCALE_MODE, scalar)
             _set_attr(mm, MatmulDescriptorAttribute.B_SCALE_MODE, scalar)
-            _set_attr(mm, MatmulDescriptorAttribute.A_SCALE_POINTER, ctypes.c_void_p(a_scale.data_ptr()))
-            _set_attr(mm, MatmulDescriptorAttribute.B_SCALE_POINTER, ctypes.c_void_p(b_scale.data_ptr()))
+            _set_attr(mm, MatmulDescriptorAttribute.A_SCALE_POINTER, a_scale.data_ptr())
+            _set_attr(mm, MatmulDescriptorAttribute.B_SCALE_POINTER, b_scale.data_ptr())
             _run_matmul(stack, env, mm, M, N, K, alpha, a_buf, desc_a, b_buf, desc_b, beta, d_buf, desc_d)
         except CuBLASMpError as exc:
             # Refused here: the error must be typed and say which call and why.
@@ -395,11 +415,11 @@ def _block_scaled_refusal(env: Env, data_type: CudaDataType, scale_suffix: str, 
         alpha = ctypes.c_float(1.0)
         beta = ctypes.c_float(0.0)
         with pytest.raises(CuBLASMpError) as info:
-            mode = ctypes.c_int32(_scale_mode(scale_suffix))
+            mode = _scale_mode(scale_suffix)
             _set_attr(mm, MatmulDescriptorAttribute.A_SCALE_MODE, mode)
             _set_attr(mm, MatmulDescriptorAttribute.B_SCALE_MODE, mode)
-            _set_attr(mm, MatmulDescriptorAttribute.A_SCALE_POINTER, ctypes.c_void_p(a_scale.data_ptr()))
-            _set_attr(mm, MatmulDescriptorAttribute.B_SCALE_POINTER, ctypes.c_void_p(b_scale.data_ptr()))
+            _set_attr(mm, MatmulDescriptorAttribute.A_SCALE_POINTER, a_scale.data_ptr())
+            _set_attr(mm, MatmulDescriptorAttribute.B_SCALE_POINTER, b_scale.data_ptr())
             _run_matmul(stack, env, mm, M, N, K, alpha, a_buf, desc_a, b_buf, desc_b, beta, d_buf, desc_d)
     env.sync()
     err = info.value
@@ -511,7 +531,7 @@ def test_geadd_fp32(env: Env, trans: CublasOperation) -> None:
     with contextlib.ExitStack() as stack:
         a_buf = _store(stored_a, torch.float32)
         c_buf = _store(c, torch.float32)
-        desc_a = _desc(stack, env, *stored_a.shape, CudaDataType.R_32F, BLOCK, BLOCK)
+        desc_a = _desc(stack, env, stored_a.shape[0], stored_a.shape[1], CudaDataType.R_32F, BLOCK, BLOCK)
         desc_c = _desc(stack, env, m, n, CudaDataType.R_32F, BLOCK, BLOCK)
         args = (env.handle, trans, m, n, _addr(alpha), a_buf.data_ptr(), 1, 1, desc_a, _addr(beta),
                 c_buf.data_ptr(), 1, 1, desc_c)
@@ -592,7 +612,7 @@ def test_buffer_register_nccl_backed_torch_buffer(env: Env) -> None:
         alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
         device_bytes, host_bytes = cublasmp.matmul_buffer_size(
             env.handle, mm, M, N, K, _addr(alpha), a_buf.data_ptr(), 1, 1, desc_a, b_buf.data_ptr(), 1, 1,
-            desc_b, _addr(beta), 0, 1, 1, 0, d_buf.data_ptr(), 1, 1, desc_d)
+            desc_b, _addr(beta), 0, 1, 1, _NO_DESC, d_buf.data_ptr(), 1, 1, desc_d)
         nbytes = max(device_bytes, 1 << 21)
         raw = nccl.mem_alloc(nbytes)
         stack.callback(nccl.mem_free, raw)
@@ -602,7 +622,8 @@ def test_buffer_register_nccl_backed_torch_buffer(env: Env) -> None:
         try:
             host = np.zeros(max(1, host_bytes), dtype=np.uint8)
             cublasmp.matmul(env.handle, mm, M, N, K, _addr(alpha), a_buf.data_ptr(), 1, 1, desc_a,
-                            b_buf.data_ptr(), 1, 1, desc_b, _addr(beta), 0, 1, 1, 0, d_buf.data_ptr(), 1, 1, desc_d,
+                            b_buf.data_ptr(), 1, 1, desc_b, _addr(beta), 0, 1, 1, _NO_DESC, d_buf.data_ptr(), 1, 1,
+                            desc_d,
                             work.data_ptr(), nbytes, int(host.ctypes.data), host_bytes)
             env.sync()
         finally:
