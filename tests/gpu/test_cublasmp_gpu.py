@@ -251,13 +251,15 @@ def test_numroc() -> None:
 
 
 def test_error_is_typed(env: Env) -> None:
+    # cublasMpGridCreate's contract: the communicator holds exactly nprow * npcol ranks;
+    # this one holds 1. (A negative matrix size, tried first, is accepted by the library.)
     with pytest.raises(CuBLASMpError) as info:
-        cublasmp.matrix_descriptor_create(-4, 8, 2, 2, 0, 0, 1, CudaDataType.R_32F, env.grid)
+        cublasmp.grid_create(2, 2, cublasmp.GridLayout.COL_MAJOR, env.comm)
     err = info.value
     assert isinstance(err, RuntimeError)
-    assert err.function == "cublasMpMatrixDescriptorCreate"
+    assert err.function == "cublasMpGridCreate"
     assert err.status != cublasmp.Status.SUCCESS
-    assert "cublasMpMatrixDescriptorCreate" in str(err)
+    assert "cublasMpGridCreate" in str(err)
     described = cublasmp.get_status_string(err.status)
     if described:
         assert described in str(err)
