@@ -46,7 +46,10 @@ def _types_block(ix: Index) -> list[str]:
         c.append(f"typedef {c_type(ix.aliases[name], name)};")
     for e in ir["enums"]:
         body = ", ".join(f"{cn} = {v}" for cn, _, v in e["members"])
-        c.append(f"typedef enum {{ {body} }} {e['name']};")
+        # Guarded one by one: two modules may both declare an enum another header owns
+        # (cudaDataType_t in cycublasmp and cycufftmp), and one unit may cimport both.
+        guard_e = f"MPBIND_ENUM_{e['name']}"
+        c += [f"#ifndef {guard_e}", f"#define {guard_e}", f"typedef enum {{ {body} }} {e['name']};", "#endif"]
     for name in structs:
         c.append(f"typedef struct mpbind_{name} {name};")
     for name in structs:
