@@ -1,0 +1,89 @@
+"""Share a library's unique id from one rank with every rank.
+
+NCCL (``ncclGetUniqueId``) and NVSHMEM (``nvshmemx_get_uniqueid``) both bootstrap from
+128 opaque bytes that one rank creates and all ranks must receive. ``share_unique_id``
+does that over an mpi4py communicator, a ``torch.distributed`` process group, or any
+broadcast callable, and returns the library's ``UniqueId`` on every rank::
+
+    uid = share_unique_id("nccl", MPI.COMM_WORLD)                   # mpi4py
+    uid = share_unique_id("nvshmem", torch.distributed.group.WORLD)  # torch.distributed
+    uid = share_unique_id("nccl", my_bcast, rank=rank)               # my_bcast(data, root) -> bytes
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from mpbind.errors import UsageError
+
+# library -> (bindings module, function creating the id)
+_CREATORS = {"nccl": ("mpbind.bindings.nccl", "get_unique_id"), "nvshmem": ("mpbind.bindings.nvshmem", "get_uniqueid")}
+
+Broadcast = Callable[[bytes | None, int], bytes]
+
+
+def share_unique_id(library: str, via: Any, *, root: int = 0, rank: int | None = None) -> Any:
+    """Create `library`'s unique id on rank `root` and return it on every rank.
+
+    `via` is an mpi4py communicator, a torch.distributed process group (or the
+    torch.distributed module for the default group), or a callable
+    ``broadcast(data, root) -> bytes`` that returns root's ``data`` on every rank (it
+    receives None on the other ranks); with a callable, pass this process's `rank`.
+    Collective: every rank must call it with the same `library`, `via` and `root`.
+    """
+    if library not in _CREATORS:
+        raise UsageError(f"share_unique_id: unknown library {library!r}; use one of {', '.join(_CREATORS)}")
+    if not isinstance(root, int) or root < 0:
+        raise UsageError(f"share_unique_id: root must be a rank (an int >= 0), not {root!r}")
+    module_name, creator = _CREATORS[library]
+    module = importlib.import_module(module_name)
+    broadcast, my_rank = _broadcaster(via, rank)
+
+    data = bytes(getattr(module, creator)()) if my_rank == root else None
+    received = broadcast(data, root)
+    if not isinstance(received, (bytes, bytearray, memoryview)):
+        raise UsageError(f"share_unique_id: the broadcast returned {type(received).__name__}, not bytes")
+    received = bytes(received)
+    expected = len(module.UniqueId())
+    if len(received) != expected:
+        raise UsageError(f"share_unique_id: received {len(received)} bytes; a {library} unique id has {expected}")
+    return module.UniqueId(received)
+
+
+def _broadcaster(via: Any, rank: int | None) -> tuple[Broadcast, int]:
+    """A bytes broadcast over `via`, and this process's rank in it."""
+    if hasattr(via, "Get_rank") and hasattr(via, "bcast"):  # an mpi4py communicator
+        return (lambda data, root: via.bcast(data, root=root)), int(via.Get_rank())
+    dist, group = _torch_group(via)
+    if dist is not None:
+        def torch_broadcast(data: bytes | None, root: int) -> bytes:
+            box = [data]
+            dist.broadcast_object_list(box, src=dist.get_global_rank(group, root) if group is not None else root,
+                                       group=group)
+            return box[0]  # type: ignore[return-value]
+
+        return torch_broadcast, int(dist.get_rank(group))
+    if callable(via):
+        if rank is None:
+            raise UsageError("share_unique_id: with a broadcast callable, pass this process's rank=")
+        return via, rank
+    raise UsageError(
+        "share_unique_id: via must be an mpi4py communicator, a torch.distributed process group, "
+        f"or a broadcast callable, not {type(via).__name__}"
+    )
+
+
+def _torch_group(via: Any) -> tuple[Any, Any]:
+    """(torch.distributed, group or None) when `via` is torch.distributed or one of its groups."""
+    module = type(via).__module__ or ""
+    if not (getattr(via, "__name__", "") == "torch.distributed" or module.startswith("torch")):
+        return None, None
+    import torch.distributed as dist
+
+    if via is dist:
+        return dist, None
+    if isinstance(via, dist.ProcessGroup):
+        return dist, via
+    return None, None
