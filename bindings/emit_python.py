@@ -739,6 +739,11 @@ def python_pyx(ix: Index) -> str:
         f'{I4}raise _status.make_error("{lib}", function, status, description, last)',
         "",
         "",
+        "def _raise_status(int status, str function):",
+        f'{I4}"""Raise the typed error for `status` returned by `function` (used by mpbind._core)."""',
+        f"{I4}_raise_error(status, function)",
+        "",
+        "",
     ]
     if any(p.get("convert") == "mpi_comm" for f in ix.bound for p in f["params"]):
         lines += [

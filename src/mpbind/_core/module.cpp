@@ -1,14 +1,16 @@
-// mpbind._core: hand-written C++ core of mpbind (nanobind).
+// mpbind._core: the hand-written C++ core of mpbind (nanobind).
 //
-// Future home of the RAII objects of the Pythonic layer (communicators,
-// registrations, grids, plans, ...). For now it only reports how it was built.
+// It owns library resources for the Pythonic layer: communicators, symmetric
+// allocations, grids, descriptors, plans and registrations. mpbind.nccl,
+// mpbind.nvshmem, mpbind.cublasmp and mpbind.cufftmp re-export its objects.
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
 #include <string>
 
-namespace nb = nanobind;
+#include "core.hpp"
+#include "modules.hpp"
 
 namespace {
 
@@ -31,4 +33,7 @@ NB_MODULE(_core, m) {
 
     m.def("abi_tag", &abi_tag,
           "Return the nanobind version and platform ABI tag this module was built with.");
+
+    mpbind::register_core(m);
+    mpbind::register_modules(m);
 }

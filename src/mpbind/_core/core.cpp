@@ -1,0 +1,392 @@
+// Shared machinery of mpbind._core: errors, capsule lookup, states, the
+// teardown queue and the registration registry (see core.hpp).
+
+#include "core.hpp"
+
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace mpbind {
+
+// ---------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------
+
+namespace {
+
+[[noreturn]] void raise_from(const char* class_name, const std::string& message) {
+    nb::object cls = nb::module_::import_("mpbind.errors").attr(class_name);
+    PyErr_SetString(cls.ptr(), message.c_str());
+    throw nb::python_error();
+}
+
+std::atomic<bool> g_exiting{false};
+std::atomic<uint64_t> g_serial{0};
+
+}  // namespace
+
+void raise_usage(const std::string& message) { raise_from("UsageError", message); }
+
+void raise_type(const std::string& message) {
+    PyErr_SetString(PyExc_TypeError, message.c_str());
+    throw nb::python_error();
+}
+
+void raise_status(const char* library, int status, const char* function) {
+    std::string module = std::string("mpbind.bindings.") + library;
+    nb::module_::import_(module.c_str()).attr("_raise_status")(status, function);
+    // _raise_status always raises; reaching here means it did not.
+    raise_from("MpbindError", std::string(function) + " failed with status " + std::to_string(status));
+}
+
+void raise_library_error(const char* library, const char* function, int status,
+                         const std::string& description) {
+    nb::object err = nb::module_::import_("mpbind._status")
+                         .attr("make_error")(library, function, status, description);
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(err.ptr())), err.ptr());
+    throw nb::python_error();
+}
+
+void warn_resource(const std::string& message) {
+    if (PyErr_WarnEx(PyExc_ResourceWarning, message.c_str(), 1) != 0) {
+        // Warnings turned into errors: a destructor cannot raise, so report it.
+        PyErr_WriteUnraisable(nullptr);
+    }
+}
+
+void mark_exiting() { g_exiting.store(true); }
+
+bool exiting() { return g_exiting.load() || !Py_IsInitialized(); }
+
+// ---------------------------------------------------------------------------
+// Capsules
+// ---------------------------------------------------------------------------
+
+void* capi_pointer(const char* module, const char* name, const char* signature) {
+    nb::object mod = nb::module_::import_(module);
+    nb::object table = mod.attr("__pyx_capi__");
+    PyObject* capsule = PyDict_GetItemString(table.ptr(), name);  // borrowed
+    if (capsule == nullptr || !PyCapsule_CheckExact(capsule)) {
+        PyErr_Format(PyExc_RuntimeError, "%s exports no C function %s", module, name);
+        throw nb::python_error();
+    }
+    const char* recorded = PyCapsule_GetName(capsule);
+    if (recorded == nullptr || std::strcmp(recorded, signature) != 0) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "%s.%s has signature '%s' but mpbind._core was built for '%s'; rebuild mpbind",
+                     module, name, recorded ? recorded : "?", signature);
+        throw nb::python_error();
+    }
+    void* p = PyCapsule_GetPointer(capsule, recorded);
+    if (p == nullptr) throw nb::python_error();
+    return p;
+}
+
+// ---------------------------------------------------------------------------
+// The teardown queue
+// ---------------------------------------------------------------------------
+
+namespace {
+
+struct TeardownQueue {
+    Mutex mu;
+    std::vector<std::shared_ptr<State>> items;
+};
+
+TeardownQueue& teardown_queue() {
+    static TeardownQueue* q = new TeardownQueue();  // never destroyed: used at exit
+    return *q;
+}
+
+void unqueue(const State* s) {
+    std::shared_ptr<State> keep;
+    TeardownQueue& q = teardown_queue();
+    Lock l = lock(q.mu);
+    auto it = std::find_if(q.items.begin(), q.items.end(),
+                           [s](const std::shared_ptr<State>& p) { return p.get() == s; });
+    if (it != q.items.end()) {
+        keep = std::move(*it);
+        q.items.erase(it);
+    }
+    l.unlock();
+    // The caller holds its own reference, so `keep` is not the last one.
+}
+
+}  // namespace
+
+size_t drain_queue(const State* owner) {
+    if (exiting()) return 0;
+    size_t ran = 0;
+    nb::object first_error;
+    for (;;) {
+        std::shared_ptr<State> item;
+        {
+            TeardownQueue& q = teardown_queue();
+            Lock l = lock(q.mu);
+            auto best = q.items.end();
+            for (auto it = q.items.begin(); it != q.items.end(); ++it) {
+                if (owner != nullptr && !(*it)->descends_from(owner)) continue;
+                if (best == q.items.end() || (*it)->serial() > (*best)->serial()) best = it;
+            }
+            if (best == q.items.end()) break;
+            item = std::move(*best);
+            q.items.erase(best);
+        }
+        try {
+            item->close();
+        } catch (nb::python_error& e) {
+            // Keep draining: the other ranks do, and a skipped release would hang them.
+            if (!first_error.is_valid()) first_error = nb::borrow(e.value());
+        }
+        ++ran;
+    }
+    if (first_error.is_valid()) {
+        PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(first_error.ptr())), first_error.ptr());
+        throw nb::python_error();
+    }
+    return ran;
+}
+
+std::vector<std::pair<std::string, uint64_t>> queued() {
+    TeardownQueue& q = teardown_queue();
+    Lock l = lock(q.mu);
+    std::vector<std::pair<std::string, uint64_t>> out;
+    for (auto& s : q.items) out.emplace_back(s->kind(), s->serial());
+    std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.second > b.second; });
+    return out;
+}
+
+// ---------------------------------------------------------------------------
+// State
+// ---------------------------------------------------------------------------
+
+State::State(std::string kind, bool collective)
+    : kind_(std::move(kind)), serial_(++g_serial), collective_(collective) {}
+
+State::~State() = default;
+
+bool State::closed() {
+    Lock l = lock(mu_);
+    return closed_;
+}
+
+void State::check_open() {
+    if (closed()) raise_usage(kind_ + " is closed");
+}
+
+void State::add_child(const std::shared_ptr<State>& child) {
+    Lock l = lock(mu_);
+    // Forget released children so a long-lived owner does not grow without bound.
+    children_.erase(std::remove_if(children_.begin(), children_.end(),
+                                   [](const std::weak_ptr<State>& w) { return w.expired(); }),
+                    children_.end());
+    children_.push_back(child);
+    if (child->parent_ == nullptr) child->parent_ = this;
+}
+
+void State::depends_on(std::shared_ptr<State> parent) {
+    if (parent_ == nullptr) parent_ = parent.get();
+    deps_.push_back(std::move(parent));
+}
+
+bool State::descends_from(const State* ancestor) const {
+    for (const State* p = parent_; p != nullptr; p = p->parent_) {
+        if (p == ancestor) return true;
+    }
+    return false;
+}
+
+void State::close() {
+    {
+        Lock l = lock(mu_);
+        if (closed_ || closing_) return;
+        closing_ = true;
+    }
+    std::shared_ptr<State> self = shared_from_this();
+    unqueue(this);
+    nb::object first_error;
+    auto remember = [&](nb::python_error& e) {
+        if (!first_error.is_valid()) first_error = nb::borrow(e.value());
+    };
+    try {
+        drain_queue(this);
+    } catch (nb::python_error& e) {
+        remember(e);
+    }
+    std::vector<std::shared_ptr<State>> kids;
+    {
+        Lock l = lock(mu_);
+        for (auto& w : children_) {
+            if (auto c = w.lock()) kids.push_back(std::move(c));
+        }
+        children_.clear();
+    }
+    std::sort(kids.begin(), kids.end(), [](auto& a, auto& b) { return a->serial() > b->serial(); });
+    for (auto& c : kids) {
+        try {
+            c->close();
+        } catch (nb::python_error& e) {
+            remember(e);
+        }
+    }
+    kids.clear();
+    // Released once even when the library call fails: a second attempt would
+    // be a double free, and the error says what happened.
+    try {
+        release();
+    } catch (nb::python_error& e) {
+        remember(e);
+    }
+    {
+        Lock l = lock(mu_);
+        closed_ = true;
+        closing_ = false;
+    }
+    if (first_error.is_valid()) {
+        PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(first_error.ptr())), first_error.ptr());
+        throw nb::python_error();
+    }
+}
+
+void State::handle_dropped() {
+    if (--handles_ > 0) return;
+    if (exiting() || closed()) return;
+    try {
+        unreferenced();
+    } catch (nb::python_error& e) {
+        e.restore();
+        PyErr_WriteUnraisable(nullptr);
+    } catch (std::exception& e) {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+        PyErr_WriteUnraisable(nullptr);
+    }
+}
+
+void State::handle_closed() {
+    if (--handles_ > 0) return;
+    close();
+}
+
+void State::unreferenced() {
+    if (collective_) {
+        queue_for_teardown(true);
+    } else {
+        close();
+    }
+}
+
+void State::queue_for_teardown(bool warn) {
+    if (warn) {
+        warn_resource(kind_ + " (serial " + std::to_string(serial_) +
+                      ") was dropped without close(); its release is collective, so it is queued "
+                      "until finalize() or drain() runs on every rank");
+    }
+    TeardownQueue& q = teardown_queue();
+    Lock l = lock(q.mu);
+    q.items.push_back(shared_from_this());
+}
+
+// ---------------------------------------------------------------------------
+// Registrations
+// ---------------------------------------------------------------------------
+
+namespace {
+
+struct AllRegistrations {
+    Mutex mu;
+    std::vector<std::weak_ptr<RegistrationState>> items;
+};
+
+AllRegistrations& all_regs() {
+    static AllRegistrations* r = new AllRegistrations();
+    return *r;
+}
+
+}  // namespace
+
+RegistrationState::~RegistrationState() {
+    if (!Py_IsInitialized()) {
+        buffer.release();  // the interpreter is gone: leak the reference
+        return;
+    }
+    if (buffer.is_valid()) {
+        nb::gil_scoped_acquire gil;
+        buffer.reset();
+    }
+}
+
+void RegistrationState::release() {
+    deregister();
+    buffer.reset();
+}
+
+void Registration::close() {
+    if (closed_) return;
+    closed_ = true;
+    // The last reference closed explicitly: deregister now, collectively if
+    // the library requires it (every rank closes its last reference).
+    state_->handle_closed();
+}
+
+const RegistrationState& Registration::get() const {
+    if (closed_) raise_usage(state_->kind() + " reference is closed");
+    state_->check_open();
+    return *state_;
+}
+
+void Registry::track(const std::shared_ptr<RegistrationState>& s) {
+    AllRegistrations& r = all_regs();
+    Lock l = lock(r.mu);
+    r.items.erase(std::remove_if(r.items.begin(), r.items.end(),
+                                 [](auto& w) {
+                                     auto p = w.lock();
+                                     return !p || p->closed();
+                                 }),
+                  r.items.end());
+    r.items.push_back(s);
+}
+
+std::vector<std::shared_ptr<RegistrationState>> Registry::live() {
+    std::vector<std::shared_ptr<RegistrationState>> out;
+    for (auto& kv : live_) {
+        if (auto s = kv.second.lock(); s && !s->closed()) out.push_back(std::move(s));
+    }
+    return out;
+}
+
+std::vector<std::shared_ptr<RegistrationState>> all_registrations() {
+    AllRegistrations& r = all_regs();
+    Lock l = lock(r.mu);
+    std::vector<std::shared_ptr<RegistrationState>> out;
+    for (auto& w : r.items) {
+        if (auto s = w.lock(); s && !s->closed()) out.push_back(std::move(s));
+    }
+    return out;
+}
+
+// ---------------------------------------------------------------------------
+// Streams
+// ---------------------------------------------------------------------------
+
+uintptr_t stream_handle(nb::handle obj) {
+    if (obj.is_none()) return 0;
+    if (PyLong_Check(obj.ptr())) return nb::cast<uintptr_t>(obj);
+    if (nb::hasattr(obj, "__cuda_stream__")) {
+        nb::object info = obj.attr("__cuda_stream__")();
+        if (!nb::isinstance<nb::tuple>(info) || nb::len(info) != 2) {
+            raise_type("__cuda_stream__() must return a (version, handle) tuple");
+        }
+        return nb::cast<uintptr_t>(nb::borrow<nb::tuple>(info)[1]);
+    }
+    if (nb::hasattr(obj, "cuda_stream")) return nb::cast<uintptr_t>(obj.attr("cuda_stream"));  // PyTorch
+    if (nb::hasattr(obj, "ptr")) return nb::cast<uintptr_t>(obj.attr("ptr"));                  // CuPy
+    raise_type(std::string("stream must be an int, None, or an object with __cuda_stream__, "
+                           ".cuda_stream or .ptr, not ") +
+               nb::cast<std::string>(nb::str(obj.type().attr("__name__"))));
+}
+
+}  // namespace mpbind

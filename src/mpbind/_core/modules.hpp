@@ -1,0 +1,15 @@
+// One register function per library part of the core; modules.cpp calls those present.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+namespace mpbind {
+
+void register_modules(nanobind::module_& m);
+
+void register_nccl(nanobind::module_& m);
+void register_cublasmp(nanobind::module_& m);
+void register_nvshmem(nanobind::module_& m);
+void register_cufftmp(nanobind::module_& m);
+
+}  // namespace mpbind
