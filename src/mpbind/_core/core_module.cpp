@@ -3,6 +3,7 @@
 // registry, queue and cache with Python callbacks in place of a library so
 // their logic can be checked on any machine (16 threads in the CPU tests).
 
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
@@ -195,6 +196,26 @@ void register_core(nb::module_& m) {
     m.def("queued", &queued, "What waits in the teardown queue: (kind, serial), newest first.");
     m.def("stream_handle", [](nb::handle s) { return stream_handle(s); }, nb::arg("stream").none(),
           "The cudaStream_t of an int, None, or a __cuda_stream__/CuPy/PyTorch stream.");
+    m.def("dlpack_info", [](nb::ndarray<nb::ro> a) {
+        nb::list shape, strides;
+        for (size_t i = 0; i < a.ndim(); ++i) {
+            shape.append(a.shape(i));
+            strides.append(a.stride(i));
+        }
+        auto dt = a.dtype();
+        return nb::make_tuple(reinterpret_cast<uintptr_t>(a.data()), nb::tuple(shape), nb::tuple(strides),
+                              dt.code, dt.bits, dt.lanes, a.device_type(), a.device_id());
+    }, nb::arg("array"),
+          "Import `array` through DLPack: (ptr, shape, strides in elements, dtype code, bits, lanes, "
+          "device type, device id). The pointer is valid while `array` lives.");
+    m.def("dlpack_view", [](uintptr_t ptr, std::vector<size_t> shape, uint8_t code, uint8_t bits,
+                            int device_id, nb::handle owner) {
+        nb::dlpack::dtype dt{code, bits, 1};
+        return nb::ndarray<nb::array_api>(reinterpret_cast<void*>(ptr), shape.size(), shape.data(), owner, nullptr, dt,
+                             nb::device::cuda::value, device_id);
+    }, nb::arg("ptr"), nb::arg("shape"), nb::arg("code"), nb::arg("bits"), nb::arg("device_id"),
+          nb::arg("owner"),
+          "A C-contiguous CUDA array over `ptr` that exports DLPack and keeps `owner` alive.");
     m.def("_at_exit", [] {
         auto pending = queued();
         mark_exiting();
