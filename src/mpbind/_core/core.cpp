@@ -102,10 +102,14 @@ TeardownQueue& teardown_queue() {
     return *q;
 }
 
-void unqueue(const State* s) {
+}  // namespace
+
+void unqueue(State* s) {
     std::shared_ptr<State> keep;
     TeardownQueue& q = teardown_queue();
     Lock l = lock(q.mu);
+    if (!s->queued_) return;
+    s->queued_ = false;
     auto it = std::find_if(q.items.begin(), q.items.end(),
                            [s](const std::shared_ptr<State>& p) { return p.get() == s; });
     if (it != q.items.end()) {
@@ -115,8 +119,6 @@ void unqueue(const State* s) {
     l.unlock();
     // The caller holds its own reference, so `keep` is not the last one.
 }
-
-}  // namespace
 
 size_t drain_queue(const State* owner) {
     if (exiting()) return 0;
@@ -134,6 +136,7 @@ size_t drain_queue(const State* owner) {
             }
             if (best == q.items.end()) break;
             item = std::move(*best);
+            item->queued_ = false;
             q.items.erase(best);
         }
         try {
@@ -252,6 +255,11 @@ void State::close() {
     }
 }
 
+void State::handle_acquired() {
+    // Referenced again (e.g. a grid's communicator handed out): no longer waiting for teardown.
+    if (handles_++ == 0 && queued_) unqueue(this);
+}
+
 void State::handle_dropped() {
     if (--handles_ > 0) return;
     if (exiting() || closed()) return;
@@ -287,6 +295,8 @@ void State::queue_for_teardown(bool warn) {
     }
     TeardownQueue& q = teardown_queue();
     Lock l = lock(q.mu);
+    if (queued_) return;
+    queued_ = true;
     q.items.push_back(shared_from_this());
 }
 

@@ -126,7 +126,7 @@ public:
     bool descends_from(const State* ancestor) const;
 
     // Handle accounting (GIL held).
-    void handle_acquired() { ++handles_; }
+    void handle_acquired();
     void handle_dropped();
     // A handle released by close(): the last one closes the state (no warning).
     void handle_closed();
@@ -144,6 +144,8 @@ protected:
     // is released now.
     virtual void unreferenced();
     void queue_for_teardown(bool warn);
+    friend void unqueue(State* s);
+    friend size_t drain_queue(const State* owner);
 
 private:
     std::string kind_;
@@ -152,11 +154,15 @@ private:
     Mutex mu_;
     bool closed_ = false;
     bool closing_ = false;
+    bool queued_ = false;
     std::atomic<int> handles_{0};
     std::vector<std::weak_ptr<State>> children_;
     State* parent_ = nullptr;  // for draining; kept valid by deps_
     std::vector<std::shared_ptr<State>> deps_;
 };
+
+// Take `s` out of the teardown queue (it is closing, or referenced again).
+void unqueue(State* s);
 
 // Run the queued collective releases (all, or those under `owner`), newest
 // first. Returns how many ran. Needs the GIL.

@@ -1,0 +1,562 @@
+// cuBLASMp objects: Handle, the grid cache, matrix and matmul descriptors,
+// Workspace (cublasMpMalloc, registered on every grid it serves), refcounted
+// buffer registrations on grids, and a planned matmul whose execute() is one
+// library call.
+
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <tuple>
+
+#include "modules.hpp"
+#include "nccl.hpp"
+
+namespace mpbind::cublasmp {
+
+namespace {
+
+constexpr const char* kCy = "mpbind.bindings.cycublasmp";
+constexpr int kSuccess = 0;
+constexpr int kSentinel = -42;  // MPBIND_CUBLASMP_LOADING_ERROR
+constexpr int kInternalError = 7;  // CUBLASMP_STATUS_INTERNAL_ERROR
+
+using i64 = int64_t;
+using MatmulFn = int (*)(void*, void*, i64, i64, i64, const void*, const void*, i64, i64, void*, const void*, i64,
+                         i64, void*, const void*, const void*, i64, i64, void*, void*, i64, i64, void*, void*,
+                         size_t, void*, size_t);
+using MatmulSizeFn = int (*)(void*, void*, i64, i64, i64, const void*, const void*, i64, i64, void*, const void*,
+                             i64, i64, void*, const void*, const void*, i64, i64, void*, void*, i64, i64, void*,
+                             size_t*, size_t*);
+
+struct Api {
+    int (*Create)(void**, void*);
+    int (*Destroy)(void*);
+    int (*SetStream)(void*, void*);
+    int (*GridCreate)(i64, i64, int, void*, void**);
+    int (*GridDestroy)(void*);
+    int (*BufferRegister)(void*, void*, size_t);
+    int (*BufferDeregister)(void*, void*);
+    int (*MatrixDescriptorCreate)(i64, i64, i64, i64, i64, i64, i64, int, void*, void**);
+    int (*MatrixDescriptorDestroy)(void*);
+    int (*MatmulDescriptorCreate)(void**, int);
+    int (*MatmulDescriptorDestroy)(void*);
+    MatmulSizeFn MatmulBufferSize;
+    MatmulFn Matmul;
+    int (*Malloc)(void*, void**, size_t);
+    int (*Free)(void*, void*);
+};
+
+const Api& api() {
+    static Api* a = nullptr;  // filled once under the GIL
+    if (a) return *a;
+    auto* t = new Api();
+    load(t->Create, kCy, "cublasMpCreate", "cublasMpStatus_t (cublasMpHandle_t *, cudaStream_t)");
+    load(t->Destroy, kCy, "cublasMpDestroy", "cublasMpStatus_t (cublasMpHandle_t)");
+    load(t->SetStream, kCy, "cublasMpSetStream", "cublasMpStatus_t (cublasMpHandle_t, cudaStream_t)");
+    load(t->GridCreate, kCy, "cublasMpGridCreate",
+         "cublasMpStatus_t (int64_t, int64_t, cublasMpGridLayout_t, ncclComm_t, cublasMpGrid_t *)");
+    load(t->GridDestroy, kCy, "cublasMpGridDestroy", "cublasMpStatus_t (cublasMpGrid_t)");
+    load(t->BufferRegister, kCy, "cublasMpBufferRegister", "cublasMpStatus_t (cublasMpGrid_t, void *, size_t)");
+    load(t->BufferDeregister, kCy, "cublasMpBufferDeregister", "cublasMpStatus_t (cublasMpGrid_t, void *)");
+    load(t->MatrixDescriptorCreate, kCy, "cublasMpMatrixDescriptorCreate",
+         "cublasMpStatus_t (int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, cudaDataType_t, "
+         "cublasMpGrid_t, cublasMpMatrixDescriptor_t *)");
+    load(t->MatrixDescriptorDestroy, kCy, "cublasMpMatrixDescriptorDestroy",
+         "cublasMpStatus_t (cublasMpMatrixDescriptor_t)");
+    load(t->MatmulDescriptorCreate, kCy, "cublasMpMatmulDescriptorCreate",
+         "cublasMpStatus_t (cublasMpMatmulDescriptor_t *, cublasComputeType_t)");
+    load(t->MatmulDescriptorDestroy, kCy, "cublasMpMatmulDescriptorDestroy",
+         "cublasMpStatus_t (cublasMpMatmulDescriptor_t)");
+    const char* operands =
+        "cublasMpHandle_t, cublasMpMatmulDescriptor_t, int64_t, int64_t, int64_t, void const *, void const *, "
+        "int64_t, int64_t, cublasMpMatrixDescriptor_t, void const *, int64_t, int64_t, "
+        "cublasMpMatrixDescriptor_t, void const *, void const *, int64_t, int64_t, cublasMpMatrixDescriptor_t, "
+        "void *, int64_t, int64_t, cublasMpMatrixDescriptor_t, ";
+    load(t->MatmulBufferSize, kCy, "cublasMpMatmul_bufferSize",
+         (std::string("cublasMpStatus_t (") + operands + "size_t *, size_t *)").c_str());
+    load(t->Matmul, kCy, "cublasMpMatmul",
+         (std::string("cublasMpStatus_t (") + operands + "void *, size_t, void *, size_t)").c_str());
+    load(t->Malloc, kCy, "cublasMpMalloc", "cublasMpStatus_t (cublasMpGrid_t, void **, size_t)");
+    load(t->Free, kCy, "cublasMpFree", "cublasMpStatus_t (cublasMpGrid_t, void *)");
+    a = t;
+    return *a;
+}
+
+void check(int status, const char* function) {
+    check_status("cublasmp", status, kSuccess, kSentinel, function);
+}
+
+template <class F, class... A>
+void call(const char* function, F f, A... args) {
+    int status;
+    {
+        nb::gil_scoped_release release;
+        status = f(args...);
+    }
+    check(status, function);
+}
+
+// --- handle ---
+
+class HandleState : public State {
+public:
+    HandleState(void* h, uintptr_t stream) : State("cublasmp.Handle", false), handle(h), stream(stream) {}
+    void* handle;
+    uintptr_t stream;
+
+    void set_stream(uintptr_t s) {
+        if (s == stream) return;
+        call("cublasMpSetStream", api().SetStream, handle, reinterpret_cast<void*>(s));
+        stream = s;
+    }
+
+protected:
+    void release() override { call("cublasMpDestroy", api().Destroy, handle); }
+};
+using MpHandle = mpbind::Handle<HandleState>;
+
+// --- grids and their cache ---
+
+class GridState;
+using GridKey = std::tuple<uint64_t, int, i64, i64, int>;  // comm serial, device, nprow, npcol, layout
+Cache<GridKey, GridState>& grid_cache() {
+    static auto* c = new Cache<GridKey, GridState>();
+    return *c;
+}
+
+class GridState : public State {
+public:
+    GridState(void* g, std::shared_ptr<nccl::CommState> comm, i64 nprow, i64 npcol, int layout)
+        : State("cublasmp.Grid", true), grid(g), comm(std::move(comm)), nprow(nprow), npcol(npcol),
+          layout(layout) {}
+    void* grid;
+    std::shared_ptr<nccl::CommState> comm;
+    i64 nprow, npcol;
+    int layout;
+    Registry registrations;
+    // Workspaces the matmul plans on this grid share (grown, never shrunk);
+    // released with the grid, since cublasMpFree is collective.
+    std::vector<std::shared_ptr<State>> workspaces;
+
+protected:
+    void release() override {
+        workspaces.clear();
+        grid_cache().erase(this);
+        call("cublasMpGridDestroy", api().GridDestroy, grid);
+    }
+    void unreferenced() override {}  // the cache owns it until its communicator closes
+};
+using Grid = mpbind::Handle<GridState>;
+
+class BufferRegistration : public RegistrationState {
+public:
+    using RegistrationState::RegistrationState;
+    std::shared_ptr<GridState> grid;
+
+protected:
+    void deregister() override {
+        call("cublasMpBufferDeregister", api().BufferDeregister, grid->grid, reinterpret_cast<void*>(ptr));
+    }
+};
+
+Registration register_on(GridState& g, uintptr_t ptr, size_t size, nb::object buffer) {
+    if (ptr == 0) raise_usage("cannot register a NULL pointer");
+    if (size == 0) raise_usage("cannot register 0 bytes");
+    auto self = std::static_pointer_cast<GridState>(g.shared_from_this());
+    return g.registrations.acquire(g, ptr, size, [&]() -> std::shared_ptr<RegistrationState> {
+        call("cublasMpBufferRegister", api().BufferRegister, g.grid, reinterpret_cast<void*>(ptr), size);
+        auto r = std::make_shared<BufferRegistration>("cublasmp.Registration", true, "cublasmp", ptr, size,
+                                                      std::move(buffer));
+        r->grid = self;
+        return r;
+    });
+}
+
+// --- descriptors ---
+
+class MatrixState : public State {
+public:
+    MatrixState(void* d, i64 m, i64 n, i64 mb, i64 nb, i64 rsrc, i64 csrc, i64 lld, int dtype)
+        : State("cublasmp.MatrixDescriptor", false), desc(d), m(m), n(n), mb(mb), nb(nb), rsrc(rsrc),
+          csrc(csrc), lld(lld), dtype(dtype) {}
+    void* desc;
+    i64 m, n, mb, nb, rsrc, csrc, lld;
+    int dtype;
+    std::shared_ptr<GridState> grid;
+
+protected:
+    void release() override { call("cublasMpMatrixDescriptorDestroy", api().MatrixDescriptorDestroy, desc); }
+};
+using MatrixDescriptor = mpbind::Handle<MatrixState>;
+
+class MatmulDescState : public State {
+public:
+    MatmulDescState(void* d, int compute) : State("cublasmp.MatmulDescriptor", false), desc(d), compute(compute) {}
+    void* desc;
+    int compute;
+
+protected:
+    void release() override { call("cublasMpMatmulDescriptorDestroy", api().MatmulDescriptorDestroy, desc); }
+};
+using MatmulDescriptor = mpbind::Handle<MatmulDescState>;
+
+// --- workspace ---
+
+class WorkspaceState : public State {
+public:
+    WorkspaceState(void* p, size_t size, std::shared_ptr<GridState> grid)
+        : State("cublasmp.Workspace", true), ptr(p), size(size), grid(std::move(grid)) {}
+    void* ptr;
+    size_t size;
+    std::shared_ptr<GridState> grid;     // the grid it was allocated on
+    std::vector<Registration> served;    // registrations on the other grids it serves
+    bool pooled = false;                 // a grid's shared workspace: released with the grid
+
+    // Register on each grid of `grids` not yet served; all or nothing.
+    void serve(const std::vector<std::shared_ptr<GridState>>& grids) {
+        std::vector<Registration> added;
+        try {
+            for (auto& g : grids) {
+                if (g.get() == grid.get()) continue;
+                bool known = false;
+                for (auto& r : served) known = known || std::static_pointer_cast<BufferRegistration>(r.state())->grid == g;
+                for (auto& r : added) known = known || std::static_pointer_cast<BufferRegistration>(r.state())->grid == g;
+                if (!known) added.push_back(register_on(*g, reinterpret_cast<uintptr_t>(ptr), size, nb::none()));
+            }
+        } catch (...) {
+            // Roll back what succeeded, newest first, then report the failure.
+            for (auto it = added.rbegin(); it != added.rend(); ++it) {
+                try {
+                    it->close();
+                } catch (nb::python_error&) {
+                }
+            }
+            throw;
+        }
+        for (auto& r : added) served.push_back(std::move(r));
+    }
+
+protected:
+    void unreferenced() override {
+        if (!pooled) State::unreferenced();
+    }
+    void release() override {
+        for (auto it = served.rbegin(); it != served.rend(); ++it) it->close();
+        served.clear();
+        call("cublasMpFree", api().Free, grid->grid, ptr);
+    }
+};
+using Workspace = mpbind::Handle<WorkspaceState>;
+
+std::shared_ptr<WorkspaceState> make_workspace(const std::shared_ptr<GridState>& g, size_t nbytes) {
+    g->check_open();
+    if (nbytes == 0) raise_usage("workspace size must be > 0");
+    void* p = nullptr;
+    call("cublasMpMalloc", api().Malloc, g->grid, &p, nbytes);
+    auto w = std::make_shared<WorkspaceState>(p, nbytes, g);
+    w->depends_on(g);
+    g->add_child(w);
+    return w;
+}
+
+std::shared_ptr<WorkspaceState> shared_workspace(const std::shared_ptr<GridState>& g, size_t nbytes) {
+    Lock l = lock(g->mutex());
+    if (!g->workspaces.empty()) {
+        auto last = std::static_pointer_cast<WorkspaceState>(g->workspaces.back());
+        if (!last->closed() && last->size >= nbytes) return last;
+    }
+    size_t grow = g->workspaces.empty() ? 0 : 2 * std::static_pointer_cast<WorkspaceState>(g->workspaces.back())->size;
+    auto w = make_workspace(g, std::max(nbytes, grow));
+    w->pooled = true;
+    g->workspaces.push_back(w);
+    return w;
+}
+
+// --- a planned matmul ---
+
+struct Operand {
+    uintptr_t ptr = 0;
+    i64 i = 1, j = 1;
+    std::shared_ptr<MatrixState> desc;
+};
+
+class MatmulPlanState : public State {
+public:
+    MatmulPlanState() : State("cublasmp.MatmulPlan", false) {}
+    std::shared_ptr<HandleState> handle;
+    std::shared_ptr<MatmulDescState> mm;
+    i64 m = 0, n = 0, k = 0;
+    Operand a, b, c, d;
+    std::array<unsigned char, 16> alpha{}, beta{};
+    size_t device_bytes = 0, host_bytes = 0;
+    std::shared_ptr<WorkspaceState> workspace;
+    std::vector<unsigned char> host_workspace;
+    nb::object keep;  // the operand arrays
+
+    void execute(uintptr_t stream) {
+        check_open();
+        handle->check_open();
+        handle->set_stream(stream);
+        void* dws = workspace ? workspace->ptr : nullptr;
+        void* hws = host_workspace.empty() ? nullptr : host_workspace.data();
+        auto desc = [](const Operand& o) { return o.desc ? o.desc->desc : nullptr; };
+        int status;
+        {
+            nb::gil_scoped_release release;
+            status = api().Matmul(handle->handle, mm->desc, m, n, k, alpha.data(), reinterpret_cast<void*>(a.ptr),
+                                  a.i, a.j, desc(a), reinterpret_cast<void*>(b.ptr), b.i, b.j, desc(b),
+                                  beta.data(), reinterpret_cast<void*>(c.ptr), c.i, c.j, desc(c),
+                                  reinterpret_cast<void*>(d.ptr), d.i, d.j, desc(d), dws, device_bytes, hws,
+                                  host_bytes);
+        }
+        if (status != kSuccess) check(status, "cublasMpMatmul");
+    }
+
+protected:
+    void release() override {
+        workspace.reset();  // a shared Workspace is released by its own owner
+        host_workspace.clear();
+        keep = nb::object();
+    }
+};
+using MatmulPlan = mpbind::Handle<MatmulPlanState>;
+
+Operand operand(nb::handle spec, const char* what, bool optional) {
+    Operand o;
+    if (spec.is_none()) {
+        if (!optional) raise_usage(std::string(what) + " is required");
+        return o;
+    }
+    auto t = nb::cast<nb::tuple>(spec);
+    if (nb::len(t) != 4) raise_type(std::string(what) + " must be (ptr, i, j, MatrixDescriptor)");
+    o.ptr = nb::cast<uintptr_t>(t[0]);
+    o.i = nb::cast<i64>(t[1]);
+    o.j = nb::cast<i64>(t[2]);
+    if (o.i < 1 || o.j < 1) raise_usage(std::string(what) + ": ia/ja are 1-based and must be >= 1");
+    auto& h = nb::cast<MatrixDescriptor&>(t[3]);
+    h.get();
+    o.desc = h.state();
+    return o;
+}
+
+std::array<unsigned char, 16> scalar_bytes(nb::bytes b, const char* what) {
+    std::array<unsigned char, 16> out{};
+    if (b.size() == 0 || b.size() > out.size()) {
+        raise_usage(std::string(what) + " must be 1 to 16 bytes (the scalar in the compute type)");
+    }
+    std::memcpy(out.data(), b.c_str(), b.size());
+    return out;
+}
+
+}  // namespace
+
+}  // namespace mpbind::cublasmp
+
+namespace mpbind {
+
+void register_cublasmp(nb::module_& parent) {
+    using namespace cublasmp;
+    nb::module_ m = parent.def_submodule("cublasmp", "cuBLASMp objects of the core.");
+
+    auto handle = nb::class_<MpHandle>(m, "Handle", "A cuBLASMp handle bound to a stream (cublasMpCreate).");
+    handle.def("__init__", [](MpHandle* self, nb::handle stream) {
+        uintptr_t s = stream_handle(stream);
+        void* h = nullptr;
+        call("cublasMpCreate", api().Create, &h, reinterpret_cast<void*>(s));
+        new (self) MpHandle(std::make_shared<HandleState>(h, s));
+    }, nb::arg("stream").none() = nb::none())
+        .def_prop_ro("handle", [](MpHandle& h) { return reinterpret_cast<uintptr_t>(h.get().handle); })
+        .def_prop_ro("stream", [](MpHandle& h) { return h.get().stream; })
+        .def("set_stream", [](MpHandle& h, nb::handle s) { h.get().set_stream(stream_handle(s)); },
+             nb::arg("stream").none());
+    bind_lifetime(handle, "cublasMpDestroy. Idempotent.");
+
+    auto grid = nb::class_<Grid>(m, "Grid", "A cuBLASMp process grid over an NCCL communicator (cached).");
+    grid.def_prop_ro("handle", [](Grid& g) { return reinterpret_cast<uintptr_t>(g.get().grid); })
+        .def_prop_ro("nprow", [](Grid& g) { return g.get().nprow; })
+        .def_prop_ro("npcol", [](Grid& g) { return g.get().npcol; })
+        .def_prop_ro("layout", [](Grid& g) { return g.get().layout; })
+        .def_prop_ro("communicator", [](Grid& g) { return nccl::Communicator(g.get().comm); })
+        .def("register", [](Grid& g, uintptr_t ptr, size_t size, nb::object buffer) {
+            return register_on(g.get(), ptr, size, std::move(buffer));
+        }, nb::arg("ptr"), nb::arg("size"), nb::arg("buffer") = nb::none(),
+           "cublasMpBufferRegister (collective), reference-counted per (ptr, size).")
+        .def("matrix_descriptor", [](Grid& g, i64 m_, i64 n_, i64 mb, i64 nb_, i64 rsrc, i64 csrc, i64 lld,
+                                     int dtype) {
+            GridState& gs = g.get();
+            if (m_ < 0 || n_ < 0) raise_usage("matrix sizes must be >= 0");
+            if (mb < 1 || nb_ < 1) raise_usage("block sizes mb, nb must be >= 1");
+            if (rsrc < 0 || rsrc >= gs.nprow || csrc < 0 || csrc >= gs.npcol) {
+                raise_usage("rsrc/csrc must name a process of the " + std::to_string(gs.nprow) + " x " +
+                            std::to_string(gs.npcol) + " grid");
+            }
+            if (lld < 1) raise_usage("lld must be >= 1");
+            void* d = nullptr;
+            call("cublasMpMatrixDescriptorCreate", api().MatrixDescriptorCreate, m_, n_, mb, nb_, rsrc, csrc, lld,
+                 dtype, gs.grid, &d);
+            auto s = std::make_shared<MatrixState>(d, m_, n_, mb, nb_, rsrc, csrc, lld, dtype);
+            s->grid = g.state();
+            s->depends_on(g.state());
+            gs.add_child(s);
+            return MatrixDescriptor(s);
+        }, nb::arg("m"), nb::arg("n"), nb::arg("mb"), nb::arg("nb"), nb::arg("rsrc"), nb::arg("csrc"),
+           nb::arg("lld"), nb::arg("dtype"), "cublasMpMatrixDescriptorCreate on this grid.")
+        .def("registrations", [](Grid& g) {
+            nb::list out;
+            for (auto& r : g.get().registrations.live()) {
+                nb::dict d;
+                d["ptr"] = r->ptr;
+                d["size"] = r->size;
+                d["references"] = r->handles();
+                out.append(d);
+            }
+            return out;
+        });
+    bind_lifetime(grid, "cublasMpGridDestroy (collective) and drop it from the cache. Its communicator's close "
+                        "does this for every grid on it.");
+
+    m.def("grid", [](nccl::Communicator& comm, i64 nprow, i64 npcol, int layout) {
+        auto cs = comm.state();
+        nccl::CommState& c = comm.get();
+        if (nprow < 1 || npcol < 1) raise_usage("nprow and npcol must be >= 1");
+        if (nprow * npcol != c.size) {
+            raise_usage("a " + std::to_string(nprow) + " x " + std::to_string(npcol) + " grid needs " +
+                        std::to_string(nprow * npcol) + " ranks; the communicator has " + std::to_string(c.size));
+        }
+        if (layout != 0 && layout != 1) raise_usage("layout must be GridLayout.COL_MAJOR (0) or ROW_MAJOR (1)");
+        GridKey key{c.serial(), c.device, nprow, npcol, layout};
+        return Grid(grid_cache().get(key, [&] {
+            void* g = nullptr;
+            call("cublasMpGridCreate", api().GridCreate, nprow, npcol, layout, c.comm, &g);
+            auto s = std::make_shared<GridState>(g, cs, nprow, npcol, layout);
+            s->depends_on(cs);
+            c.add_child(s);
+            return s;
+        }));
+    }, nb::arg("comm"), nb::arg("nprow"), nb::arg("npcol"), nb::arg("layout") = 0,
+       "The cached grid for (communicator, device, nprow, npcol, layout); created (collectively) on a miss.");
+    m.def("grid_cache_info", [] {
+        auto i = grid_cache().info();
+        nb::dict d;
+        d["entries"] = i.entries;
+        d["hits"] = i.hits;
+        d["misses"] = i.misses;
+        return d;
+    }, "Grid cache statistics: entries, hits, misses.");
+
+    auto md = nb::class_<MatrixDescriptor>(m, "MatrixDescriptor", "A distributed matrix layout on a grid.");
+    md.def_prop_ro("handle", [](MatrixDescriptor& d) { return reinterpret_cast<uintptr_t>(d.get().desc); })
+        .def_prop_ro("shape", [](MatrixDescriptor& d) { return std::make_tuple(d.get().m, d.get().n); })
+        .def_prop_ro("block", [](MatrixDescriptor& d) { return std::make_tuple(d.get().mb, d.get().nb); })
+        .def_prop_ro("lld", [](MatrixDescriptor& d) { return d.get().lld; })
+        .def_prop_ro("dtype", [](MatrixDescriptor& d) { return d.get().dtype; });
+    bind_lifetime(md, "cublasMpMatrixDescriptorDestroy. Idempotent.");
+
+    auto mmd = nb::class_<MatmulDescriptor>(m, "MatmulDescriptor", "cublasMpMatmulDescriptor_t.");
+    mmd.def("__init__", [](MatmulDescriptor* self, int compute) {
+        void* d = nullptr;
+        call("cublasMpMatmulDescriptorCreate", api().MatmulDescriptorCreate, &d, compute);
+        new (self) MatmulDescriptor(std::make_shared<MatmulDescState>(d, compute));
+    }, nb::arg("compute_type"))
+        .def_prop_ro("handle", [](MatmulDescriptor& d) { return reinterpret_cast<uintptr_t>(d.get().desc); })
+        .def_prop_ro("compute_type", [](MatmulDescriptor& d) { return d.get().compute; });
+    bind_lifetime(mmd, "cublasMpMatmulDescriptorDestroy. Idempotent.");
+
+    auto ws = nb::class_<Workspace>(m, "Workspace", "Device memory from cublasMpMalloc on a grid, registered on "
+                                                    "every other grid it serves.");
+    ws.def("__init__", [](Workspace* self, Grid& g, size_t nbytes) {
+        g.get();
+        new (self) Workspace(make_workspace(g.state(), nbytes));
+    }, nb::arg("grid"), nb::arg("nbytes"))
+        .def_prop_ro("ptr", [](Workspace& w) { return reinterpret_cast<uintptr_t>(w.get().ptr); })
+        .def_prop_ro("nbytes", [](Workspace& w) { return w.get().size; })
+        .def("serve", [](Workspace& w, std::vector<Grid*> grids) {
+            std::vector<std::shared_ptr<GridState>> gs;
+            for (auto* g : grids) {
+                g->get();
+                gs.push_back(g->state());
+            }
+            w.get().serve(gs);
+        }, nb::arg("grids"), "Register on each of `grids` (collective); on a failure, undo this call's registrations.")
+        .def_prop_ro("grids", [](Workspace& w) {
+            size_t n = 1 + w.get().served.size();
+            return n;
+        }, "How many grids it is registered on.");
+    bind_lifetime(ws, "Deregister from the grids it serves, then cublasMpFree (collective). Idempotent.");
+
+    m.def("shared_workspace", [](Grid& g, size_t nbytes) {
+        g.get();
+        return Workspace(shared_workspace(g.state(), nbytes));
+    }, nb::arg("grid"), nb::arg("nbytes"),
+       "The grid's shared workspace with at least `nbytes` (collective when it must grow); lives until the grid "
+       "closes.");
+
+    auto plan = nb::class_<MatmulPlan>(m, "MatmulPlan",
+                                       "One cublasMpMatmul with everything fixed; execute() is one library call.");
+    plan.def("__init__", [](MatmulPlan* self, MpHandle& h, MatmulDescriptor& mm, i64 m_, i64 n_, i64 k_,
+                            nb::bytes alpha, nb::handle a, nb::handle b, nb::bytes beta, nb::handle c, nb::handle d,
+                            nb::object workspace, nb::object keep) {
+        auto p = std::make_shared<MatmulPlanState>();
+        h.get();
+        mm.get();
+        p->handle = h.state();
+        p->mm = mm.state();
+        if (m_ < 0 || n_ < 0 || k_ < 0) raise_usage("m, n, k must be >= 0");
+        p->m = m_;
+        p->n = n_;
+        p->k = k_;
+        p->alpha = scalar_bytes(alpha, "alpha");
+        p->beta = scalar_bytes(beta, "beta");
+        p->a = operand(a, "a", false);
+        p->b = operand(b, "b", false);
+        p->c = operand(c, "c", true);
+        p->d = operand(d, "d", false);
+        auto desc = [](const Operand& o) { return o.desc ? o.desc->desc : nullptr; };
+        call("cublasMpMatmul_bufferSize", api().MatmulBufferSize, p->handle->handle, p->mm->desc, p->m, p->n, p->k,
+             static_cast<const void*>(p->alpha.data()), reinterpret_cast<const void*>(p->a.ptr), p->a.i, p->a.j,
+             desc(p->a), reinterpret_cast<const void*>(p->b.ptr), p->b.i, p->b.j, desc(p->b),
+             static_cast<const void*>(p->beta.data()), reinterpret_cast<const void*>(p->c.ptr), p->c.i, p->c.j,
+             desc(p->c), reinterpret_cast<void*>(p->d.ptr), p->d.i, p->d.j, desc(p->d), &p->device_bytes,
+             &p->host_bytes);
+        if (p->device_bytes > 0) {
+            if (!workspace.is_none()) {
+                auto& w = nb::cast<Workspace&>(workspace);
+                if (w.get().size < p->device_bytes) {
+                    raise_usage("workspace has " + std::to_string(w.get().size) + " bytes; this matmul needs " +
+                                std::to_string(p->device_bytes));
+                }
+                p->workspace = w.state();
+            } else {
+                // The grid's shared workspace, grown if needed and registered on every grid involved.
+                p->workspace = shared_workspace(p->d.desc->grid, p->device_bytes);
+            }
+            std::vector<std::shared_ptr<GridState>> grids;
+            for (const Operand* o : {&p->a, &p->b, &p->c, &p->d}) {
+                if (o->desc) grids.push_back(o->desc->grid);
+            }
+            p->workspace->serve(grids);
+        }
+        p->host_workspace.assign(p->host_bytes, 0);
+        p->keep = std::move(keep);
+        new (self) MatmulPlan(p);
+    }, nb::arg("handle"), nb::arg("descriptor"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("alpha"),
+       nb::arg("a"), nb::arg("b"), nb::arg("beta"), nb::arg("c").none(), nb::arg("d"),
+       nb::arg("workspace").none() = nb::none(), nb::arg("keep") = nb::none())
+        .def("execute", [](MatmulPlan& p, nb::handle stream) {
+            MatmulPlanState& s = p.get();
+            s.execute(stream.is_none() ? s.handle->stream : stream_handle(stream));
+        },
+             nb::arg("stream").none() = nb::none(), "cublasMpMatmul on `stream` (default: the handle's stream).")
+        .def_prop_ro("workspace_size", [](MatmulPlan& p) {
+            return std::make_tuple(p.get().device_bytes, p.get().host_bytes);
+        }, "(device bytes, host bytes) cublasMpMatmul_bufferSize asked for.");
+    bind_lifetime(plan, "Drop the plan's references (it owns no library object).");
+}
+
+}  // namespace mpbind

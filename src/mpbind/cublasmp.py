@@ -1,0 +1,324 @@
+"""cuBLASMp, the Pythonic way: cached grids, owned descriptors, planned matmuls.
+
+    from mpbind import cublasmp, nccl
+    comm = nccl.Communicator.from_mpi(MPI.COMM_WORLD)
+    handle = cublasmp.Handle(stream)
+    grid = cublasmp.grid(comm, nprow, npcol)              # cached per (comm, device, shape, layout)
+    a = cublasmp.Matrix(grid, a_local, shape=(m, k), block=(mb, nb))
+    ...
+    mm = cublasmp.Matmul(handle, a, b, d, transa=True)    # sizes and allocates the workspace once
+    mm.execute()                                          # one cublasMpMatmul call
+
+Matrices are column-major, as cuBLASMp's: a local piece is a Fortran-ordered 2-D device
+array (a row-major ``x`` enters as ``x.T``). A grid lives until its communicator closes;
+closing the communicator releases, in order, registrations, workspaces, descriptors and
+grids on it. Workspaces come from ``cublasMpMalloc`` and are shared by the plans of a grid,
+registered on every other grid a plan touches. The flat C API is :mod:`mpbind.bindings.cublasmp`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from typing import Any
+
+import numpy as np
+
+from mpbind import _core, _interop
+from mpbind.bindings import cublasmp as _flat
+from mpbind.bindings.cublasmp import (
+    CublasComputeType,
+    CublasOperation,
+    CudaDataType,
+    GridLayout,
+    MatmulAlgoType,
+    MatmulDescriptorAttribute,
+    MatmulEpilogue,
+)
+from mpbind.errors import UsageError
+
+__all__ = [
+    "CublasComputeType", "CublasOperation", "CudaDataType", "Grid", "GridLayout", "Handle", "Matmul",
+    "MatmulAlgoType", "MatmulDescriptor", "MatmulDescriptorAttribute", "MatmulEpilogue", "Matrix",
+    "MatrixDescriptor", "Workspace", "gemm", "grid", "grid_cache_info", "matmul",
+]
+
+Handle = _core.cublasmp.Handle
+Grid = _core.cublasmp.Grid
+MatrixDescriptor = _core.cublasmp.MatrixDescriptor
+Workspace = _core.cublasmp.Workspace
+
+_CUDA_TYPES: dict[str, CudaDataType] = {
+    "float16": CudaDataType.R_16F, "bfloat16": CudaDataType.R_16BF, "float32": CudaDataType.R_32F,
+    "float64": CudaDataType.R_64F, "complex64": CudaDataType.C_32F, "complex128": CudaDataType.C_64F,
+    "int8": CudaDataType.R_8I, "int32": CudaDataType.R_32I, "float8_e4m3fn": CudaDataType.R_8F_E4M3,
+    "float8_e5m2": CudaDataType.R_8F_E5M2,
+}
+
+
+def grid(comm: Any, nprow: int, npcol: int, layout: GridLayout | int = GridLayout.COL_MAJOR) -> Grid:
+    """The cached grid of `comm` (an :class:`mpbind.nccl.Communicator`); created collectively on a miss."""
+    core = getattr(comm, "core", comm)
+    if not isinstance(core, _core.nccl.Communicator):
+        raise TypeError(f"comm must be an mpbind.nccl.Communicator, not {type(comm).__name__}")
+    return _core.cublasmp.grid(core, nprow, npcol, int(layout))
+
+
+def grid_cache_info() -> dict[str, int]:
+    """Grid cache statistics: ``entries``, ``hits``, ``misses``."""
+    return dict(_core.cublasmp.grid_cache_info())
+
+
+def _compute_for(dtype: str) -> CublasComputeType:
+    if dtype in ("float64", "complex128"):
+        return CublasComputeType.COMPUTE_64F
+    if dtype == "int8":
+        return CublasComputeType.COMPUTE_32I
+    return CublasComputeType.COMPUTE_32F
+
+
+def _scalar(value: complex, compute: int, complex_data: bool) -> bytes:
+    """`value` in the scalar type cuBLAS uses for `compute` (alpha and beta live in host memory)."""
+    base = CublasComputeType(compute).name
+    if base.startswith("COMPUTE_64F"):
+        fmt = "d"
+    elif base.startswith("COMPUTE_32I"):
+        fmt = "i"
+    elif base.startswith("COMPUTE_16F"):
+        fmt = "e"
+    else:
+        fmt = "f"
+    v = complex(value)
+    if complex_data:
+        return struct.pack(fmt * 2, v.real, v.imag)
+    if v.imag:
+        raise UsageError(f"a complex scalar {value!r} for real data")
+    return struct.pack(fmt, int(v.real) if fmt == "i" else v.real)
+
+
+class Matrix:
+    """The local piece of a block-cyclic distributed matrix and its descriptor on `grid`.
+
+    `local` is a column-major (Fortran-ordered) 2-D device array: this process's rows x columns
+    of the global ``shape`` in ``block`` = (mb, nb) blocks, the first block on process
+    ``src`` = (rsrc, csrc). On a 1 x 1 grid `shape` and `block` default to the local shape.
+    """
+
+    __slots__ = ("grid", "array", "info", "shape", "block", "descriptor")
+
+    def __init__(self, grid: Grid, local: Any, shape: tuple[int, int] | None = None,
+                 block: tuple[int, int] | None = None, src: tuple[int, int] = (0, 0)) -> None:
+        info = _interop.device_array(local, "local matrix", contiguous=False)
+        if len(info.shape) != 2:
+            raise UsageError(f"a local matrix is 2-D, got shape {info.shape}")
+        rows, cols = info.shape
+        if info.strides[0] != 1 and rows > 1:
+            raise UsageError(
+                f"a local matrix must be column-major (strides (1, lld)); got strides {info.strides} "
+                "elements: pass x.T for a row-major x")
+        lld = max(1, info.strides[1] if cols > 1 else rows)
+        if lld < rows:
+            raise UsageError(f"leading dimension {lld} < {rows} local rows")
+        if info.dtype not in _CUDA_TYPES:
+            raise UsageError(f"cuBLASMp has no {info.dtype} matrices")
+        single = grid.nprow == 1 and grid.npcol == 1
+        if shape is None:
+            if not single:
+                raise UsageError("shape= (the global shape) is required on a grid larger than 1 x 1")
+            shape = (rows, cols)
+        if block is None:
+            if not single:
+                raise UsageError("block= (mb, nb) is required on a grid larger than 1 x 1")
+            block = (max(1, rows), max(1, cols))
+        m, n = shape
+        mb, nb = block
+        expect_rows = _flat.numroc(m, mb, self._coord(grid, 0), src[0], grid.nprow) if grid.nprow > 1 else m
+        expect_cols = _flat.numroc(n, nb, self._coord(grid, 1), src[1], grid.npcol) if grid.npcol > 1 else n
+        if (rows, cols) != (expect_rows, expect_cols):
+            raise UsageError(
+                f"local piece is {rows} x {cols}; a {m} x {n} matrix in {mb} x {nb} blocks on a "
+                f"{grid.nprow} x {grid.npcol} grid gives this process {expect_rows} x {expect_cols}")
+        self.grid = grid
+        self.array = local
+        self.info = info
+        self.shape = (m, n)
+        self.block = (mb, nb)
+        self.descriptor = grid.matrix_descriptor(m, n, mb, nb, src[0], src[1], lld, int(_CUDA_TYPES[info.dtype]))
+
+    @staticmethod
+    def _coord(grid: Grid, axis: int) -> int:
+        comm = grid.communicator
+        rank = comm.rank
+        # cuBLASMp grids number processes column-major (COL_MAJOR) or row-major (ROW_MAJOR).
+        if grid.layout == GridLayout.COL_MAJOR:
+            return rank % grid.nprow if axis == 0 else rank // grid.nprow
+        return rank // grid.npcol if axis == 0 else rank % grid.npcol
+
+    @property
+    def dtype(self) -> str:
+        return self.info.dtype
+
+    @property
+    def ptr(self) -> int:
+        return self.info.ptr
+
+    def operand(self) -> tuple[int, int, int, MatrixDescriptor]:
+        """(ptr, ia, ja, descriptor) as the core's matmul plan takes it."""
+        return (self.info.ptr, 1, 1, self.descriptor)
+
+    def close(self) -> None:
+        """Destroy the descriptor (the array stays the caller's)."""
+        self.descriptor.close()
+
+
+def _attribute_property(attr: MatmulDescriptorAttribute) -> property:
+    def get(self: MatmulDescriptor) -> Any:
+        return _flat.matmul_descriptor_get(self.handle, attr)
+
+    def set_(self: MatmulDescriptor, value: Any) -> None:
+        _flat.matmul_descriptor_set(self.handle, attr, value)
+
+    return property(get, set_, doc=f"CUBLASMP_MATMUL_DESCRIPTOR_ATTRIBUTE_{attr.name} (typed as in cublasmp.h).")
+
+
+class MatmulDescriptor:
+    """``cublasMpMatmulDescriptor_t`` with one typed property per attribute (``transa``, ``epilogue``,
+    ``algo_type``, ``communication_sm_count``, ``a_scale_pointer``, ``amax_d_pointer``, ``bias_pointer``, ...).
+
+    Keyword arguments of the constructor set attributes by those names.
+    """
+
+    def __init__(self, compute_type: CublasComputeType | int = CublasComputeType.COMPUTE_32F, **attributes: Any):
+        self._c = _core.cublasmp.MatmulDescriptor(int(compute_type))
+        for name, value in attributes.items():
+            if not isinstance(getattr(type(self), name, None), property) or name == "handle":
+                raise TypeError(f"MatmulDescriptor has no attribute {name!r}")
+            setattr(self, name, value)
+
+    @property
+    def handle(self) -> int:
+        return int(self._c.handle)
+
+    @property
+    def core(self) -> Any:
+        return self._c
+
+    def close(self) -> None:
+        self._c.close()
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._c.closed)
+
+    def __enter__(self) -> MatmulDescriptor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+for _attr in MatmulDescriptorAttribute:
+    setattr(MatmulDescriptor, _attr.name.lower(), _attribute_property(_attr))
+del _attr
+
+
+class Matmul:
+    """A planned ``D = alpha op(A) op(B) + beta C``: ``execute()`` is one ``cublasMpMatmul``.
+
+    The plan sizes the workspace once (``cublasMpMatmul_bufferSize``), takes it from the grid's
+    shared :class:`Workspace` (or `workspace`), registers it on every grid involved and keeps the
+    operands alive. `c` defaults to none (``beta`` must then be 0).
+    """
+
+    def __init__(self, handle: Handle, a: Matrix, b: Matrix, d: Matrix, c: Matrix | None = None, *,
+                 transa: bool = False, transb: bool = False, alpha: complex = 1.0, beta: complex = 0.0,
+                 compute_type: CublasComputeType | int | None = None, descriptor: MatmulDescriptor | None = None,
+                 workspace: Workspace | None = None) -> None:
+        m, n = d.shape
+        ka = a.shape[0] if transa else a.shape[1]
+        a_rows = a.shape[1] if transa else a.shape[0]
+        kb = b.shape[1] if transb else b.shape[0]
+        b_cols = b.shape[0] if transb else b.shape[1]
+        if a_rows != m or b_cols != n or ka != kb:
+            raise UsageError(
+                f"op(A) is {a_rows} x {ka} and op(B) {kb} x {b_cols}; D is {m} x {n}")
+        if c is not None and c.shape != d.shape:
+            raise UsageError(f"C is {c.shape[0]} x {c.shape[1]} but D is {m} x {n}")
+        if c is None and complex(beta) != 0:
+            raise UsageError("beta != 0 needs c=")
+        if a.dtype != b.dtype:
+            raise UsageError(f"A is {a.dtype} but B is {b.dtype}")
+        if descriptor is None:
+            compute = int(compute_type) if compute_type is not None else int(_compute_for(a.dtype))
+            descriptor = MatmulDescriptor(compute)
+            descriptor.transa = CublasOperation.T if transa else CublasOperation.N
+            descriptor.transb = CublasOperation.T if transb else CublasOperation.N
+        else:
+            compute = int(descriptor.core.compute_type)
+        is_complex = a.dtype.startswith("complex")
+        self.m, self.n, self.k = m, n, ka
+        self.descriptor = descriptor
+        self._plan = _core.cublasmp.MatmulPlan(
+            handle, descriptor.core, m, n, ka, _scalar(alpha, compute, is_complex), a.operand(), b.operand(),
+            _scalar(beta, compute, is_complex), None if c is None else c.operand(), d.operand(), workspace,
+            (a, b, c, d, descriptor))
+        # The bound method itself: no Python frame between the caller and the library call.
+        self.execute = self._plan.execute
+
+    def execute(self, stream: Any = None) -> None:  # replaced per instance in __init__
+        """``cublasMpMatmul`` on `stream` (default: the handle's)."""
+        self._plan.execute(stream)
+
+    __call__ = execute
+
+    @property
+    def workspace_size(self) -> tuple[int, int]:
+        """(device bytes, host bytes) the library asked for."""
+        return tuple(self._plan.workspace_size)  # type: ignore[return-value]
+
+    def close(self) -> None:
+        self._plan.close()
+        self.descriptor.close()
+
+    def __enter__(self) -> Matmul:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def matmul(handle: Handle, a: Matrix, b: Matrix, d: Matrix, c: Matrix | None = None, *, stream: Any = None,
+           **options: Any) -> None:
+    """Plan and run one matmul (see :class:`Matmul`); the grid's workspace is reused across calls."""
+    with Matmul(handle, a, b, d, c, **options) as plan:
+        plan.execute(stream)
+
+
+def gemm(handle: Handle, a: Matrix, b: Matrix, c: Matrix, *, transa: bool = False, transb: bool = False,
+         alpha: complex = 1.0, beta: complex = 0.0, compute_type: CublasComputeType | int | None = None,
+         stream: Any = None) -> None:
+    """``C = alpha op(A) op(B) + beta C`` with ``cublasMpGemm``, in place in `c`; the workspace is the
+    grid's shared one, registered on every grid involved."""
+    m, n = c.shape
+    ka = a.shape[0] if transa else a.shape[1]
+    kb = b.shape[1] if transb else b.shape[0]
+    if (a.shape[1] if transa else a.shape[0]) != m or (b.shape[0] if transb else b.shape[1]) != n or ka != kb:
+        raise UsageError(f"op(A) x op(B) does not give C's {m} x {n}")
+    compute = int(compute_type) if compute_type is not None else int(_compute_for(a.dtype))
+    is_complex = a.dtype.startswith("complex")
+    alpha_b = ctypes.create_string_buffer(_scalar(alpha, compute, is_complex), 16)
+    beta_b = ctypes.create_string_buffer(_scalar(beta, compute, is_complex), 16)
+    ta = int(CublasOperation.T if transa else CublasOperation.N)
+    tb = int(CublasOperation.T if transb else CublasOperation.N)
+    if stream is not None:
+        handle.set_stream(stream)
+    args = (handle.handle, ta, tb, m, n, ka, ctypes.addressof(alpha_b), a.ptr, 1, 1, a.descriptor.handle, b.ptr, 1,
+            1, b.descriptor.handle, ctypes.addressof(beta_b), c.ptr, 1, 1, c.descriptor.handle, compute)
+    device_bytes, host_bytes = _flat.gemm_buffer_size(*args)
+    work = 0
+    if device_bytes:
+        ws = _core.cublasmp.shared_workspace(c.grid, device_bytes)
+        ws.serve([a.grid, b.grid])
+        work = ws.ptr
+    host = np.zeros(max(1, host_bytes), dtype=np.uint8)
+    _flat.gemm(*args, work, device_bytes, int(host.ctypes.data), host_bytes)

@@ -1,0 +1,301 @@
+"""NCCL, the Pythonic way: communicators that own their resources.
+
+    from mpbind import nccl
+    with nccl.Communicator.from_mpi(MPI.COMM_WORLD) as comm:
+        comm.all_reduce(x, x)                    # CuPy, PyTorch, JAX, DLPack arrays
+        comm.all_reduce((ptr, n, "float32"), (ptr, n, "float32"), op="max", stream=s)
+        win = comm.register_window(nccl.mem_alloc(1 << 20))
+
+Destroying a communicator is collective. ``close()`` (or leaving the ``with`` block) on
+every rank releases, in order, what depends on it (cuBLASMp grids, windows,
+registrations), then finalizes and destroys it. A communicator dropped without
+``close()`` warns (``ResourceWarning``) and waits for :func:`drain` on every rank: the
+garbage collector never runs collective code. Registrations are reference-counted: the
+same ``(communicator, pointer, size)`` registered twice is one NCCL registration, released
+when its last :class:`Registration` closes. The flat C API is :mod:`mpbind.bindings.nccl`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from mpbind import _core, _interop
+from mpbind.bindings import nccl as _flat
+from mpbind.bindings.nccl import Config, DataType, RedOp, UniqueId, get_unique_id, get_version
+from mpbind.errors import UsageError
+
+__all__ = [
+    "Buffer", "Communicator", "Config", "DataType", "RedOp", "Registration", "UniqueId", "drain",
+    "get_unique_id", "get_version", "group", "mem_alloc", "queued", "registrations",
+]
+
+Buffer = _core.nccl.Buffer
+Registration = _core.Registration
+
+_DTYPES: dict[str, DataType] = {
+    "int8": DataType.INT8, "uint8": DataType.UINT8, "int32": DataType.INT32, "uint32": DataType.UINT32,
+    "int64": DataType.INT64, "uint64": DataType.UINT64, "float16": DataType.FLOAT16,
+    "float32": DataType.FLOAT32, "float64": DataType.FLOAT64, "bfloat16": DataType.BFLOAT16,
+    "float8_e4m3fn": DataType.FLOAT8E4M3, "float8_e5m2": DataType.FLOAT8E5M2,
+}
+_OPS: dict[str, RedOp] = {"sum": RedOp.SUM, "prod": RedOp.PROD, "max": RedOp.MAX, "min": RedOp.MIN,
+                          "avg": RedOp.AVG}
+
+
+def mem_alloc(nbytes: int) -> Buffer:
+    """``ncclMemAlloc``: memory suited to registration and windows; freed when released or collected."""
+    return _core.nccl.mem_alloc(nbytes)
+
+
+def drain() -> int:
+    """Run every queued collective release, newest first. Collective: call it on every rank."""
+    return int(_core.drain())
+
+
+def queued() -> list[tuple[str, int]]:
+    """What waits for :func:`drain`: (kind, serial), newest first."""
+    return list(_core.queued())
+
+
+def registrations() -> list[dict[str, Any]]:
+    """Every live registration in this process (NCCL, cuBLASMp, NVSHMEM), with its reference count."""
+    return list(_core.registrations())
+
+
+@contextlib.contextmanager
+def group() -> Iterator[None]:
+    """``ncclGroupStart()`` ... ``ncclGroupEnd()`` around the block (also when it raises)."""
+    _flat.group_start()
+    try:
+        yield
+    finally:
+        _flat.group_end()
+
+
+def _op(op: str | int) -> int:
+    if isinstance(op, str):
+        try:
+            return int(_OPS[op.lower()])
+        except KeyError:
+            raise UsageError(f"unknown reduction {op!r} (use one of {', '.join(_OPS)} or a RedOp)") from None
+    return int(op)
+
+
+class _Operand:
+    """A device buffer for a collective: pointer, element count, element type."""
+
+    __slots__ = ("ptr", "count", "dtype", "owner")
+
+    def __init__(self, obj: Any, what: str, device: int, writable: bool) -> None:
+        if isinstance(obj, tuple):
+            if len(obj) != 3:
+                raise TypeError(f"{what} given as a tuple must be (ptr, count, dtype)")
+            ptr, count, dtype = obj
+            if not isinstance(ptr, int) or not isinstance(count, int):
+                raise TypeError(f"{what}: ptr and count must be ints")
+            if count < 0:
+                raise UsageError(f"{what}: count must be >= 0, got {count}")
+            self.ptr, self.count, self.dtype, self.owner = ptr, count, _interop.dtype_name(dtype), None
+        else:
+            info = _interop.device_array(obj, what, writable=writable)
+            if info.device != device:
+                raise UsageError(f"{what} is on device {info.device} but the communicator uses device {device}")
+            self.ptr, self.count, self.dtype, self.owner = info.ptr, info.size, info.dtype, obj
+        if self.dtype not in _DTYPES:
+            raise UsageError(f"{what}: NCCL has no {self.dtype} type")
+
+    @property
+    def nccl_dtype(self) -> int:
+        return int(_DTYPES[self.dtype])
+
+
+class Communicator:
+    """An NCCL communicator (``ncclComm_t``) and everything that depends on it.
+
+    Create with :meth:`init`, :meth:`from_mpi` or :meth:`from_torch` (collective). Buffers are
+    arrays with ``__cuda_array_interface__``/DLPack or ``(ptr, count, dtype)`` tuples; streams are
+    ints, ``__cuda_stream__`` objects, CuPy or PyTorch streams, or None (the default stream).
+    """
+
+    __slots__ = ("_c", "__weakref__")
+
+    def __init__(self, core: Any) -> None:
+        if not isinstance(core, _core.nccl.Communicator):
+            raise TypeError("create communicators with Communicator.init(), from_mpi() or from_torch()")
+        self._c = core
+
+    # --- creation ---------------------------------------------------------
+
+    @classmethod
+    def init(cls, nranks: int, rank: int, unique_id: UniqueId | bytes, config: Config | None = None) -> Communicator:
+        """``ncclCommInitRankConfig`` (collective over the `nranks` ranks sharing `unique_id`)."""
+        return cls(_core.nccl.Communicator.init(nranks, rank, unique_id, config))
+
+    @classmethod
+    def from_mpi(cls, comm: Any, config: Config | None = None) -> Communicator:
+        """One NCCL rank per rank of the mpi4py communicator `comm` (its unique id sent over MPI)."""
+        from mpbind.bootstrap import share_unique_id
+
+        uid = share_unique_id("nccl", comm)
+        return cls.init(int(comm.Get_size()), int(comm.Get_rank()), uid, config)
+
+    @classmethod
+    def from_torch(cls, group: Any = None, config: Config | None = None) -> Communicator:
+        """One NCCL rank per rank of a torch.distributed process group (None: the default group)."""
+        import torch.distributed as dist
+
+        from mpbind.bootstrap import share_unique_id
+
+        via = dist if group is None else group
+        uid = share_unique_id("nccl", via)
+        return cls.init(int(dist.get_world_size(group)), int(dist.get_rank(group)), uid, config)
+
+    def split(self, color: int, key: int, config: Config | None = None) -> Communicator | None:
+        """``ncclCommSplit`` (collective); None on ranks passing ``color=-1``."""
+        core = self._c.split(color, key, config)
+        return None if core is None else Communicator(core)
+
+    def shrink(self, exclude_ranks: Sequence[int], config: Config | None = None, flags: int = 0) -> Communicator:
+        """``ncclCommShrink`` (collective over the remaining ranks)."""
+        return Communicator(self._c.shrink(list(exclude_ranks), config, flags))
+
+    # --- properties and lifetime -------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        return int(self._c.rank)
+
+    @property
+    def size(self) -> int:
+        return int(self._c.size)
+
+    @property
+    def device(self) -> int:
+        return int(self._c.device)
+
+    @property
+    def handle(self) -> int:
+        """The ``ncclComm_t`` for :mod:`mpbind.bindings.nccl` (raises once closed)."""
+        return int(self._c.handle)
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._c.closed)
+
+    @property
+    def core(self) -> Any:
+        """The core object (what :mod:`mpbind.cublasmp` grids hold)."""
+        return self._c
+
+    def finalize(self) -> None:
+        """Drain what is queued under this communicator, then ``ncclCommFinalize`` (collective)."""
+        self._c.finalize()
+
+    def close(self) -> None:
+        """Release dependents, finalize and destroy (collective). Idempotent."""
+        self._c.close()
+
+    destroy = close
+
+    def abort(self) -> None:
+        """``ncclCommAbort`` (local): dependents are dropped without further NCCL calls."""
+        self._c.abort()
+
+    def drain(self) -> int:
+        """Run the queued collective releases under this communicator (collective)."""
+        return int(self._c.drain())
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return repr(self._c)
+
+    # --- registration ------------------------------------------------------
+
+    def register(self, buffer: Any) -> Registration:
+        """``ncclCommRegister`` of `buffer` (an array, :class:`Buffer` or ``(ptr, nbytes)``), refcounted."""
+        ptr, nbytes, owner = _interop.device_span(buffer)
+        return self._c.register(ptr, nbytes, owner)
+
+    def register_window(self, buffer: Any, flags: int = 0) -> Registration:
+        """``ncclCommWindowRegister`` (collective), refcounted; ``.handle`` is the ``ncclWindow_t``."""
+        ptr, nbytes, owner = _interop.device_span(buffer)
+        return self._c.register_window(ptr, nbytes, flags, owner)
+
+    def registrations(self) -> list[dict[str, Any]]:
+        """Live registrations and windows on this communicator."""
+        return list(self._c.registrations())
+
+    # --- collectives ---------------------------------------------------------
+
+    def _pair(self, send: Any, recv: Any, send_per_recv: float) -> tuple[_Operand, _Operand]:
+        dev = self.device
+        s = _Operand(send, "sendbuf", dev, writable=False)
+        r = _Operand(recv, "recvbuf", dev, writable=True)
+        if s.dtype != r.dtype:
+            raise UsageError(f"sendbuf is {s.dtype} but recvbuf is {r.dtype}")
+        if s.count != r.count * send_per_recv:
+            raise UsageError(
+                f"sendbuf has {s.count} elements and recvbuf {r.count}; expected sendbuf = "
+                f"{send_per_recv:g} x recvbuf for this collective on {self.size} ranks"
+            )
+        return s, r
+
+    def all_reduce(self, sendbuf: Any, recvbuf: Any, op: str | int = "sum", stream: Any = None) -> None:
+        """``ncclAllReduce``; `sendbuf` may be `recvbuf` (in place)."""
+        s, r = self._pair(sendbuf, recvbuf, 1)
+        _flat.all_reduce(s.ptr, r.ptr, r.count, r.nccl_dtype, _op(op), self.handle, _interop.stream_handle(stream))
+
+    def reduce(self, sendbuf: Any, recvbuf: Any, root: int, op: str | int = "sum", stream: Any = None) -> None:
+        """``ncclReduce`` to `root`."""
+        s, r = self._pair(sendbuf, recvbuf, 1)
+        self._check_rank(root, "root")
+        _flat.reduce(s.ptr, r.ptr, r.count, r.nccl_dtype, _op(op), root, self.handle,
+                     _interop.stream_handle(stream))
+
+    def broadcast(self, sendbuf: Any, recvbuf: Any, root: int, stream: Any = None) -> None:
+        """``ncclBroadcast`` from `root`."""
+        s, r = self._pair(sendbuf, recvbuf, 1)
+        self._check_rank(root, "root")
+        _flat.broadcast(s.ptr, r.ptr, r.count, r.nccl_dtype, root, self.handle, _interop.stream_handle(stream))
+
+    def all_gather(self, sendbuf: Any, recvbuf: Any, stream: Any = None) -> None:
+        """``ncclAllGather``: `recvbuf` holds ``size`` x `sendbuf`."""
+        s, r = self._pair(sendbuf, recvbuf, 1 / self.size)
+        _flat.all_gather(s.ptr, r.ptr, s.count, s.nccl_dtype, self.handle, _interop.stream_handle(stream))
+
+    def reduce_scatter(self, sendbuf: Any, recvbuf: Any, op: str | int = "sum", stream: Any = None) -> None:
+        """``ncclReduceScatter``: `sendbuf` holds ``size`` x `recvbuf`."""
+        s, r = self._pair(sendbuf, recvbuf, self.size)
+        _flat.reduce_scatter(s.ptr, r.ptr, r.count, r.nccl_dtype, _op(op), self.handle,
+                             _interop.stream_handle(stream))
+
+    def all_to_all(self, sendbuf: Any, recvbuf: Any, stream: Any = None) -> None:
+        """``ncclAlltoAll``: both hold ``size`` blocks; block j of `sendbuf` goes to rank j."""
+        s, r = self._pair(sendbuf, recvbuf, 1)
+        if s.count % self.size:
+            raise UsageError(f"all_to_all: {s.count} elements do not split into {self.size} equal blocks")
+        _flat.all_to_all(s.ptr, r.ptr, s.count // self.size, s.nccl_dtype, self.handle,
+                         _interop.stream_handle(stream))
+
+    def send(self, sendbuf: Any, peer: int, stream: Any = None) -> None:
+        """``ncclSend`` to `peer` (pair with :meth:`recv`; wrap several in :func:`group`)."""
+        s = _Operand(sendbuf, "sendbuf", self.device, writable=False)
+        self._check_rank(peer, "peer")
+        _flat.send(s.ptr, s.count, s.nccl_dtype, peer, self.handle, _interop.stream_handle(stream))
+
+    def recv(self, recvbuf: Any, peer: int, stream: Any = None) -> None:
+        """``ncclRecv`` from `peer`."""
+        r = _Operand(recvbuf, "recvbuf", self.device, writable=True)
+        self._check_rank(peer, "peer")
+        _flat.recv(r.ptr, r.count, r.nccl_dtype, peer, self.handle, _interop.stream_handle(stream))
+
+    def _check_rank(self, rank: int, what: str) -> None:
+        if not isinstance(rank, int) or not 0 <= rank < self.size:
+            raise UsageError(f"{what} must be a rank in [0, {self.size}), got {rank!r}")
