@@ -169,7 +169,9 @@ def array_info(obj: Any) -> ArrayInfo:
         pass
     except TypeError:
         cai = None  # e.g. a bfloat16 torch tensor: fall back to DLPack
-    if cai is not None:
+    # A void typestr ("<V2": PyTorch's bfloat16) does not say what the elements are; DLPack does.
+    if cai is not None and not (str(cai.get("typestr", "")).lstrip("<>|=").startswith("V")
+                                and hasattr(obj, "__dlpack__")):
         return _from_cai(obj, cai)
     if hasattr(obj, "__dlpack__"):
         try:
