@@ -6,6 +6,8 @@ namespace mpbind {
 void register_modules(nanobind::module_& m) {
     register_nccl(m);
     register_cublasmp(m);
+    register_nvshmem(m);
+    register_cufftmp(m);
 }
 
 }  // namespace mpbind

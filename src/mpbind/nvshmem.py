@@ -1,0 +1,585 @@
+"""NVSHMEM, the Pythonic way: a runtime, teams and symmetric arrays that own their resources.
+
+::
+
+    from mpi4py import MPI
+    from mpbind import nvshmem
+
+    with nvshmem.init(mpi_comm=MPI.COMM_WORLD, device=0) as rt:   # nvshmem_finalize on exit
+        src = nvshmem.zeros(1024, "float32")                     # symmetric: every PE allocates
+        dst = nvshmem.empty(1024, "float32")
+        nvshmem.put(dst, src, pe=(rt.my_pe + 1) % rt.n_pes, stream=s)
+        nvshmem.quiet(stream=s)
+        nvshmem.reduce("sum", dst, src, stream=s)
+        x = cupy.from_dlpack(dst)                                # zero-copy view
+
+One runtime per process: NVSHMEM cannot be initialised again after ``finalize()``.
+Releases that are collective (``nvshmem_free``, ``nvshmem_team_destroy``) never run from
+the garbage collector: an array or team dropped without ``free()``/``destroy()`` warns
+``ResourceWarning`` and waits in a queue that ``Runtime.drain()`` or ``finalize()`` runs,
+newest first, on every PE.
+
+Operations run on a CUDA stream (``stream=None`` is the default stream) and check
+their arguments (symmetric memory, dtypes, sizes, PE numbers) before any library call.
+In NVSHMEM's limited multi-PE-per-GPU mode (``Runtime.limited_mpg``: several PEs on one
+GPU without CUDA MPS) only RMA, ``quiet``, ``barrier_all`` and ``sync_all`` work; the
+library exits the process on the others, so they raise ``UsageError`` here instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from mpbind import _core
+from mpbind._interop import ArrayInfo, device_array, device_span, dlpack_code, dtype_name, stream_handle
+from mpbind.errors import MpbindError, UsageError
+
+__all__ = [
+    "PeerArray",
+    "Registration",
+    "Runtime",
+    "SymmetricArray",
+    "SymmetricMemory",
+    "Team",
+    "alltoall",
+    "barrier",
+    "barrier_all",
+    "broadcast",
+    "empty",
+    "fcollect",
+    "finalize",
+    "get",
+    "init",
+    "is_finalized",
+    "is_initialized",
+    "my_pe",
+    "n_pes",
+    "put",
+    "quiet",
+    "reduce",
+    "register",
+    "runtime",
+    "sync_all",
+    "zeros",
+]
+
+_nv = _core.nvshmem
+Runtime = _nv.Runtime
+Team = _nv.Team
+SymmetricMemory = _nv.SymmetricMemory
+Registration = _core.Registration
+
+_KDL_CUDA = 2
+_LIMITED_STATUS = 3  # InitStatus.LIMITED_MPG
+_ARITH_OPS = ("sum", "prod", "min", "max")
+_BITWISE_OPS = ("and", "or", "xor")
+# Our dtype names -> NVSHMEM's type names (the flat families accept these).
+_NVSHMEM_TYPES: dict[str, str] = {
+    "int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64",
+    "uint8": "uint8", "uint16": "uint16", "uint32": "uint32", "uint64": "uint64",
+    "float16": "half", "bfloat16": "bfloat16", "float32": "float", "float64": "double",
+}
+_INTEGER_TYPES = frozenset(n for n in _NVSHMEM_TYPES if n.startswith(("int", "uint")))
+
+
+def _flat() -> Any:
+    from mpbind.bindings import nvshmem as flat  # imported late: it loads no library, but is large
+
+    return flat
+
+
+# --- runtime ---------------------------------------------------------------------------------
+
+
+def init(unique_id: Any = None, rank: int | None = None, nranks: int | None = None, *,
+         mpi_comm: Any = None, bootstrap: str | None = None, device: int | None = None) -> Runtime:
+    """Initialise NVSHMEM (collective) and return the process's runtime.
+
+    Either ``unique_id`` (a ``UniqueId`` or 128 bytes that every rank received, see
+    :func:`mpbind.bootstrap.share_unique_id`) with this process's ``rank`` and ``nranks``, or
+    ``mpi_comm`` (an mpi4py communicator): with ``bootstrap="mpi"`` (the default there)
+    NVSHMEM bootstraps over MPI, with ``bootstrap="uid"`` rank 0's unique id is shared over it.
+    ``device`` (a CUDA ordinal) is made current first; by default the current device is used.
+
+    Calling it again with the same bootstrap, rank, size and device returns the live runtime
+    (the unique id is only a rendezvous token and is not compared); with others it raises
+    ``UsageError``. After ``finalize()`` NVSHMEM cannot be initialised again in the process.
+    """
+    if device is not None and (not isinstance(device, int) or isinstance(device, bool) or device < 0):
+        raise UsageError(f"device must be a CUDA device ordinal (an int >= 0), not {device!r}")
+    if bootstrap not in (None, "uid", "mpi"):
+        raise UsageError(f"bootstrap must be 'uid' or 'mpi', not {bootstrap!r}")
+    if mpi_comm is not None:
+        if unique_id is not None or rank is not None or nranks is not None:
+            raise UsageError("pass either mpi_comm= or unique_id= with rank= and nranks=, not both")
+        if not (hasattr(mpi_comm, "Get_rank") and hasattr(mpi_comm, "Get_size")):
+            raise UsageError(f"mpi_comm must be an mpi4py communicator, not {type(mpi_comm).__name__}")
+        method = bootstrap or "mpi"
+        rank, nranks = int(mpi_comm.Get_rank()), int(mpi_comm.Get_size())
+    elif unique_id is not None:
+        if bootstrap not in (None, "uid"):
+            raise UsageError("a unique_id bootstraps with bootstrap='uid'")
+        method = "uid"
+        if not isinstance(nranks, int) or isinstance(nranks, bool) or nranks < 1:
+            raise UsageError(f"nranks must be an int >= 1, not {nranks!r}")
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < nranks:
+            raise UsageError(f"rank must be an int in [0, {nranks}), not {rank!r}")
+    else:
+        raise UsageError("init() needs unique_id= with rank= and nranks=, or mpi_comm=")
+
+    params = {"bootstrap": method, "rank": str(rank), "nranks": str(nranks),
+              "device": "current" if device is None else str(device)}
+    if _nv.is_initialized() or _nv.is_finalized():  # the core decides, before any bootstrap traffic
+        return Runtime.start(params, _never)
+
+    flat = _flat()
+    attr = flat.InitAttr()
+    if method == "uid":
+        if mpi_comm is not None:
+            from mpbind.bootstrap import share_unique_id
+
+            unique_id = share_unique_id("nvshmem", mpi_comm)
+        elif not isinstance(unique_id, flat.UniqueId):
+            try:
+                unique_id = flat.UniqueId(bytes(unique_id))
+            except TypeError:
+                raise TypeError(f"unique_id must be an mpbind.bindings.nvshmem.UniqueId or 128 bytes, "
+                                f"not {type(unique_id).__name__}") from None
+        flat.set_attr_uniqueid_args(rank, nranks, unique_id, attr)
+        flags = flat.InitFlags.WITH_UNIQUEID
+    else:
+        flat.set_attr_mpi_comm_args(mpi_comm, attr)
+        flags = flat.InitFlags.WITH_MPI_COMM
+
+    def run_init() -> None:
+        _select_device(device)
+        flat.init_attr(flags, attr)
+
+    return Runtime.start(params, run_init)
+
+
+def _never() -> None:
+    raise AssertionError("unreachable: a live runtime is never initialised again")
+
+
+def _select_device(device: int | None) -> None:
+    """Make `device` current and its primary context exist: NVSHMEM initialises on the current context."""
+    from cuda.bindings import runtime as cudart
+
+    if device is not None:
+        (err,) = cudart.cudaSetDevice(device)
+        if err != cudart.cudaError_t.cudaSuccess:
+            raise MpbindError(f"cudaSetDevice({device}) failed: {err.name}")
+    # Only a warm-up: without a usable GPU, NVSHMEM's own initialisation reports the error.
+    cudart.cudaFree(0)
+
+
+def runtime() -> Runtime:
+    """The live runtime; ``UsageError`` before :func:`init` or after ``finalize()``."""
+    return _nv.runtime()
+
+
+def is_initialized() -> bool:
+    """True while a runtime is live."""
+    return bool(_nv.is_initialized())
+
+
+def is_finalized() -> bool:
+    """True once NVSHMEM was finalized in this process (it cannot be initialised again)."""
+    return bool(_nv.is_finalized())
+
+
+def finalize() -> None:
+    """``runtime().finalize()`` (collective): release everything, then ``nvshmem_finalize``."""
+    _nv.runtime().finalize()
+
+
+def my_pe() -> int:
+    """This PE's number in the world team."""
+    return int(_nv.runtime().my_pe)
+
+
+def n_pes() -> int:
+    """The number of PEs."""
+    return int(_nv.runtime().n_pes)
+
+
+def _device() -> int:
+    rt = _nv.runtime()
+    dev = rt.params.get("device", "current")
+    if dev != "current":
+        return int(dev)
+    from cuda.bindings import runtime as cudart
+
+    err, current = cudart.cudaGetDevice()
+    return int(current) if err == cudart.cudaError_t.cudaSuccess else 0
+
+
+# --- arrays ----------------------------------------------------------------------------------
+
+
+def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for extent in reversed(shape):
+        out.append(acc)
+        acc *= extent
+    return tuple(reversed(out))
+
+
+def _cai(ptr: int, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
+    try:
+        typestr = np.dtype(dtype).str
+    except TypeError:
+        # bfloat16 and float8 have no typestr: AttributeError makes consumers fall back to DLPack.
+        raise AttributeError(f"__cuda_array_interface__ cannot describe {dtype}; use DLPack") from None
+    return {"version": 3, "shape": shape, "typestr": typestr, "data": (ptr, False), "strides": None,
+            "stream": None}
+
+
+class _DeviceView:
+    """What SymmetricArray and PeerArray share: a C-contiguous CUDA array over a pointer."""
+
+    __slots__ = ()
+
+    _shape: tuple[int, ...]
+    _dtype: str
+    _device: int
+
+    @property
+    def ptr(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def dtype(self) -> str:
+        """The element type's name (``"float32"``, ``"bfloat16"``, ...)."""
+        return self._dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self._shape)
+
+    @property
+    def itemsize(self) -> int:
+        return dlpack_code(self._dtype)[1] // 8
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.itemsize
+
+    @property
+    def device(self) -> int:
+        """The CUDA device ordinal."""
+        return self._device
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        return _cai(self.ptr, self._shape, self._dtype)
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        code, bits = dlpack_code(self._dtype)
+        # The view keeps `self` (and so the allocation) alive as long as the consumer's tensor.
+        view = _core.dlpack_view(self.ptr, list(self._shape), code, bits, self._device, self)
+        return view.__dlpack__(**{k: v for k, v in kwargs.items() if v is not None})
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (_KDL_CUDA, self._device)
+
+    def _info(self) -> ArrayInfo:
+        return ArrayInfo(self.ptr, self._shape, _c_strides(self._shape), self._dtype, self._device, False, self)
+
+
+class SymmetricArray(_DeviceView):
+    """An array in NVSHMEM's symmetric heap (every PE allocated it together).
+
+    It exports ``__cuda_array_interface__`` (v3) and DLPack, so CuPy, PyTorch and JAX view it
+    without copying; such views keep it alive but do not stop ``free()``.
+    """
+
+    __slots__ = ("_mem", "_shape", "_dtype", "_device")
+
+    def __init__(self, mem: SymmetricMemory, shape: tuple[int, ...], dtype: str, device: int) -> None:
+        self._mem = mem
+        self._shape = shape
+        self._dtype = dtype
+        self._device = device
+
+    @property
+    def ptr(self) -> int:
+        """The symmetric address; ``UsageError`` once freed."""
+        return int(self._mem.ptr)
+
+    @property
+    def memory(self) -> SymmetricMemory:
+        """The allocation behind it."""
+        return self._mem
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._mem.closed)
+
+    def free(self) -> None:
+        """``nvshmem_free`` now (collective: every PE frees its array). Idempotent."""
+        self._mem.close()
+
+    close = free
+
+    def __enter__(self) -> SymmetricArray:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.free()
+
+    def peer(self, pe: int) -> PeerArray | None:
+        """A view of PE `pe`'s copy of this array through ``nvshmem_ptr``, or None when that PE's
+        memory is not directly addressable from here (another node, or no peer access)."""
+        address = self._mem.peer_ptr(_check_pe(pe, "pe"))
+        if address is None:
+            return None
+        return PeerArray(self, int(address), pe)
+
+    def __repr__(self) -> str:
+        state = "freed" if self.closed else f"ptr=0x{self.ptr:x}"
+        return f"<SymmetricArray shape={self._shape} dtype={self._dtype} {state}>"
+
+
+class PeerArray(_DeviceView):
+    """Another PE's copy of a symmetric array, addressed directly (loads and stores over NVLink
+    or within one GPU). Not symmetric memory itself: pass the SymmetricArray to RMA calls."""
+
+    __slots__ = ("_base", "_address", "_pe", "_shape", "_dtype", "_device")
+
+    def __init__(self, base: SymmetricArray, address: int, pe: int) -> None:
+        self._base = base
+        self._address = address
+        self._pe = pe
+        self._shape = base.shape
+        self._dtype = base.dtype
+        self._device = base.device
+
+    @property
+    def ptr(self) -> int:
+        """The peer address; ``UsageError`` once the array is freed."""
+        self._base.ptr  # noqa: B018 - raises once freed
+        return self._address
+
+    @property
+    def pe(self) -> int:
+        return self._pe
+
+    @property
+    def base(self) -> SymmetricArray:
+        return self._base
+
+    def __repr__(self) -> str:
+        return f"<PeerArray pe={self._pe} of {self._base!r}>"
+
+
+def _shape_of(shape: int | Sequence[int]) -> tuple[int, ...]:
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    for d in dims:
+        if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 0:
+            raise UsageError(f"shape must be non-negative ints, not {shape!r}")
+    dims = tuple(int(d) for d in dims)
+    if math.prod(dims) == 0:
+        raise UsageError(f"cannot allocate an empty symmetric array (shape {dims})")
+    return dims
+
+
+def _allocate(shape: int | Sequence[int], dtype: Any, zero: bool, alignment: int) -> SymmetricArray:
+    dims = _shape_of(shape)
+    name = dtype_name(dtype)
+    if not isinstance(alignment, int) or alignment < 0 or alignment & (alignment - 1):
+        raise UsageError(f"alignment must be 0 or a power of two, not {alignment!r}")
+    nbytes = math.prod(dims) * (dlpack_code(name)[1] // 8)
+    device = _device()  # also UsageError before init / after finalize
+    return SymmetricArray(_nv.allocate(nbytes, zero, alignment), dims, name, device)
+
+
+def empty(shape: int | Sequence[int], dtype: Any = "float32", *, alignment: int = 0) -> SymmetricArray:
+    """Uninitialised symmetric memory: ``nvshmem_malloc``, or ``nvshmem_align`` with an alignment.
+    Collective: every PE allocates the same shape and dtype, in the same order."""
+    return _allocate(shape, dtype, False, alignment)
+
+
+def zeros(shape: int | Sequence[int], dtype: Any = "float32") -> SymmetricArray:
+    """Zeroed symmetric memory (``nvshmem_calloc``). Collective, like :func:`empty`."""
+    return _allocate(shape, dtype, True, 0)
+
+
+def register(buffer: Any) -> Registration:
+    """Register local device memory (``nvshmemx_buffer_register``) so that it can be the local side
+    of RMA on remote transports. ``buffer`` is a C-contiguous device array or ``(ptr, nbytes)``.
+    Registering the same range again returns another reference; the last one closed unregisters."""
+    ptr, nbytes, owner = device_span(buffer)
+    return _nv.runtime().register(ptr, nbytes, owner)
+
+
+# --- argument checks -------------------------------------------------------------------------
+
+
+def _check_pe(pe: Any, what: str, n: int | None = None) -> int:
+    if n is None:
+        n = int(_nv.runtime().n_pes)
+    if not isinstance(pe, (int, np.integer)) or isinstance(pe, bool) or not 0 <= pe < n:
+        raise UsageError(f"{what} must be a PE number in [0, {n}), not {pe!r}")
+    return int(pe)
+
+
+def _symmetric(obj: Any, what: str) -> ArrayInfo:
+    """`obj` described, checked to lie in one of this runtime's symmetric allocations."""
+    if isinstance(obj, SymmetricArray):
+        info = obj._info()  # UsageError once freed
+    elif isinstance(obj, PeerArray):
+        raise UsageError(f"{what} is a peer view (PeerArray); pass the SymmetricArray itself")
+    else:
+        info = device_array(obj, what)
+    if _nv.containing(info.ptr, info.nbytes) is None:
+        raise UsageError(f"{what} is not NVSHMEM symmetric memory (allocate it with mpbind.nvshmem.empty "
+                         f"or zeros, or view such an array)")
+    return info
+
+
+def _local(obj: Any, what: str) -> ArrayInfo:
+    if isinstance(obj, _DeviceView):
+        return obj._info()
+    return device_array(obj, what)
+
+
+def _same(a: ArrayInfo, b: ArrayInfo, what: str, *, nbytes: bool = True) -> None:
+    if a.dtype != b.dtype:
+        raise UsageError(f"{what}: dest has dtype {a.dtype}, src {b.dtype}")
+    if nbytes and a.nbytes != b.nbytes:
+        raise UsageError(f"{what}: dest has {a.size} elements, src {b.size}")
+
+
+def _team(team: Team | None) -> tuple[int, int]:
+    """(nvshmem_team_t, number of PEs) of `team` (None: the world team)."""
+    rt = _nv.runtime()
+    if team is None:
+        return 0, int(rt.n_pes)  # NVSHMEM_TEAM_WORLD
+    if not isinstance(team, Team):
+        raise TypeError(f"team must be an mpbind.nvshmem.Team or None, not {type(team).__name__}")
+    return int(team.handle), int(team.n_pes)
+
+
+def _full_mode(what: str) -> None:
+    # libnvshmem_host exits the process on these calls in limited MPG mode: refuse first.
+    if _nv.runtime().limited_mpg:
+        raise UsageError(f"{what} is not available in NVSHMEM's limited multi-PE-per-GPU mode (several PEs "
+                         "on one GPU without CUDA MPS); run under MPS or with one PE per GPU")
+
+
+# --- RMA and synchronisation -----------------------------------------------------------------
+
+
+def put(dest: Any, src: Any, pe: int, stream: Any = None) -> None:
+    """Copy local `src` into symmetric `dest` on PE `pe`, on `stream` (``nvshmemx_putmem_on_stream``).
+    Complete it with :func:`quiet`; make it visible to `pe` with a barrier."""
+    _nv.runtime()  # UsageError before init() or after finalize(), before anything else
+    d, s = _symmetric(dest, "dest"), _local(src, "src")
+    _same(d, s, "put")
+    _flat().putmem_on_stream(d.ptr, s.ptr, d.nbytes, _check_pe(pe, "pe"), stream_handle(stream))
+
+
+def get(dest: Any, src: Any, pe: int, stream: Any = None) -> None:
+    """Copy symmetric `src` from PE `pe` into local `dest`, on `stream` (``nvshmemx_getmem_on_stream``)."""
+    _nv.runtime()  # UsageError before init() or after finalize(), before anything else
+    s, d = _symmetric(src, "src"), _local(dest, "dest")
+    _same(d, s, "get")
+    _flat().getmem_on_stream(d.ptr, s.ptr, d.nbytes, _check_pe(pe, "pe"), stream_handle(stream))
+
+
+def quiet(stream: Any = None) -> None:
+    """Complete this PE's outstanding RMA on `stream` (``nvshmemx_quiet_on_stream``)."""
+    _nv.runtime()
+    _flat().quiet_on_stream(stream_handle(stream))
+
+
+def barrier_all(stream: Any = None) -> None:
+    """Barrier over all PEs with completion of their RMA, on `stream` (collective)."""
+    _nv.runtime()
+    _flat().barrier_all_on_stream(stream_handle(stream))
+
+
+def sync_all(stream: Any = None) -> None:
+    """Barrier over all PEs without completing RMA, on `stream` (collective)."""
+    _nv.runtime()
+    _flat().sync_all_on_stream(stream_handle(stream))
+
+
+def barrier(team: Team | None = None, stream: Any = None) -> None:
+    """Barrier over `team` with completion of RMA, on `stream` (collective over the team)."""
+    _nv.runtime()  # UsageError before init() or after finalize(), before anything else
+    handle, _ = _team(team)
+    _full_mode("barrier on a team")
+    _flat().barrier_on_stream(handle, stream_handle(stream))
+
+
+# --- collectives -----------------------------------------------------------------------------
+
+
+def broadcast(dest: Any, src: Any, root: int, team: Team | None = None, stream: Any = None) -> None:
+    """Copy `src` of the team's PE `root` into `dest` on every member (collective over `team`)."""
+    _nv.runtime()  # UsageError before init() or after finalize(), before anything else
+    handle, n = _team(team)
+    d, s = _symmetric(dest, "dest"), _symmetric(src, "src")
+    _same(d, s, "broadcast")
+    root = _check_pe(root, "root", n)
+    _full_mode("broadcast")
+    _flat().broadcastmem_on_stream(handle, d.ptr, s.ptr, d.nbytes, root, stream_handle(stream))
+
+
+def fcollect(dest: Any, src: Any, team: Team | None = None, stream: Any = None) -> None:
+    """Concatenate every member's `src` into `dest`, in team order (collective over `team`).
+    `dest` holds team-size times `src`'s elements."""
+    _nv.runtime()  # UsageError before init() or after finalize(), before anything else
+    handle, n = _team(team)
+    d, s = _symmetric(dest, "dest"), _symmetric(src, "src")
+    _same(d, s, "fcollect", nbytes=False)
+    if d.size != s.size * n:
+        raise UsageError(f"fcollect: dest has {d.size} elements; {n} PEs x {s.size} elements of src "
+                         f"need {s.size * n}")
+    _full_mode("fcollect")
+    _flat().fcollectmem_on_stream(handle, d.ptr, s.ptr, s.nbytes, stream_handle(stream))
+
+
+def alltoall(dest: Any, src: Any, team: Team | None = None, stream: Any = None) -> None:
+    """Block j of `src` goes to member j, into block i of its `dest` (i: this PE); both hold
+    team-size equal blocks (collective over `team`)."""
+    _nv.runtime()  # UsageError before init() or after finalize(), before anything else
+    handle, n = _team(team)
+    d, s = _symmetric(dest, "dest"), _symmetric(src, "src")
+    _same(d, s, "alltoall")
+    if s.size % n:
+        raise UsageError(f"alltoall: {s.size} elements do not split into {n} equal blocks")
+    _full_mode("alltoall")
+    _flat().alltoallmem_on_stream(handle, d.ptr, s.ptr, s.nbytes // n, stream_handle(stream))
+
+
+def reduce(op: str, dest: Any, src: Any, team: Team | None = None, stream: Any = None) -> None:
+    """Element-wise reduction of every member's `src` into `dest` on all members (collective over
+    `team`). `op`: sum, prod, min, max for integer and float dtypes; and, or, xor for integers."""
+    if op not in _ARITH_OPS + _BITWISE_OPS:
+        raise UsageError(f"reduce: unknown op {op!r}; use one of {', '.join(_ARITH_OPS + _BITWISE_OPS)}")
+    _nv.runtime()  # UsageError before init() or after finalize(), before anything else
+    handle, _ = _team(team)
+    d, s = _symmetric(dest, "dest"), _symmetric(src, "src")
+    _same(d, s, "reduce")
+    type_name = _NVSHMEM_TYPES.get(d.dtype)
+    if type_name is None or (op in _BITWISE_OPS and d.dtype not in _INTEGER_TYPES):
+        raise UsageError(f"reduce: {op} is not available for {d.dtype}")
+    _full_mode("reduce")
+    family = getattr(_flat(), f"{op}_reduce_on_stream")
+    family(type_name, handle, d.ptr, s.ptr, d.size, stream_handle(stream))
