@@ -5,6 +5,7 @@ namespace mpbind {
 
 void register_modules(nanobind::module_& m) {
     register_nccl(m);
+    register_cufftmp(m);
 }
 
 }  // namespace mpbind
