@@ -1,0 +1,656 @@
+// cuFFTMp objects: Plan (cufftCreate/cufftDestroy), Descriptor (cufftXtMalloc/
+// cufftXtFree) and Reshape (cufftMpCreateReshape/cufftMpDestroyReshape).
+//
+// Their releases are collective: cuFFTMp frees NVSHMEM memory in them, which
+// every PE must do together. A plan that never had a communicator attached has
+// allocated nothing symmetric, so it may be destroyed by the garbage collector.
+
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <optional>
+#include <vector>
+
+#include "core.hpp"
+#include "modules.hpp"
+
+namespace mpbind::cufftmp {
+
+namespace {
+
+constexpr const char* kCy = "mpbind.bindings.cycufftmp";
+constexpr const char* kLib = "cufftmp";
+constexpr int kSuccess = 0;
+constexpr int kSentinel = -42;  // MPBIND_CUFFTMP_LOADING_ERROR
+
+// cufftType
+constexpr int kR2C = 42, kC2R = 44, kC2C = 41, kD2Z = 106, kZ2D = 108, kZ2Z = 105;
+// cufftMpCommType
+constexpr int kCommMpi = 0, kCommNone = 1;
+// cufftXtCopyType
+constexpr int kHostToDevice = 0, kDeviceToHost = 1, kDeviceToDevice = 2;
+// cufftXtSubFormat: INPUT .. DISTRIBUTED_OUTPUT are the ones a caller may ask for.
+constexpr int kSubFormatLast = 6;
+constexpr int kForward = -1, kInverse = 1;
+
+// The layouts of cufftXt.h / cudalibxt.h (checked by the generated cycufftmp too).
+struct XtDesc {
+    int version;
+    int nGPUs;
+    int GPUs[64];
+    void* data[64];
+    size_t size[64];
+    void* cudaXtState;
+};
+struct LibXtDesc {
+    int version;
+    XtDesc* descriptor;
+    int library;
+    int subFormat;
+    void* libDescriptor;
+};
+static_assert(sizeof(XtDesc) == 1296, "cudaXtDesc layout");
+static_assert(sizeof(LibXtDesc) == 32, "cudaLibXtDesc layout");
+
+struct Api {
+    int (*Create)(int*);
+    int (*Destroy)(int);
+    int (*MpAttachComm)(int, int, void*);
+    int (*SetStream)(int, void*);
+    int (*XtSetSubformatDefault)(int, int, int);
+    int (*XtSetDistribution)(int, int, const long long*, const long long*, const long long*, const long long*,
+                             const long long*, const long long*);
+    int (*MakePlan2d)(int, int, int, int, size_t*);
+    int (*MakePlan3d)(int, int, int, int, int, size_t*);
+    int (*ExecC2C)(int, void*, void*, int);
+    int (*ExecZ2Z)(int, void*, void*, int);
+    int (*ExecR2C)(int, float*, void*);
+    int (*ExecD2Z)(int, double*, void*);
+    int (*ExecC2R)(int, void*, float*);
+    int (*ExecZ2D)(int, void*, double*);
+    int (*XtMalloc)(int, LibXtDesc**, int);
+    int (*XtFree)(LibXtDesc*);
+    int (*XtMemcpy)(int, void*, void*, int);
+    int (*XtExecDescriptor)(int, LibXtDesc*, LibXtDesc*, int);
+    int (*MpCreateReshape)(void**);
+    int (*MpMakeReshape)(void*, size_t, int, const long long*, const long long*, const long long*,
+                         const long long*, const long long*, const long long*, void*, int);
+    int (*MpGetReshapeSize)(void*, size_t*);
+    int (*MpExecReshapeAsync)(void*, void*, const void*, void*, void*);
+    int (*MpDestroyReshape)(void*);
+};
+
+const Api& api() {
+    static Api* a = nullptr;  // filled once under the GIL
+    if (a) return *a;
+    auto* t = new Api();
+    load(t->Create, kCy, "cufftCreate", "cufftResult (cufftHandle *)");
+    load(t->Destroy, kCy, "cufftDestroy", "cufftResult (cufftHandle)");
+    load(t->MpAttachComm, kCy, "cufftMpAttachComm", "cufftResult (cufftHandle, cufftMpCommType, void *)");
+    load(t->SetStream, kCy, "cufftSetStream", "cufftResult (cufftHandle, cudaStream_t)");
+    load(t->XtSetSubformatDefault, kCy, "cufftXtSetSubformatDefault",
+         "cufftResult (cufftHandle, cufftXtSubFormat, cufftXtSubFormat)");
+    load(t->XtSetDistribution, kCy, "cufftXtSetDistribution",
+         "cufftResult (cufftHandle, int, PY_LONG_LONG const *, PY_LONG_LONG const *, PY_LONG_LONG const *, "
+         "PY_LONG_LONG const *, PY_LONG_LONG const *, PY_LONG_LONG const *)");
+    load(t->MakePlan2d, kCy, "cufftMakePlan2d", "cufftResult (cufftHandle, int, int, cufftType, size_t *)");
+    load(t->MakePlan3d, kCy, "cufftMakePlan3d", "cufftResult (cufftHandle, int, int, int, cufftType, size_t *)");
+    load(t->ExecC2C, kCy, "cufftExecC2C", "cufftResult (cufftHandle, void *, void *, int)");
+    load(t->ExecZ2Z, kCy, "cufftExecZ2Z", "cufftResult (cufftHandle, void *, void *, int)");
+    load(t->ExecR2C, kCy, "cufftExecR2C", "cufftResult (cufftHandle, cufftReal *, void *)");
+    load(t->ExecD2Z, kCy, "cufftExecD2Z", "cufftResult (cufftHandle, cufftDoubleReal *, void *)");
+    load(t->ExecC2R, kCy, "cufftExecC2R", "cufftResult (cufftHandle, void *, cufftReal *)");
+    load(t->ExecZ2D, kCy, "cufftExecZ2D", "cufftResult (cufftHandle, void *, cufftDoubleReal *)");
+    load(t->XtMalloc, kCy, "cufftXtMalloc", "cufftResult (cufftHandle, cudaLibXtDesc **, cufftXtSubFormat)");
+    load(t->XtFree, kCy, "cufftXtFree", "cufftResult (cudaLibXtDesc *)");
+    load(t->XtMemcpy, kCy, "cufftXtMemcpy", "cufftResult (cufftHandle, void *, void *, cufftXtCopyType)");
+    load(t->XtExecDescriptor, kCy, "cufftXtExecDescriptor",
+         "cufftResult (cufftHandle, cudaLibXtDesc *, cudaLibXtDesc *, int)");
+    load(t->MpCreateReshape, kCy, "cufftMpCreateReshape", "cufftResult (cufftReshapeHandle *)");
+    load(t->MpMakeReshape, kCy, "__cufftMpMakeReshape_11_4",
+         "cufftResult (cufftReshapeHandle, size_t, int, PY_LONG_LONG const *, PY_LONG_LONG const *, "
+         "PY_LONG_LONG const *, PY_LONG_LONG const *, PY_LONG_LONG const *, PY_LONG_LONG const *, void *, "
+         "cufftMpCommType)");
+    load(t->MpGetReshapeSize, kCy, "cufftMpGetReshapeSize", "cufftResult (cufftReshapeHandle, size_t *)");
+    load(t->MpExecReshapeAsync, kCy, "cufftMpExecReshapeAsync",
+         "cufftResult (cufftReshapeHandle, void *, void const *, void *, cudaStream_t)");
+    load(t->MpDestroyReshape, kCy, "cufftMpDestroyReshape", "cufftResult (cufftReshapeHandle)");
+    a = t;
+    return *a;
+}
+
+// Call `f(args...)` without the GIL and check its status.
+template <class F, class... A>
+void call(const char* function, F f, A... args) {
+    int status;
+    {
+        nb::gil_scoped_release release;
+        status = f(args...);
+    }
+    check_status(kLib, status, kSuccess, kSentinel, function);
+}
+
+bool known_type(int t) {
+    return t == kC2C || t == kZ2Z || t == kR2C || t == kD2Z || t == kC2R || t == kZ2D;
+}
+
+const char* type_name(int t) {
+    switch (t) {
+        case kC2C: return "C2C";
+        case kZ2Z: return "Z2Z";
+        case kR2C: return "R2C";
+        case kD2Z: return "D2Z";
+        case kC2R: return "C2R";
+        case kZ2D: return "Z2D";
+        default: return "?";
+    }
+}
+
+void check_type(int t) {
+    if (!known_type(t)) {
+        raise_usage("fft_type must be a cufftmp.Type (C2C=41, Z2Z=105, R2C=42, D2Z=106, C2R=44, Z2D=108), got " +
+                    std::to_string(t));
+    }
+}
+
+void check_direction(int d) {
+    if (d != kForward && d != kInverse) {
+        raise_usage("direction must be FORWARD (-1) or INVERSE (1), got " + std::to_string(d));
+    }
+}
+
+void check_extent(const char* what, long long n) {
+    if (n < 1) raise_usage(std::string(what) + " must be >= 1, got " + std::to_string(n));
+    if (n > 0x7fffffffLL) raise_usage(std::string(what) + " must fit in an int, got " + std::to_string(n));
+}
+
+// A communicator for cufftMpAttachComm / cufftMpMakeReshape: MPI needs the
+// address of an MPI_Comm (MPI_Comm*, what mpi4py's MPI._addressof returns);
+// NONE takes no communicator.
+void check_comm(int comm_type, uintptr_t comm_handle) {
+    if (comm_type == kCommMpi) {
+        if (comm_handle == 0) raise_usage("CommType.MPI needs the address of an MPI_Comm, got 0");
+    } else if (comm_type == kCommNone) {
+        if (comm_handle != 0) raise_usage("CommType.NONE takes no communicator (comm_handle must be 0)");
+    } else {
+        raise_usage("comm_type must be CommType.MPI (0) or CommType.NONE (1), got " + std::to_string(comm_type));
+    }
+}
+
+std::vector<long long> corner(const char* what, const std::vector<long long>& v, size_t rank) {
+    if (v.size() != rank) {
+        raise_usage(std::string(what) + " has " + std::to_string(v.size()) + " elements; rank is " +
+                    std::to_string(rank));
+    }
+    return v;
+}
+
+void check_box(const char* lower_name, const std::vector<long long>& lower, const char* upper_name,
+               const std::vector<long long>& upper) {
+    for (size_t i = 0; i < lower.size(); ++i) {
+        if (lower[i] < 0 || upper[i] < lower[i]) {
+            raise_usage(std::string("box [") + lower_name + ", " + upper_name + ") has lower " +
+                        std::to_string(lower[i]) + " and upper " + std::to_string(upper[i]) + " in dimension " +
+                        std::to_string(i) + " (need 0 <= lower <= upper)");
+        }
+    }
+}
+
+// A state may outlive the interpreter (queued at exit): its Python references
+// are then leaked rather than released without an interpreter.
+void forget_if_finalized(nb::object& a, nb::object& b) {
+    if (Py_IsInitialized()) return;
+    a.release();
+    b.release();
+}
+
+// --- plan ---
+
+class PlanState : public State {
+public:
+    explicit PlanState(int handle) : State("cufftmp.Plan", true), handle(handle) {}
+    ~PlanState() override { forget_if_finalized(comm, stream_obj); }
+    int handle;
+    int comm_type = -1;     // none attached yet
+    uintptr_t comm_handle = 0;
+    nb::object comm;        // the Python communicator: cuFFTMp keeps the MPI_Comm* until destroy
+    uintptr_t stream = 0;
+    nb::object stream_obj;  // kept alive while the plan uses it
+    int fft_type = 0;       // 0 until made
+    std::vector<long long> shape;
+    size_t work_size = 0;
+    bool distributed = false;  // cufftXtSetDistribution was called
+
+    bool made() const { return fft_type != 0; }
+
+protected:
+    void release() override {
+        call("cufftDestroy", api().Destroy, handle);
+        comm = nb::object();
+        stream_obj = nb::object();
+    }
+    // Without a communicator, cuFFTMp has allocated nothing symmetric yet.
+    void unreferenced() override {
+        if (comm_type == -1) {
+            close();
+        } else {
+            queue_for_teardown(true);
+        }
+    }
+};
+
+using Plan = Handle<PlanState>;
+
+class DescState : public State {
+public:
+    DescState(std::shared_ptr<PlanState> plan, LibXtDesc* desc, int format)
+        : State("cufftmp.Descriptor", true), plan(std::move(plan)), desc(desc), format(format) {}
+    std::shared_ptr<PlanState> plan;  // for cufftXtMemcpy
+    LibXtDesc* desc;
+    int format;
+
+protected:
+    void release() override { call("cufftXtFree", api().XtFree, desc); }
+};
+
+using Descriptor = Handle<DescState>;
+
+class ReshapeState : public State {
+public:
+    explicit ReshapeState(void* handle) : State("cufftmp.Reshape", true), handle(handle) {}
+    ~ReshapeState() override { forget_if_finalized(comm, comm); }
+    void* handle;
+    nb::object comm;
+    bool made = false;
+    size_t element_size = 0;
+    size_t in_elements = 0, out_elements = 0;
+
+protected:
+    void release() override {
+        call("cufftMpDestroyReshape", api().MpDestroyReshape, handle);
+        comm = nb::object();
+    }
+    void unreferenced() override {
+        if (!made) {
+            close();
+        } else {
+            queue_for_teardown(true);
+        }
+    }
+};
+
+using Reshape = Handle<ReshapeState>;
+
+// --- plan operations ---
+
+Plan create_plan() {
+    int h = 0;
+    call("cufftCreate", api().Create, &h);
+    return Plan(std::make_shared<PlanState>(h));
+}
+
+void check_not_made(PlanState& s, const char* what) {
+    if (s.made()) {
+        raise_usage(std::string(what) + ": the plan is already made (" + type_name(s.fft_type) +
+                    "); create a new Plan");
+    }
+}
+
+void attach_comm(Plan& self, int comm_type, uintptr_t comm_handle, nb::object keep) {
+    PlanState& s = self.get();
+    check_comm(comm_type, comm_handle);
+    check_not_made(s, "attach_comm");
+    if (s.comm_type != -1) raise_usage("attach_comm: a communicator is already attached to this plan");
+    call("cufftMpAttachComm", api().MpAttachComm, s.handle, comm_type, reinterpret_cast<void*>(comm_handle));
+    s.comm_type = comm_type;
+    s.comm_handle = comm_handle;
+    s.comm = std::move(keep);
+}
+
+void set_stream(Plan& self, nb::object stream) {
+    PlanState& s = self.get();
+    uintptr_t h = stream_handle(stream);
+    call("cufftSetStream", api().SetStream, s.handle, reinterpret_cast<void*>(h));
+    s.stream = h;
+    s.stream_obj = PyLong_Check(stream.ptr()) ? nb::object() : std::move(stream);
+}
+
+void check_subformat(const char* what, int f) {
+    if (f < 0 || f > kSubFormatLast) {
+        raise_usage(std::string(what) + " must be a cufftmp.SubFormat (0..6), got " + std::to_string(f));
+    }
+}
+
+void set_subformat_default(Plan& self, int forward, int inverse) {
+    PlanState& s = self.get();
+    check_subformat("subformat_forward", forward);
+    check_subformat("subformat_inverse", inverse);
+    check_not_made(s, "set_subformat_default");
+    call("cufftXtSetSubformatDefault", api().XtSetSubformatDefault, s.handle, forward, inverse);
+}
+
+void set_distribution(Plan& self, const std::vector<long long>& lower_in, const std::vector<long long>& upper_in,
+                      const std::vector<long long>& lower_out, const std::vector<long long>& upper_out,
+                      std::optional<std::vector<long long>> strides_in,
+                      std::optional<std::vector<long long>> strides_out) {
+    PlanState& s = self.get();
+    size_t rank = lower_in.size();
+    if (rank != 2 && rank != 3) raise_usage("boxes must have 2 or 3 dimensions, got " + std::to_string(rank));
+    corner("upper_input", upper_in, rank);
+    corner("lower_output", lower_out, rank);
+    corner("upper_output", upper_out, rank);
+    if (strides_in) corner("strides_input", *strides_in, rank);
+    if (strides_out) corner("strides_output", *strides_out, rank);
+    check_box("lower_input", lower_in, "upper_input", upper_in);
+    check_box("lower_output", lower_out, "upper_output", upper_out);
+    check_not_made(s, "set_distribution");
+    call("cufftXtSetDistribution", api().XtSetDistribution, s.handle, static_cast<int>(rank), lower_in.data(),
+         upper_in.data(), lower_out.data(), upper_out.data(), strides_in ? strides_in->data() : nullptr,
+         strides_out ? strides_out->data() : nullptr);
+    s.distributed = true;
+}
+
+size_t make_plan(Plan& self, const std::vector<long long>& n, int fft_type) {
+    PlanState& s = self.get();
+    if (n.size() != 2 && n.size() != 3) raise_usage("cuFFTMp plans are 2-D or 3-D");
+    for (size_t i = 0; i < n.size(); ++i) check_extent(i == 0 ? "nx" : i == 1 ? "ny" : "nz", n[i]);
+    check_type(fft_type);
+    check_not_made(s, n.size() == 2 ? "make_plan_2d" : "make_plan_3d");
+    size_t work = 0;
+    if (n.size() == 2) {
+        call("cufftMakePlan2d", api().MakePlan2d, s.handle, static_cast<int>(n[0]), static_cast<int>(n[1]),
+             fft_type, &work);
+    } else {
+        call("cufftMakePlan3d", api().MakePlan3d, s.handle, static_cast<int>(n[0]), static_cast<int>(n[1]),
+             static_cast<int>(n[2]), fft_type, &work);
+    }
+    s.fft_type = fft_type;
+    s.shape = n;
+    s.work_size = work;
+    return work;
+}
+
+PlanState& made_plan(Plan& self, const char* what) {
+    PlanState& s = self.get();
+    if (!s.made()) raise_usage(std::string(what) + ": the plan is not made yet (call make_plan_2d/3d first)");
+    return s;
+}
+
+void exec(Plan& self, uintptr_t in, uintptr_t out, int direction) {
+    PlanState& s = made_plan(self, "exec");
+    check_direction(direction);
+    if (in == 0) raise_usage("exec: the input pointer is NULL");
+    if (out == 0) out = in;  // in place
+    void* i = reinterpret_cast<void*>(in);
+    void* o = reinterpret_cast<void*>(out);
+    const Api& a = api();
+    auto implied = [&](int want) {
+        if (direction != want) {
+            raise_usage(std::string("exec: a ") + type_name(s.fft_type) + " plan only transforms " +
+                        (want == kForward ? "FORWARD (-1)" : "INVERSE (1)") + ", got direction " +
+                        std::to_string(direction));
+        }
+    };
+    switch (s.fft_type) {
+        case kC2C: call("cufftExecC2C", a.ExecC2C, s.handle, i, o, direction); break;
+        case kZ2Z: call("cufftExecZ2Z", a.ExecZ2Z, s.handle, i, o, direction); break;
+        case kR2C: implied(kForward); call("cufftExecR2C", a.ExecR2C, s.handle, static_cast<float*>(i), o); break;
+        case kD2Z: implied(kForward); call("cufftExecD2Z", a.ExecD2Z, s.handle, static_cast<double*>(i), o); break;
+        case kC2R: implied(kInverse); call("cufftExecC2R", a.ExecC2R, s.handle, i, static_cast<float*>(o)); break;
+        case kZ2D: implied(kInverse); call("cufftExecZ2D", a.ExecZ2D, s.handle, i, static_cast<double*>(o)); break;
+        default: raise_usage("exec: unknown plan type");
+    }
+}
+
+Descriptor xt_malloc(Plan& self, int format) {
+    std::shared_ptr<PlanState> plan = self.state();
+    PlanState& s = made_plan(self, "malloc");
+    check_subformat("format", format);
+    LibXtDesc* d = nullptr;
+    call("cufftXtMalloc", api().XtMalloc, s.handle, &d, format);
+    if (d == nullptr) {
+        raise_library_error(kLib, "cufftXtMalloc", 5 /* CUFFT_INTERNAL_ERROR */,
+                            "returned CUFFT_SUCCESS but a NULL descriptor");
+    }
+    auto ds = std::make_shared<DescState>(plan, d, format);
+    ds->depends_on(plan);
+    s.add_child(ds);
+    return Descriptor(ds);
+}
+
+void exec_descriptor(Plan& self, Descriptor& input, Descriptor* output, int direction) {
+    PlanState& s = made_plan(self, "exec_descriptor");
+    check_direction(direction);
+    DescState& in = input.get();
+    DescState& out = output != nullptr ? output->get() : in;
+    call("cufftXtExecDescriptor", api().XtExecDescriptor, s.handle, in.desc, out.desc, direction);
+}
+
+// --- descriptor operations ---
+
+const XtDesc& local(DescState& d) {
+    if (d.desc->descriptor == nullptr) {
+        raise_library_error(kLib, "cufftXtMalloc", 5, "the descriptor has no cudaXtDesc");
+    }
+    return *d.desc->descriptor;
+}
+
+void memcpy_host(Descriptor& self, uintptr_t host, int copy_type) {
+    DescState& d = self.get();
+    if (host == 0) raise_usage("memcpy: the host pointer is NULL");
+    d.plan->check_open();
+    if (copy_type == kHostToDevice) {
+        call("cufftXtMemcpy", api().XtMemcpy, d.plan->handle, static_cast<void*>(d.desc),
+             reinterpret_cast<void*>(host), copy_type);
+    } else if (copy_type == kDeviceToHost) {
+        call("cufftXtMemcpy", api().XtMemcpy, d.plan->handle, reinterpret_cast<void*>(host),
+             static_cast<void*>(d.desc), copy_type);
+    } else {
+        raise_usage("copy_type must be CopyType.HOST_TO_DEVICE (0) or DEVICE_TO_HOST (1) here, got " +
+                    std::to_string(copy_type) + " (use copy_from for DEVICE_TO_DEVICE)");
+    }
+}
+
+void copy_from(Descriptor& self, Descriptor& src) {
+    DescState& d = self.get();
+    DescState& s = src.get();
+    if (&d == &s) raise_usage("copy_from: source and destination are the same descriptor");
+    d.plan->check_open();
+    call("cufftXtMemcpy", api().XtMemcpy, d.plan->handle, static_cast<void*>(d.desc), static_cast<void*>(s.desc),
+         kDeviceToDevice);
+}
+
+// --- reshape operations ---
+
+Reshape create_reshape() {
+    void* h = nullptr;
+    call("cufftMpCreateReshape", api().MpCreateReshape, &h);
+    return Reshape(std::make_shared<ReshapeState>(h));
+}
+
+long long box_elements(const std::vector<long long>& lower, const std::vector<long long>& upper) {
+    long long n = 1;
+    for (size_t i = 0; i < lower.size(); ++i) n *= upper[i] - lower[i];
+    return n;
+}
+
+void make_reshape(Reshape& self, size_t element_size, const std::vector<long long>& lower_in,
+                  const std::vector<long long>& upper_in, const std::vector<long long>& strides_in,
+                  const std::vector<long long>& lower_out, const std::vector<long long>& upper_out,
+                  const std::vector<long long>& strides_out, int comm_type, uintptr_t comm_handle, nb::object keep) {
+    ReshapeState& s = self.get();
+    if (element_size == 0) raise_usage("element_size must be > 0");
+    size_t rank = lower_in.size();
+    if (rank < 1 || rank > 3) raise_usage("boxes must have 1 to 3 dimensions, got " + std::to_string(rank));
+    corner("upper_input", upper_in, rank);
+    corner("strides_input", strides_in, rank);
+    corner("lower_output", lower_out, rank);
+    corner("upper_output", upper_out, rank);
+    corner("strides_output", strides_out, rank);
+    check_box("lower_input", lower_in, "upper_input", upper_in);
+    check_box("lower_output", lower_out, "upper_output", upper_out);
+    check_comm(comm_type, comm_handle);
+    if (s.made) raise_usage("make: the reshape is already made; create a new Reshape");
+    call("__cufftMpMakeReshape_11_4", api().MpMakeReshape, s.handle, element_size, static_cast<int>(rank),
+         lower_in.data(), upper_in.data(), strides_in.data(), lower_out.data(), upper_out.data(),
+         strides_out.data(), reinterpret_cast<void*>(comm_handle), comm_type);
+    s.made = true;
+    s.comm = std::move(keep);
+    s.element_size = element_size;
+    s.in_elements = static_cast<size_t>(box_elements(lower_in, upper_in));
+    s.out_elements = static_cast<size_t>(box_elements(lower_out, upper_out));
+}
+
+ReshapeState& made_reshape(Reshape& self, const char* what) {
+    ReshapeState& s = self.get();
+    if (!s.made) raise_usage(std::string(what) + ": the reshape is not made yet (call make first)");
+    return s;
+}
+
+size_t reshape_workspace(Reshape& self) {
+    ReshapeState& s = made_reshape(self, "workspace_size");
+    size_t n = 0;
+    call("cufftMpGetReshapeSize", api().MpGetReshapeSize, s.handle, &n);
+    return n;
+}
+
+void exec_reshape(Reshape& self, uintptr_t out, uintptr_t in, uintptr_t workspace, nb::handle stream) {
+    ReshapeState& s = made_reshape(self, "exec");
+    if (s.out_elements != 0 && out == 0) raise_usage("exec: the output pointer is NULL");
+    if (s.in_elements != 0 && in == 0) raise_usage("exec: the input pointer is NULL");
+    uintptr_t st = stream_handle(stream);
+    call("cufftMpExecReshapeAsync", api().MpExecReshapeAsync, s.handle, reinterpret_cast<void*>(out),
+         reinterpret_cast<const void*>(in), reinterpret_cast<void*>(workspace), reinterpret_cast<void*>(st));
+}
+
+std::string plan_repr(Plan& p) {
+    auto& s = *p.state();
+    if (s.closed()) return "<cufftmp.Plan closed>";
+    std::string r = "<cufftmp.Plan handle=" + std::to_string(s.handle);
+    if (s.made()) {
+        r += std::string(" ") + type_name(s.fft_type) + " ";
+        for (size_t i = 0; i < s.shape.size(); ++i) r += (i ? "x" : "") + std::to_string(s.shape[i]);
+    } else {
+        r += " not made";
+    }
+    r += s.comm_type == kCommMpi ? " comm=MPI" : s.comm_type == kCommNone ? " comm=NONE" : "";
+    return r + ">";
+}
+
+}  // namespace
+
+}  // namespace mpbind::cufftmp
+
+namespace mpbind {
+
+void register_cufftmp(nb::module_& parent) {
+    using namespace cufftmp;
+    nb::module_ m = parent.def_submodule("cufftmp", "cuFFTMp objects of the core.");
+
+    auto plan = nb::class_<Plan>(
+        m, "Plan",
+        "A cuFFTMp plan (cufftCreate). Destruction is collective once a communicator is attached: "
+        "close() on every PE, or drop it and drain() on every PE.");
+    plan.def("__init__", [](Plan* self) { new (self) Plan(create_plan()); }, "cufftCreate.")
+        .def("attach_comm", &attach_comm, nb::arg("comm_type"), nb::arg("comm_handle") = 0,
+             nb::arg("comm") = nb::none(),
+             "cufftMpAttachComm. For CommType.MPI `comm_handle` is the address of an MPI_Comm "
+             "(MPI._addressof(comm)); `comm` (the communicator object) is kept alive until the plan is "
+             "destroyed, because cuFFTMp keeps using that address.")
+        .def("set_stream", &set_stream, nb::arg("stream").none(), "cufftSetStream.")
+        .def("set_subformat_default", &set_subformat_default, nb::arg("subformat_forward"),
+             nb::arg("subformat_inverse"), "cufftXtSetSubformatDefault (before the plan is made).")
+        .def("set_distribution", &set_distribution, nb::arg("lower_input"), nb::arg("upper_input"),
+             nb::arg("lower_output"), nb::arg("upper_output"), nb::arg("strides_input") = nb::none(),
+             nb::arg("strides_output") = nb::none(), "cufftXtSetDistribution (before the plan is made).")
+        .def("make_plan_2d", [](Plan& p, long long nx, long long ny, int t) { return make_plan(p, {nx, ny}, t); },
+             nb::arg("nx"), nb::arg("ny"), nb::arg("fft_type"),
+             "cufftMakePlan2d (collective with a communicator). Returns the work size in bytes.")
+        .def("make_plan_3d",
+             [](Plan& p, long long nx, long long ny, long long nz, int t) { return make_plan(p, {nx, ny, nz}, t); },
+             nb::arg("nx"), nb::arg("ny"), nb::arg("nz"), nb::arg("fft_type"),
+             "cufftMakePlan3d (collective with a communicator). Returns the work size in bytes.")
+        .def("exec", &exec, nb::arg("input"), nb::arg("output") = 0, nb::arg("direction"),
+             "cufftExec{C2C,Z2Z,R2C,D2Z,C2R,Z2D} by the plan's type, on NVSHMEM device pointers; "
+             "output 0 is in place. Real-to-complex plans take FORWARD, complex-to-real INVERSE.")
+        .def("malloc", &xt_malloc, nb::arg("format"),
+             "cufftXtMalloc: a Descriptor over this PE's part of the distributed data (collective).")
+        .def("exec_descriptor", &exec_descriptor, nb::arg("input"), nb::arg("output").none() = nb::none(),
+             nb::arg("direction"), "cufftXtExecDescriptor; output None is in place.")
+        .def_prop_ro("handle", [](Plan& p) { return p.get().handle; }, "The cufftHandle, for the flat bindings.")
+        .def_prop_ro("fft_type", [](Plan& p) -> std::optional<int> {
+            auto& s = p.get();
+            if (!s.made()) return std::nullopt;
+            return s.fft_type;
+        }, "The cufftType it was made with, or None before it is made.")
+        .def_prop_ro("shape", [](Plan& p) { return p.get().shape; }, "The global extents (empty before made).")
+        .def_prop_ro("work_size", [](Plan& p) { return p.get().work_size; })
+        .def_prop_ro("comm_type", [](Plan& p) -> std::optional<int> {
+            auto& s = p.get();
+            if (s.comm_type == -1) return std::nullopt;
+            return s.comm_type;
+        }, "The attached CommType, or None.")
+        .def_prop_ro("stream", [](Plan& p) { return p.get().stream; })
+        .def_prop_ro("distributed", [](Plan& p) { return p.get().distributed; },
+                     "True when cufftXtSetDistribution set its boxes.")
+        .def("destroy", [](Plan& p) { p.close(); }, "Same as close().")
+        .def("__repr__", &plan_repr);
+    bind_lifetime(plan, "Free its descriptors, then cufftDestroy (collective with a communicator). Idempotent.");
+
+    auto desc = nb::class_<Descriptor>(
+        m, "Descriptor",
+        "Distributed data from cufftXtMalloc. Freeing it is collective: close() on every PE, or drop it "
+        "and drain() on every PE. Its plan frees it first when closed.");
+    desc.def("memcpy", &memcpy_host, nb::arg("host_ptr"), nb::arg("copy_type"),
+             "cufftXtMemcpy between this PE's part and host memory at `host_ptr` "
+             "(HOST_TO_DEVICE: into the descriptor; DEVICE_TO_HOST: out of it). Not redistributed.")
+        .def("copy_from", &copy_from, nb::arg("src"), "cufftXtMemcpy DEVICE_TO_DEVICE from another descriptor.")
+        .def_prop_ro("ptr", [](Descriptor& d) { return reinterpret_cast<uintptr_t>(d.get().desc); },
+                     "The cudaLibXtDesc*, for the flat bindings.")
+        .def_prop_ro("data", [](Descriptor& d) { return reinterpret_cast<uintptr_t>(local(d.get()).data[0]); },
+                     "Device pointer to this PE's part.")
+        .def_prop_ro("nbytes", [](Descriptor& d) { return local(d.get()).size[0]; },
+                     "Bytes of this PE's part.")
+        .def_prop_ro("subformat", [](Descriptor& d) { return d.get().desc->subFormat; },
+                     "The current cufftXtSubFormat (exec changes it).")
+        .def_prop_ro("format", [](Descriptor& d) { return d.get().format; }, "The format it was allocated with.")
+        .def("__repr__", [](Descriptor& d) {
+            auto& s = *d.state();
+            if (s.closed()) return std::string("<cufftmp.Descriptor closed>");
+            return "<cufftmp.Descriptor subformat=" + std::to_string(s.desc->subFormat) + ">";
+        });
+    bind_lifetime(desc, "cufftXtFree (collective). Idempotent.");
+
+    auto reshape = nb::class_<Reshape>(
+        m, "Reshape",
+        "A cuFFTMp reshape (cufftMpCreateReshape). Destruction is collective once made: close() on every PE, "
+        "or drop it and drain() on every PE.");
+    reshape.def("__init__", [](Reshape* self) { new (self) Reshape(create_reshape()); }, "cufftMpCreateReshape.")
+        .def("make", &make_reshape, nb::arg("element_size"), nb::arg("lower_input"), nb::arg("upper_input"),
+             nb::arg("strides_input"), nb::arg("lower_output"), nb::arg("upper_output"), nb::arg("strides_output"),
+             nb::arg("comm_type"), nb::arg("comm_handle") = 0, nb::arg("comm") = nb::none(),
+             "cufftMpMakeReshape (collective). Boxes are [lower, upper) global corners with local strides in "
+             "elements; `comm` is kept alive with the reshape.")
+        .def("workspace_size", &reshape_workspace, "cufftMpGetReshapeSize: workspace bytes exec needs.")
+        .def("exec", &exec_reshape, nb::arg("output"), nb::arg("input"), nb::arg("workspace"),
+             nb::arg("stream").none() = nb::none(),
+             "cufftMpExecReshapeAsync (collective): input and output are NVSHMEM device pointers, as is the "
+             "workspace when workspace_size() > 0.")
+        .def_prop_ro("handle", [](Reshape& r) { return reinterpret_cast<uintptr_t>(r.get().handle); })
+        .def_prop_ro("made", [](Reshape& r) { return r.get().made; })
+        .def_prop_ro("element_size", [](Reshape& r) { return r.get().element_size; })
+        .def_prop_ro("input_elements", [](Reshape& r) { return r.get().in_elements; },
+                     "Elements of this PE's input box.")
+        .def_prop_ro("output_elements", [](Reshape& r) { return r.get().out_elements; },
+                     "Elements of this PE's output box.")
+        .def("destroy", [](Reshape& r) { r.close(); }, "Same as close().")
+        .def("__repr__", [](Reshape& r) {
+            auto& s = *r.state();
+            if (s.closed()) return std::string("<cufftmp.Reshape closed>");
+            return std::string("<cufftmp.Reshape ") + (s.made ? "made" : "not made") + ">";
+        });
+    bind_lifetime(reshape, "cufftMpDestroyReshape (collective once made). Idempotent.");
+}
+
+}  // namespace mpbind

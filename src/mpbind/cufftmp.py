@@ -1,0 +1,680 @@
+"""cuFFTMp objects that own their library resources: plans, descriptors and reshapes.
+
+A :class:`Plan` is made for the whole distributed array on every PE (an mpi4py
+communicator, or ``None`` when NVSHMEM is already initialised on its world team)::
+
+    from mpbind import cufftmp
+    plan = cufftmp.Plan.create_3d(MPI.COMM_WORLD, (nx, ny, nz), cufftmp.Type.C2C, stream=s)
+    plan.exec(local, direction=cufftmp.FORWARD)   # local: an NVSHMEM-backed device array
+    plan.close()                                  # collective
+
+Every object is a context manager with an idempotent :meth:`close`; use after close
+raises :class:`~mpbind.errors.UsageError`. Releasing a plan, a descriptor or a made
+reshape is collective (cuFFTMp frees NVSHMEM memory): an object dropped unclosed warns
+``ResourceWarning`` and waits until :func:`drain` runs on every PE. Closing a plan
+frees its descriptors first.
+
+Layouts of plans made by :meth:`Plan.create_2d`/:meth:`Plan.create_3d` (cuFFTMp's
+built-in slabs, row-major, ``cufftXtSetSubformatDefault(INPLACE, INPLACE_SHUFFLED)``):
+the forward input is X-slabs (PE k owns planes ``x0:x1``, the first ``X % N`` PEs one
+more), the forward output Y-slabs; R2C/D2Z input pads Z to ``2*(Z//2+1)`` reals.
+:meth:`Plan.local_shapes` gives this PE's shapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from mpbind import _core, _interop
+from mpbind.bindings.cufftmp import (
+    FORWARD,
+    INVERSE,
+    CommType,
+    CopyType,
+    Result,
+    SubFormat,
+    Type,
+)
+from mpbind.errors import UsageError
+
+__all__ = [
+    "FORWARD",
+    "INVERSE",
+    "CommType",
+    "CopyType",
+    "Descriptor",
+    "Plan",
+    "Reshape",
+    "Result",
+    "SubFormat",
+    "Type",
+    "drain",
+    "queued",
+]
+
+_cf = _core.cufftmp
+
+Shape = tuple[int, ...]
+Box = tuple[Sequence[int], Sequence[int]]  # [lower, upper) global corners
+
+# (input dtype, output dtype) of the forward (or only) direction of each type.
+_DTYPES: dict[Type, tuple[str, str]] = {
+    Type.C2C: ("complex64", "complex64"),
+    Type.Z2Z: ("complex128", "complex128"),
+    Type.R2C: ("float32", "complex64"),
+    Type.D2Z: ("float64", "complex128"),
+    Type.C2R: ("complex64", "float32"),
+    Type.Z2D: ("complex128", "float64"),
+}
+_COMPLEX = (Type.C2C, Type.Z2Z)
+_REAL_INPUT = (Type.R2C, Type.D2Z)  # FORWARD only
+_REAL_OUTPUT = (Type.C2R, Type.Z2D)  # INVERSE only
+
+
+def drain() -> int:
+    """Run the queued collective releases (newest first) on this PE; call on every PE."""
+    return int(_core.drain())
+
+
+def queued() -> list[tuple[str, int]]:
+    """What waits in the teardown queue: ``(kind, serial)``, newest first."""
+    return list(_core.queued())
+
+
+def _fft_type(value: Any) -> Type:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"fft_type must be a cufftmp.Type, not {type(value).__name__}")
+    try:
+        return Type(value)
+    except ValueError:
+        raise UsageError(f"fft_type {value} is not a cufftmp.Type ({', '.join(t.name for t in Type)})") from None
+
+
+def _direction(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"direction must be FORWARD (-1) or INVERSE (1), not {type(value).__name__}")
+    if value not in (FORWARD, INVERSE):
+        raise UsageError(f"direction must be FORWARD (-1) or INVERSE (1), got {value}")
+    return int(value)
+
+
+def _resolve_comm(comm: Any) -> tuple[CommType, int, Any]:
+    """(comm type, MPI_Comm address, object to keep alive) of ``comm``.
+
+    cuFFTMp takes an ``MPI_Comm*`` and keeps using it until the plan is destroyed, so
+    an mpi4py communicator is resolved to its handle's address and kept alive."""
+    if comm is None:
+        return CommType.NONE, 0, None
+    if isinstance(comm, bool):
+        raise TypeError("comm must be an mpi4py communicator, an MPI_Comm address (int) or None")
+    if isinstance(comm, int):
+        if comm == 0:
+            raise UsageError("comm address is 0 (pass None for CommType.NONE)")
+        return CommType.MPI, comm, None
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise TypeError(f"comm must be an MPI_Comm address (int) or None, not {type(comm).__name__} "
+                        "(mpi4py is not installed)") from None
+    if not isinstance(comm, MPI.Comm):
+        raise TypeError(f"comm must be an mpi4py communicator, an MPI_Comm address (int) or None, "
+                        f"not {type(comm).__name__}")
+    if comm == MPI.COMM_NULL:
+        raise UsageError("comm is MPI.COMM_NULL")
+    return CommType.MPI, int(MPI._addressof(comm)), comm
+
+
+def _rank_size(comm: Any) -> tuple[int, int] | None:
+    """(rank, size) of an mpi4py communicator; None when only an address is known."""
+    if comm is None or isinstance(comm, int):
+        return None
+    return int(comm.Get_rank()), int(comm.Get_size())
+
+
+def _shape(shape: Sequence[int], ndim: int) -> Shape:
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise TypeError(f"shape must be a sequence of {ndim} ints, not {type(shape).__name__}") from None
+    if len(dims) != ndim:
+        raise UsageError(f"shape must have {ndim} extents, got {len(dims)}: {dims}")
+    for n in dims:
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise TypeError(f"shape extents must be ints, got {n!r}")
+        if n < 1:
+            raise UsageError(f"shape extents must be >= 1, got {dims}")
+    return tuple(int(n) for n in dims)
+
+
+def _split(n: int, parts: int, k: int) -> tuple[int, int]:
+    """cuFFTMp's slab split: the first ``n % parts`` parts get one more."""
+    base, extra = divmod(n, parts)
+    start = k * base + min(k, extra)
+    return start, start + base + (1 if k < extra else 0)
+
+
+def _box(box: Box, ndim: int, what: str) -> tuple[list[int], list[int]]:
+    try:
+        lower, upper = box
+    except (TypeError, ValueError):
+        raise TypeError(f"{what} must be a (lower, upper) pair of corners") from None
+    lo, up = [int(v) for v in lower], [int(v) for v in upper]
+    if len(lo) != ndim or len(up) != ndim:
+        raise UsageError(f"{what} corners must have {ndim} coordinates, got {lo} and {up}")
+    if any(a < 0 or b < a for a, b in zip(lo, up, strict=True)):
+        raise UsageError(f"{what} [{lo}, {up}) is not a box (need 0 <= lower <= upper)")
+    return lo, up
+
+
+def _c_strides(lower: Sequence[int], upper: Sequence[int]) -> list[int]:
+    """Row-major strides in elements of the box [lower, upper)."""
+    strides, acc = [], 1
+    for lo, up in zip(reversed(lower), reversed(upper), strict=True):
+        strides.append(acc)
+        acc *= max(up - lo, 1)
+    return strides[::-1]
+
+
+def _pointer(obj: Any, what: str, dtype: str | None, min_elements: int | None, *,
+             writable: bool) -> tuple[int, Any]:
+    """(device pointer, owner) of an array (checked) or a raw int pointer (unchecked)."""
+    if isinstance(obj, bool):
+        raise TypeError(f"{what} must be a device array or an int pointer")
+    if isinstance(obj, int):
+        if obj == 0:
+            raise UsageError(f"{what} is a NULL pointer")
+        return obj, None
+    info = _interop.device_array(obj, what, dtype=dtype, writable=writable)
+    if min_elements is not None and info.size < min_elements:
+        raise UsageError(f"{what} has {info.size} elements; this PE's part needs {min_elements}")
+    if info.ptr == 0:
+        raise UsageError(f"{what} is a NULL pointer")
+    return info.ptr, obj
+
+
+class Plan:
+    """A distributed FFT plan over a cufftHandle (``cufftCreate``/``cufftDestroy``).
+
+    Build one step by step (:meth:`attach_comm`, :meth:`set_stream`,
+    :meth:`make_plan_3d`, ...) or in one call with :meth:`create_2d`,
+    :meth:`create_3d` or :meth:`create_decomposition`. Destruction is collective once
+    a communicator is attached."""
+
+    def __init__(self) -> None:
+        self._core = _cf.Plan()
+        self._comm: Any = None
+        # Per-direction local shapes (input, output), when the layout is known.
+        self._layout: dict[int, tuple[Shape, Shape]] | None = None
+        self._distribution: tuple[list[int], list[int], list[int], list[int]] | None = None
+
+    # --- one-call construction ---
+
+    @classmethod
+    def create_2d(cls, comm: Any, shape: Sequence[int], fft_type: int, *, stream: Any = None) -> Plan:
+        """A 2-D plan on the built-in slabs: attach ``comm`` (mpi4py communicator, MPI_Comm
+        address, or None for NVSHMEM's world), set the stream, make it (collective)."""
+        return cls._create(comm, _shape(shape, 2), fft_type, stream)
+
+    @classmethod
+    def create_3d(cls, comm: Any, shape: Sequence[int], fft_type: int, *, stream: Any = None) -> Plan:
+        """A 3-D plan on the built-in slabs: attach ``comm`` (mpi4py communicator, MPI_Comm
+        address, or None for NVSHMEM's world), set the stream, make it (collective)."""
+        return cls._create(comm, _shape(shape, 3), fft_type, stream)
+
+    @classmethod
+    def create_decomposition(cls, comm: Any, shape: Sequence[int], fft_type: int, input_box: Box,
+                             output_box: Box, *, input_strides: Sequence[int] | None = None,
+                             output_strides: Sequence[int] | None = None, stream: Any = None) -> Plan:
+        """A 2-D or 3-D plan whose forward transform goes from this PE's ``input_box`` to its
+        ``output_box`` (``[lower, upper)`` global corners; the inverse goes back). Strides
+        default to row-major boxes. (cufftMpMakePlanDecomposition.)"""
+        t = _fft_type(fft_type)
+        ndim = len(tuple(shape))
+        if ndim not in (2, 3):
+            raise UsageError(f"cuFFTMp plans are 2-D or 3-D, got shape {tuple(shape)}")
+        dims = _shape(shape, ndim)
+        lo_in, up_in = _box(input_box, len(dims), "input_box")
+        lo_out, up_out = _box(output_box, len(dims), "output_box")
+        st_in = list(input_strides) if input_strides is not None else _c_strides(lo_in, up_in)
+        st_out = list(output_strides) if output_strides is not None else _c_strides(lo_out, up_out)
+        plan = cls()
+        try:
+            plan.attach_comm(comm)
+            if stream is not None:
+                plan.set_stream(stream)
+            plan.set_distribution(lo_in, up_in, lo_out, up_out, st_in, st_out)
+            plan._make(dims, t)
+        except BaseException:
+            plan._abandon()
+            raise
+        return plan
+
+    @classmethod
+    def _create(cls, comm: Any, dims: Shape, fft_type: int, stream: Any) -> Plan:
+        t = _fft_type(fft_type)
+        plan = cls()
+        try:
+            plan.attach_comm(comm)
+            if stream is not None:
+                plan.set_stream(stream)
+            # cufftExec* on raw pointers reads X-slabs and writes Y-slabs (and back).
+            plan.set_subformat_default(SubFormat.XT_FORMAT_INPLACE, SubFormat.XT_FORMAT_INPLACE_SHUFFLED)
+            plan._make(dims, t)
+        except BaseException:
+            plan._abandon()
+            raise
+        return plan
+
+    def _abandon(self) -> None:
+        # A failed collective setup: queue the release (drain() on every PE) rather than
+        # destroy here, since other PEs may not have failed.
+        self._core = None
+
+    # --- step by step ---
+
+    def attach_comm(self, comm: Any) -> None:
+        """cufftMpAttachComm: ``comm`` is an mpi4py communicator (kept alive with the plan), an
+        MPI_Comm address (int, ``MPI._addressof(comm)``) or None (CommType.NONE)."""
+        comm_type, address, keep = _resolve_comm(comm)
+        self._core.attach_comm(comm_type, address, keep)
+        self._comm = comm
+
+    def set_stream(self, stream: Any) -> None:
+        """cufftSetStream: an int, None (the default stream), or a CuPy/PyTorch/``__cuda_stream__`` stream."""
+        self._core.set_stream(stream)
+
+    def set_subformat_default(self, forward: int, inverse: int) -> None:
+        """cufftXtSetSubformatDefault (before the plan is made)."""
+        self._core.set_subformat_default(int(forward), int(inverse))
+
+    def set_distribution(self, lower_input: Sequence[int], upper_input: Sequence[int],
+                         lower_output: Sequence[int], upper_output: Sequence[int],
+                         strides_input: Sequence[int] | None = None,
+                         strides_output: Sequence[int] | None = None) -> None:
+        """cufftXtSetDistribution: this PE's input and output boxes (before the plan is made)."""
+        self._core.set_distribution([int(v) for v in lower_input], [int(v) for v in upper_input],
+                                    [int(v) for v in lower_output], [int(v) for v in upper_output],
+                                    None if strides_input is None else [int(v) for v in strides_input],
+                                    None if strides_output is None else [int(v) for v in strides_output])
+        self._distribution = ([int(v) for v in lower_input], [int(v) for v in upper_input],
+                              [int(v) for v in lower_output], [int(v) for v in upper_output])
+
+    def make_plan_2d(self, nx: int, ny: int, fft_type: int) -> int:
+        """cufftMakePlan2d (collective with a communicator); returns the work size in bytes."""
+        return self._make(_shape((nx, ny), 2), _fft_type(fft_type))
+
+    def make_plan_3d(self, nx: int, ny: int, nz: int, fft_type: int) -> int:
+        """cufftMakePlan3d (collective with a communicator); returns the work size in bytes."""
+        return self._make(_shape((nx, ny, nz), 3), _fft_type(fft_type))
+
+    def _make(self, dims: Shape, t: Type) -> int:
+        if len(dims) == 2:
+            work = int(self._core.make_plan_2d(dims[0], dims[1], t))
+        else:
+            work = int(self._core.make_plan_3d(dims[0], dims[1], dims[2], t))
+        self._layout = self._local_layout(dims, t)
+        return work
+
+    def _local_layout(self, dims: Shape, t: Type) -> dict[int, tuple[Shape, Shape]] | None:
+        if self._distribution is not None:
+            if t not in _COMPLEX:
+                return None  # real-to-complex boxes carry their own padding rules
+            lo_in, up_in, lo_out, up_out = self._distribution
+            a = tuple(u - lo for lo, u in zip(lo_in, up_in, strict=True))
+            b = tuple(u - lo for lo, u in zip(lo_out, up_out, strict=True))
+            return {FORWARD: (a, b), INVERSE: (b, a)}
+        where = _rank_size(self._comm)
+        if where is None:
+            return None
+        rank, size = where
+        if len(dims) == 2:
+            if t not in _COMPLEX:
+                return None
+            nx, ny = dims
+            x0, x1 = _split(nx, size, rank)
+            y0, y1 = _split(ny, size, rank)
+            a2: Shape = (x1 - x0, ny)
+            b2: Shape = (nx, y1 - y0)
+            return {FORWARD: (a2, b2), INVERSE: (b2, a2)}
+        nx, ny, nz = dims
+        x0, x1 = _split(nx, size, rank)
+        y0, y1 = _split(ny, size, rank)
+        if t in _COMPLEX:
+            xs: Shape = (x1 - x0, ny, nz)
+            ys: Shape = (nx, y1 - y0, nz)
+            return {FORWARD: (xs, ys), INVERSE: (ys, xs)}
+        real_x: Shape = (x1 - x0, ny, 2 * (nz // 2 + 1))  # in-place padding
+        cplx_y: Shape = (nx, y1 - y0, nz // 2 + 1)
+        if t in _REAL_INPUT:
+            return {FORWARD: (real_x, cplx_y)}
+        return {INVERSE: (cplx_y, real_x)}
+
+    # --- queries ---
+
+    @property
+    def handle(self) -> int:
+        """The cufftHandle, for the flat bindings."""
+        return int(self._live.handle)
+
+    @property
+    def fft_type(self) -> Type | None:
+        """The type it was made with, or None before it is made."""
+        t = self._live.fft_type
+        return None if t is None else Type(t)
+
+    @property
+    def shape(self) -> Shape:
+        """The global extents (empty before it is made)."""
+        return tuple(self._live.shape)
+
+    @property
+    def work_size(self) -> int:
+        return int(self._live.work_size)
+
+    @property
+    def comm(self) -> Any:
+        """The communicator given to :meth:`attach_comm` (None for CommType.NONE or none yet)."""
+        return self._comm
+
+    def local_shapes(self, direction: int) -> tuple[Shape, Shape] | None:
+        """This PE's (input, output) local shapes for ``direction``, as stored (R2C input padded);
+        None when the layout is not known here (a communicator given as an address, real-to-complex
+        boxes, 2-D real transforms)."""
+        d = _direction(direction)
+        self._live  # noqa: B018 - raises UsageError once closed
+        if self._layout is None:
+            return None
+        return self._layout.get(d)
+
+    def dtypes(self, direction: int | None = None) -> tuple[str, str]:
+        """(input dtype, output dtype) names of ``direction`` for the made plan."""
+        t = self.fft_type
+        if t is None:
+            raise UsageError("the plan is not made yet (call make_plan_2d/3d or a create_* method)")
+        self._implied_direction(t, direction)  # checks a real plan's direction
+        return _DTYPES[t]  # complex-to-complex plans keep their dtype both ways
+
+    @staticmethod
+    def _implied_direction(t: Type, direction: int | None) -> int:
+        if direction is None:
+            if t in _REAL_INPUT:
+                return FORWARD
+            if t in _REAL_OUTPUT:
+                return INVERSE
+            raise UsageError(f"a {t.name} plan needs direction=FORWARD or INVERSE")
+        d = _direction(direction)
+        if t in _REAL_INPUT and d != FORWARD:
+            raise UsageError(f"a {t.name} plan only transforms FORWARD")
+        if t in _REAL_OUTPUT and d != INVERSE:
+            raise UsageError(f"a {t.name} plan only transforms INVERSE")
+        return d
+
+    # --- execution ---
+
+    def exec(self, input: Any, output: Any = None, direction: int | None = None) -> None:
+        """Transform ``input`` into ``output`` (None: in place) on the plan's stream.
+
+        Arrays (CuPy, PyTorch, anything with ``__cuda_array_interface__`` or DLPack) must be
+        C-contiguous device memory from NVSHMEM (cuFFTMp's requirement), of the plan's dtypes
+        (C2C complex64, Z2Z complex128, R2C float32 -> complex64, ...) and, where the layout is
+        known, large enough for this PE's part. Ints are taken as raw device pointers, unchecked.
+        ``direction`` is implied for real-to-complex (FORWARD) and complex-to-real (INVERSE) plans."""
+        t = self.fft_type
+        if t is None:
+            raise UsageError("exec: the plan is not made yet (call make_plan_2d/3d or a create_* method)")
+        d = self._implied_direction(t, direction)
+        in_dtype, out_dtype = self.dtypes(d)
+        shapes = self._layout.get(d) if self._layout is not None else None
+        need_in = need_out = None
+        if shapes is not None:
+            n_in = int(np.prod(shapes[0]))
+            n_out = int(np.prod(shapes[1]))
+            if output is None:  # one buffer holds the input, then the output
+                in_size, out_size = _interop.itemsize(in_dtype), _interop.itemsize(out_dtype)
+                need_in = max(n_in, -(-n_out * out_size // in_size))
+            elif t in _COMPLEX:
+                need_in, need_out = n_in, n_out
+        in_ptr, _keep_in = _pointer(input, "input", in_dtype, need_in, writable=output is None)
+        out_ptr = 0
+        if output is not None:
+            out_ptr, _keep_out = _pointer(output, "output", out_dtype, need_out, writable=True)
+        self._live.exec(in_ptr, out_ptr, d)
+
+    def malloc(self, format: int = SubFormat.XT_FORMAT_INPLACE) -> Descriptor:
+        """cufftXtMalloc (collective): this PE's part of the distributed data, in ``format``
+        (XT_FORMAT_INPLACE for slabs, XT_FORMAT_DISTRIBUTED_INPUT for boxes)."""
+        return Descriptor._wrap(self._live.malloc(int(format)))
+
+    def exec_descriptor(self, input: Descriptor, output: Descriptor | None = None,
+                        direction: int | None = None) -> None:
+        """cufftXtExecDescriptor (collective); ``output`` None is in place."""
+        if not isinstance(input, Descriptor) or not (output is None or isinstance(output, Descriptor)):
+            raise TypeError("exec_descriptor takes cufftmp.Descriptor objects")
+        t = self.fft_type
+        if t is None:
+            raise UsageError("exec_descriptor: the plan is not made yet")
+        d = self._implied_direction(t, direction)
+        self._live.exec_descriptor(input._core, None if output is None else output._core, d)
+
+    # --- lifetime ---
+
+    @property
+    def _live(self) -> Any:
+        if self._core is None:
+            raise UsageError("cufftmp.Plan failed to be made; it waits for drain()")
+        if self._core.closed:
+            raise UsageError("cufftmp.Plan is closed")
+        return self._core
+
+    def close(self) -> None:
+        """Free its descriptors, then cufftDestroy (collective with a communicator). Idempotent."""
+        if self._core is not None:
+            self._core.close()
+
+    destroy = close
+
+    @property
+    def closed(self) -> bool:
+        return self._core is None or bool(self._core.closed)
+
+    @property
+    def serial(self) -> int:
+        return int(self._live.serial)
+
+    def __enter__(self) -> Plan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return "<cufftmp.Plan unmade>" if self._core is None else repr(self._core)
+
+
+class Descriptor:
+    """Distributed data from :meth:`Plan.malloc` (cufftXtMalloc). Freeing it (cufftXtFree) is
+    collective; closing its plan frees it first."""
+
+    _core: Any
+
+    def __init__(self) -> None:
+        raise TypeError("Descriptors come from Plan.malloc()")
+
+    @classmethod
+    def _wrap(cls, core: Any) -> Descriptor:
+        self = cls.__new__(cls)
+        self._core = core
+        return self
+
+    @property
+    def ptr(self) -> int:
+        """The cudaLibXtDesc*, for the flat bindings."""
+        return int(self._core.ptr)
+
+    @property
+    def data(self) -> int:
+        """Device pointer to this PE's part."""
+        return int(self._core.data)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of this PE's part."""
+        return int(self._core.nbytes)
+
+    @property
+    def subformat(self) -> SubFormat | int:
+        """The current layout (an exec changes it)."""
+        value = int(self._core.subformat)
+        try:
+            return SubFormat(value)
+        except ValueError:
+            return value
+
+    def copy_from_host(self, array: np.ndarray) -> None:
+        """cufftXtMemcpy HOST_TO_DEVICE of this PE's part from ``array``, a C-contiguous NumPy array
+        of at least :attr:`nbytes` bytes (cuFFTMp reads that many). Not redistributed."""
+        buf = self._host(array, "array", writable=False)
+        self._core.memcpy(buf.ctypes.data, CopyType.HOST_TO_DEVICE)
+
+    def copy_to_host(self, out: np.ndarray | None = None) -> np.ndarray:
+        """cufftXtMemcpy DEVICE_TO_HOST of this PE's part into ``out`` (at least :attr:`nbytes`
+        bytes, C-contiguous) or a new uint8 array; returns it."""
+        buf = np.empty(self.nbytes, np.uint8) if out is None else self._host(out, "out", writable=True)
+        self._core.memcpy(buf.ctypes.data, CopyType.DEVICE_TO_HOST)
+        return buf
+
+    def copy_from(self, src: Descriptor) -> None:
+        """cufftXtMemcpy DEVICE_TO_DEVICE from another descriptor of the same layout."""
+        if not isinstance(src, Descriptor):
+            raise TypeError(f"src must be a cufftmp.Descriptor, not {type(src).__name__}")
+        self._core.copy_from(src._core)
+
+    def _host(self, array: Any, what: str, *, writable: bool) -> np.ndarray:
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"{what} must be a NumPy array, not {type(array).__name__}")
+        if not array.flags.c_contiguous:
+            raise UsageError(f"{what} must be C-contiguous")
+        if writable and not array.flags.writeable:
+            raise UsageError(f"{what} is read-only")
+        need = self.nbytes
+        if array.nbytes < need:
+            raise UsageError(f"{what} holds {array.nbytes} bytes; the descriptor's part is {need} bytes")
+        return array
+
+    def close(self) -> None:
+        """cufftXtFree (collective). Idempotent."""
+        self._core.close()
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._core.closed)
+
+    @property
+    def serial(self) -> int:
+        return int(self._core.serial)
+
+    def __enter__(self) -> Descriptor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return repr(self._core)
+
+
+class Reshape:
+    """A redistribution between two box layouts (cufftMpCreateReshape). Making and executing it
+    are collective, and so is its release once made."""
+
+    def __init__(self) -> None:
+        self._core = _cf.Reshape()
+
+    @classmethod
+    def create(cls, comm: Any, dtype: Any, input_box: Box, output_box: Box, *,
+               input_strides: Sequence[int] | None = None,
+               output_strides: Sequence[int] | None = None) -> Reshape:
+        """A made reshape of elements of ``dtype`` (a dtype, or an element size in bytes) from this
+        PE's ``input_box`` to its ``output_box`` (``[lower, upper)`` global corners, 3-D); strides
+        default to row-major boxes."""
+        r = cls()
+        r.make(comm, dtype, input_box, output_box, input_strides=input_strides, output_strides=output_strides)
+        return r
+
+    def make(self, comm: Any, dtype: Any, input_box: Box, output_box: Box, *,
+             input_strides: Sequence[int] | None = None, output_strides: Sequence[int] | None = None) -> None:
+        """cufftMpMakeReshape (collective); see :meth:`create`."""
+        if isinstance(dtype, bool):
+            raise TypeError("dtype must be a dtype or an element size in bytes")
+        element_size = int(dtype) if isinstance(dtype, int) else _interop.itemsize(dtype)
+        if element_size < 1:
+            raise UsageError(f"element size must be >= 1 byte, got {element_size}")
+        lo_in, up_in = _box(input_box, len(tuple(input_box[0])), "input_box")
+        lo_out, up_out = _box(output_box, len(lo_in), "output_box")
+        st_in = list(input_strides) if input_strides is not None else _c_strides(lo_in, up_in)
+        st_out = list(output_strides) if output_strides is not None else _c_strides(lo_out, up_out)
+        comm_type, address, keep = _resolve_comm(comm)
+        self._core.make(element_size, lo_in, up_in, st_in, lo_out, up_out, st_out, comm_type, address, keep)
+
+    @property
+    def element_size(self) -> int:
+        return int(self._core.element_size)
+
+    @property
+    def workspace_size(self) -> int:
+        """cufftMpGetReshapeSize: bytes of NVSHMEM workspace :meth:`exec` needs."""
+        return int(self._core.workspace_size())
+
+    def exec(self, output: Any, input: Any, workspace: Any = None, stream: Any = None) -> None:
+        """cufftMpExecReshapeAsync (collective) on ``stream``: ``input`` and ``output`` are NVSHMEM
+        device arrays (checked to hold this PE's boxes) or int pointers; ``workspace`` (NVSHMEM,
+        :attr:`workspace_size` bytes) is required when that size is not 0."""
+        if not self._core.made:
+            raise UsageError("exec: the reshape is not made yet (call make first)")
+        esize = self.element_size
+        out_ptr = self._bytes(output, "output", int(self._core.output_elements) * esize, writable=True)
+        in_ptr = self._bytes(input, "input", int(self._core.input_elements) * esize, writable=False)
+        need = self.workspace_size
+        work = 0
+        if workspace is not None:
+            work = self._bytes(workspace, "workspace", need, writable=True)
+        elif need:
+            raise UsageError(f"exec needs an NVSHMEM workspace of {need} bytes (see workspace_size)")
+        self._core.exec(out_ptr, in_ptr, work, stream)
+
+    @staticmethod
+    def _bytes(obj: Any, what: str, need: int, *, writable: bool) -> int:
+        if isinstance(obj, bool):
+            raise TypeError(f"{what} must be a device array or an int pointer")
+        if isinstance(obj, int):
+            return obj
+        info = _interop.device_array(obj, what, writable=writable)
+        if info.nbytes < need:
+            raise UsageError(f"{what} holds {info.nbytes} bytes; this PE's box needs {need}")
+        return info.ptr
+
+    def close(self) -> None:
+        """cufftMpDestroyReshape (collective once made). Idempotent."""
+        self._core.close()
+
+    destroy = close
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._core.closed)
+
+    @property
+    def serial(self) -> int:
+        return int(self._core.serial)
+
+    def __enter__(self) -> Reshape:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return repr(self._core)
