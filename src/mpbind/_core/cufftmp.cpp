@@ -123,12 +123,7 @@ const Api& api() {
 // Call `f(args...)` without the GIL and check its status.
 template <class F, class... A>
 void call(const char* function, F f, A... args) {
-    int status;
-    {
-        nb::gil_scoped_release release;
-        status = f(args...);
-    }
-    check_status(kLib, status, kSuccess, kSentinel, function);
+    call_checked("cufftmp", kSentinel, function, f, args...);
 }
 
 bool known_type(int t) {
@@ -571,12 +566,12 @@ void register_cufftmp(nb::module_& parent) {
              [](Plan& p, long long nx, long long ny, long long nz, int t) { return make_plan(p, {nx, ny, nz}, t); },
              nb::arg("nx"), nb::arg("ny"), nb::arg("nz"), nb::arg("fft_type"),
              "cufftMakePlan3d (collective with a communicator). Returns the work size in bytes.")
-        .def("exec", &exec, nb::arg("input"), nb::arg("output") = 0, nb::arg("direction"),
+        .def("exec", &exec, nb::arg("input"), nb::arg("output"), nb::arg("direction"),
              "cufftExec{C2C,Z2Z,R2C,D2Z,C2R,Z2D} by the plan's type, on NVSHMEM device pointers; "
              "output 0 is in place. Real-to-complex plans take FORWARD, complex-to-real INVERSE.")
         .def("malloc", &xt_malloc, nb::arg("format"),
              "cufftXtMalloc: a Descriptor over this PE's part of the distributed data (collective).")
-        .def("exec_descriptor", &exec_descriptor, nb::arg("input"), nb::arg("output").none() = nb::none(),
+        .def("exec_descriptor", &exec_descriptor, nb::arg("input"), nb::arg("output").none(),
              nb::arg("direction"), "cufftXtExecDescriptor; output None is in place.")
         .def_prop_ro("handle", [](Plan& p) { return p.get().handle; }, "The cufftHandle, for the flat bindings.")
         .def_prop_ro("fft_type", [](Plan& p) -> std::optional<int> {
