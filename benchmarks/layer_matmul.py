@@ -5,7 +5,8 @@
 One rank, one GPU, bf16 ``size^3`` with fp32 compute. Each figure is the median wall time of
 one call (``perf_counter`` around it, nothing synchronised inside the loop):
 
-* ``mpbind.cublasmp.Matmul.execute()``: the planned matmul of the Pythonic layer;
+* ``mpbind.cublasmp.Matmul.execute()``: the planned matmul of the Pythonic layer, called
+  directly and after ``capture()`` (one CUDA graph replay per execute);
 * the flat ``mpbind.bindings.cublasmp.matmul(...)`` call with the same arguments (the floor the
   layer adds to);
 * nvmath-python's ``nvmath.distributed.linalg.advanced.Matmul.execute()`` on the same operands
@@ -104,6 +105,14 @@ def main() -> int:
         torch.cuda.synchronize()
         rows["mpbind_rel_err"] = float((d.double() - ref).abs().max() / ref.abs().max())
         rows["mpbind_execute_us"] = host_us(plan.execute, args.calls)
+        captured = cublasmp.Matmul(handle, cublasmp.Matrix(grid, b.T), cublasmp.Matrix(grid, a.T),
+                                   cublasmp.Matrix(grid, d.T)).capture(stream)
+        d.zero_()
+        captured.execute()
+        torch.cuda.synchronize()
+        rows["mpbind_captured_rel_err"] = float((d.double() - ref).abs().max() / ref.abs().max())
+        rows["mpbind_captured_execute_us"] = host_us(captured.execute, args.calls)
+        captured.close()
 
         # The same call through the flat bindings.
         mb, ma, md = (cublasmp.Matrix(grid, x.T) for x in (b, a, d))
@@ -131,11 +140,14 @@ def main() -> int:
     print(f"{info['gpu']}: cuBLASMp {info['cublasmp']}, NCCL {info['nccl']}; 1 rank; bf16 {n}^3, fp32 compute")
     print(f"  mpbind.cublasmp.Matmul.execute()   {rows['mpbind_execute_us']:8.2f} us   "
           f"(rel. error vs float64 {rows['mpbind_rel_err']:.2e})")
+    print(f"  ... after Matmul.capture()         {rows['mpbind_captured_execute_us']:8.2f} us   "
+          f"(rel. error vs float64 {rows['mpbind_captured_rel_err']:.2e})")
     print(f"  flat bindings cublasmp.matmul()    {rows['flat_call_us']:8.2f} us")
     nv = rows["nvmath"]
     if "execute_us" in nv:
         print(f"  nvmath-python Matmul.execute()     {nv['execute_us']:8.2f} us   (nvmath {nv['version']}; "
-              f"ratio mpbind/nvmath {rows['mpbind_execute_us'] / nv['execute_us']:.3f})")
+              f"ratios mpbind/nvmath {rows['mpbind_execute_us'] / nv['execute_us']:.3f} direct, "
+              f"{rows['mpbind_captured_execute_us'] / nv['execute_us']:.3f} captured)")
     else:
         print(f"  nvmath-python Matmul.execute()     unavailable: {nv['unavailable']}")
     print(f"  torch.matmul(out=)                 {rows['torch_matmul_us']:8.2f} us")

@@ -8,6 +8,7 @@
     ...
     mm = cublasmp.Matmul(handle, a, b, d, transa=True)    # sizes and allocates the workspace once
     mm.execute()                                          # one cublasMpMatmul call
+    mm.capture(stream); mm.execute()                      # or: one CUDA graph replay
 
 Matrices are column-major, as cuBLASMp's: a local piece is a Fortran-ordered 2-D device
 array (a row-major ``x`` enters as ``x.T``). A grid lives until its communicator closes;
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -173,10 +174,10 @@ class Matrix:
 
 def _attribute_property(attr: MatmulDescriptorAttribute) -> property:
     def get(self: MatmulDescriptor) -> Any:
-        return _flat.matmul_descriptor_get(self.handle, attr)
+        return _flat.matmul_descriptor_get(cast("_flat.MatmulDescriptor", self.handle), attr)
 
     def set_(self: MatmulDescriptor, value: Any) -> None:
-        _flat.matmul_descriptor_set(self.handle, attr, value)
+        _flat.matmul_descriptor_set(cast("_flat.MatmulDescriptor", self.handle), attr, value)
 
     return property(get, set_, doc=f"CUBLASMP_MATMUL_DESCRIPTOR_ATTRIBUTE_{attr.name} (typed as in cublasmp.h).")
 
@@ -194,6 +195,10 @@ class MatmulDescriptor:
             if not isinstance(getattr(type(self), name, None), property) or name == "handle":
                 raise TypeError(f"MatmulDescriptor has no attribute {name!r}")
             setattr(self, name, value)
+
+    if TYPE_CHECKING:  # the attribute properties are added below, one per MatmulDescriptorAttribute
+        def __getattr__(self, name: str) -> Any: ...
+        def __setattr__(self, name: str, value: Any) -> None: ...
 
     @property
     def handle(self) -> int:
@@ -263,13 +268,25 @@ class Matmul:
             _scalar(beta, compute, is_complex), None if c is None else c.operand(), d.operand(), workspace,
             (a, b, c, d, descriptor))
         # The bound method itself: no Python frame between the caller and the library call.
-        self.execute = self._plan.execute
+        self.execute = self._plan.execute  # type: ignore[method-assign]
 
     def execute(self, stream: Any = None) -> None:  # replaced per instance in __init__
         """``cublasMpMatmul`` on `stream` (default: the handle's)."""
         self._plan.execute(stream)
 
     __call__ = execute
+
+    def capture(self, stream: Any = None) -> Matmul:
+        """Record the call into a CUDA graph on `stream` (default: the handle's; not the legacy
+        default stream). ``execute()`` then replays it with one ``cuGraphLaunch``, a few
+        microseconds of host time instead of the library's own planning per call. The plan is
+        frozen: descriptor attributes changed later are not seen. Returns self."""
+        self._plan.capture(stream)
+        return self
+
+    @property
+    def captured(self) -> bool:
+        return bool(self._plan.captured)
 
     @property
     def workspace_size(self) -> tuple[int, int]:
@@ -312,8 +329,9 @@ def gemm(handle: Handle, a: Matrix, b: Matrix, c: Matrix, *, transa: bool = Fals
     tb = int(CublasOperation.T if transb else CublasOperation.N)
     if stream is not None:
         handle.set_stream(stream)
-    args = (handle.handle, ta, tb, m, n, ka, ctypes.addressof(alpha_b), a.ptr, 1, 1, a.descriptor.handle, b.ptr, 1,
-            1, b.descriptor.handle, ctypes.addressof(beta_b), c.ptr, 1, 1, c.descriptor.handle, compute)
+    args: tuple[Any, ...] = (
+        handle.handle, ta, tb, m, n, ka, ctypes.addressof(alpha_b), a.ptr, 1, 1, a.descriptor.handle, b.ptr, 1, 1,
+        b.descriptor.handle, ctypes.addressof(beta_b), c.ptr, 1, 1, c.descriptor.handle, compute)
     device_bytes, host_bytes = _flat.gemm_buffer_size(*args)
     work = 0
     if device_bytes:
@@ -321,4 +339,5 @@ def gemm(handle: Handle, a: Matrix, b: Matrix, c: Matrix, *, transa: bool = Fals
         ws.serve([a.grid, b.grid])
         work = ws.ptr
     host = np.zeros(max(1, host_bytes), dtype=np.uint8)
-    _flat.gemm(*args, work, device_bytes, int(host.ctypes.data), host_bytes)
+    full: tuple[Any, ...] = (*args, work, device_bytes, int(host.ctypes.data), host_bytes)
+    _flat.gemm(*full)

@@ -192,3 +192,29 @@ def test_threads_share_the_grid_cache(comm: nccl.Communicator) -> None:
     for t in threads:
         t.join()
     assert len(set(grids)) == 1 and len(grids) == 160
+
+
+def test_captured_matmul_replays_on_new_inputs(comm: nccl.Communicator, stream: object) -> None:
+    m = n = k = 128
+    a = _rand(m, k, 8).float()
+    b = _rand(k, n, 9).float()
+    d = torch.zeros((m, n), device="cuda")
+    torch.cuda.synchronize()
+    handle = cublasmp.Handle(stream)
+    grid = cublasmp.grid(comm, 1, 1)
+    plan = cublasmp.Matmul(handle, cublasmp.Matrix(grid, b.T), cublasmp.Matrix(grid, a.T), cublasmp.Matrix(grid, d.T))
+    with pytest.raises(UsageError, match="default"):
+        plan.capture(0)
+    plan.capture(stream)
+    assert plan.captured
+    with pytest.raises(UsageError, match="already"):
+        plan.capture(stream)
+    with torch.cuda.stream(stream):
+        a.mul_(-2)  # the replay reads the operands' current contents
+    plan.execute()
+    stream.synchronize()
+    assert float((d - a @ b).abs().max()) < 1e-3
+    plan.close()
+    with pytest.raises(UsageError, match="closed"):
+        plan.execute()
+    handle.close()

@@ -31,6 +31,8 @@ std::atomic<uint64_t> g_serial{0};
 
 void raise_usage(const std::string& message) { raise_from("UsageError", message); }
 
+void raise_mpbind(const std::string& message) { raise_from("MpbindError", message); }
+
 void raise_type(const std::string& message) {
     PyErr_SetString(PyExc_TypeError, message.c_str());
     throw nb::python_error();

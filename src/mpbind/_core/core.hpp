@@ -38,6 +38,7 @@ namespace mpbind {
 
 [[noreturn]] void raise_usage(const std::string& message);
 [[noreturn]] void raise_type(const std::string& message);
+[[noreturn]] void raise_mpbind(const std::string& message);  // MpbindError (e.g. a CUDA driver failure)
 // Raises the generated per-status error of `library` (via mpbind.bindings.<library>._raise_status).
 [[noreturn]] void raise_status(const char* library, int status, const char* function);
 // Raises the error of `status` from `function` with our own description
@@ -53,6 +54,17 @@ inline void check_status(const char* library, int status, int success, int senti
     if (status == success) return;
     if (status == sentinel && PyErr_Occurred()) throw nb::python_error();
     raise_status(library, status, function);
+}
+
+// Call `f(args...)` without the GIL and check its status (0 is success).
+template <class F, class... A>
+void call_checked(const char* library, int sentinel, const char* function, F f, A... args) {
+    int status;
+    {
+        nb::gil_scoped_release release;
+        status = static_cast<int>(f(args...));
+    }
+    check_status(library, status, 0, sentinel, function);
 }
 
 // ---------------------------------------------------------------------------

@@ -94,13 +94,41 @@ void check(int status, const char* function) {
 
 template <class F, class... A>
 void call(const char* function, F f, A... args) {
-    int status;
-    {
-        nb::gil_scoped_release release;
-        status = f(args...);
-    }
-    check(status, function);
+    call_checked("cublasmp", kSentinel, function, f, args...);
 }
+
+// CUDA graphs through the driver API that cuda-bindings exports (its own loader).
+struct Driver {
+    int (*StreamBeginCapture)(void*, int);
+    int (*StreamEndCapture)(void*, void**);
+    int (*GraphInstantiate)(void**, void*, unsigned long long);
+    int (*GraphLaunch)(void*, void*);
+    int (*GraphExecDestroy)(void*);
+    int (*GraphDestroy)(void*);
+};
+
+const Driver& driver() {
+    static Driver* a = nullptr;
+    if (a) return *a;
+    constexpr const char* cy = "cuda.bindings.cydriver";
+    auto* t = new Driver();
+    load(t->StreamBeginCapture, cy, "cuStreamBeginCapture", "CUresult (CUstream, CUstreamCaptureMode)");
+    load(t->StreamEndCapture, cy, "cuStreamEndCapture", "CUresult (CUstream, CUgraph *)");
+    load(t->GraphInstantiate, cy, "cuGraphInstantiate", "CUresult (CUgraphExec *, CUgraph, unsigned PY_LONG_LONG)");
+    load(t->GraphLaunch, cy, "cuGraphLaunch", "CUresult (CUgraphExec, CUstream)");
+    load(t->GraphExecDestroy, cy, "cuGraphExecDestroy", "CUresult (CUgraphExec)");
+    load(t->GraphDestroy, cy, "cuGraphDestroy", "CUresult (CUgraph)");
+    a = t;
+    return *a;
+}
+
+void check_cu(int result, const char* function) {
+    if (result == 0) return;
+    if (PyErr_Occurred()) throw nb::python_error();
+    raise_mpbind(std::string(function) + " failed with CUresult " + std::to_string(result));
+}
+
+constexpr int kCaptureThreadLocal = 1;  // CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
 
 // --- handle ---
 
@@ -298,11 +326,10 @@ public:
     std::shared_ptr<WorkspaceState> workspace;
     std::vector<unsigned char> host_workspace;
     nb::object keep;  // the operand arrays
+    void* graph = nullptr;  // CUgraph / CUgraphExec of the captured call, once captured
+    void* graph_exec = nullptr;
 
-    void execute(uintptr_t stream) {
-        check_open();
-        handle->check_open();
-        handle->set_stream(stream);
+    void call_library() {
         void* dws = workspace ? workspace->ptr : nullptr;
         void* hws = host_workspace.empty() ? nullptr : host_workspace.data();
         auto desc = [](const Operand& o) { return o.desc ? o.desc->desc : nullptr; };
@@ -318,8 +345,56 @@ public:
         if (status != kSuccess) check(status, "cublasMpMatmul");
     }
 
+    // Record one call into a CUDA graph on `stream`; execute() then replays it.
+    void capture(uintptr_t stream) {
+        check_open();
+        handle->check_open();
+        if (graph_exec) raise_usage("this matmul is already captured");
+        if (stream == 0) raise_usage("capture needs a stream other than the default (legacy) stream");
+        const Driver& drv = driver();
+        handle->set_stream(stream);
+        void* s = reinterpret_cast<void*>(stream);
+        check_cu(drv.StreamBeginCapture(s, kCaptureThreadLocal), "cuStreamBeginCapture");
+        void* g = nullptr;
+        try {
+            call_library();
+        } catch (...) {
+            drv.StreamEndCapture(s, &g);  // leave the stream usable
+            if (g) drv.GraphDestroy(g);
+            throw;
+        }
+        check_cu(drv.StreamEndCapture(s, &g), "cuStreamEndCapture");
+        void* exec = nullptr;
+        int r = drv.GraphInstantiate(&exec, g, 0);
+        if (r != 0) {
+            drv.GraphDestroy(g);
+            check_cu(r, "cuGraphInstantiate");
+        }
+        graph = g;
+        graph_exec = exec;
+    }
+
+    void execute(uintptr_t stream) {
+        check_open();
+        handle->check_open();
+        if (graph_exec) {
+            int r;
+            {
+                nb::gil_scoped_release release;
+                r = driver().GraphLaunch(graph_exec, reinterpret_cast<void*>(stream));
+            }
+            check_cu(r, "cuGraphLaunch");
+            return;
+        }
+        handle->set_stream(stream);
+        call_library();
+    }
+
 protected:
     void release() override {
+        if (graph_exec) driver().GraphExecDestroy(graph_exec);
+        if (graph) driver().GraphDestroy(graph);
+        graph_exec = graph = nullptr;
         workspace.reset();  // a shared Workspace is released by its own owner
         host_workspace.clear();
         keep = nb::object();
@@ -553,6 +628,13 @@ void register_cublasmp(nb::module_& parent) {
             s.execute(stream.is_none() ? s.handle->stream : stream_handle(stream));
         },
              nb::arg("stream").none() = nb::none(), "cublasMpMatmul on `stream` (default: the handle's stream).")
+        .def("capture", [](MatmulPlan& p, nb::handle stream) {
+            MatmulPlanState& s = p.get();
+            s.capture(stream.is_none() ? s.handle->stream : stream_handle(stream));
+        }, nb::arg("stream").none() = nb::none(),
+           "Record one cublasMpMatmul into a CUDA graph on `stream` (not the legacy default stream); execute() "
+           "then replays it with one cuGraphLaunch. The plan is frozen from then on.")
+        .def_prop_ro("captured", [](MatmulPlan& p) { return p.state()->graph_exec != nullptr; })
         .def_prop_ro("workspace_size", [](MatmulPlan& p) {
             return std::make_tuple(p.get().device_bytes, p.get().host_bytes);
         }, "(device bytes, host bytes) cublasMpMatmul_bufferSize asked for.");

@@ -73,15 +73,9 @@ void check(int status, const char* function) {
     check_status("nccl", status, kSuccess, kSentinel, function);
 }
 
-// Call `f(args...)` without the GIL and check its status.
 template <class F, class... A>
 void call(const char* function, F f, A... args) {
-    int status;
-    {
-        nb::gil_scoped_release release;
-        status = f(args...);
-    }
-    check(status, function);
+    call_checked("nccl", kSentinel, function, f, args...);
 }
 
 // A non-blocking communicator (config.blocking = 0) answers ncclInProgress;
