@@ -271,7 +271,7 @@ class Plan:
     def _abandon(self) -> None:
         # A failed collective setup: queue the release (drain() on every PE) rather than
         # destroy here, since other PEs may not have failed.
-        self._core = None
+        self._core = None  # type: ignore[assignment]
 
     # --- step by step ---
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from mpbind import _core, _interop
 from mpbind.bindings import nccl as _flat
@@ -181,6 +181,10 @@ class Communicator:
         return int(self._c.handle)
 
     @property
+    def _comm(self) -> _flat.Comm:
+        return cast("_flat.Comm", self._c.handle)
+
+    @property
     def closed(self) -> bool:
         return bool(self._c.closed)
 
@@ -250,30 +254,30 @@ class Communicator:
     def all_reduce(self, sendbuf: Any, recvbuf: Any, op: str | int = "sum", stream: Any = None) -> None:
         """``ncclAllReduce``; `sendbuf` may be `recvbuf` (in place)."""
         s, r = self._pair(sendbuf, recvbuf, 1)
-        _flat.all_reduce(s.ptr, r.ptr, r.count, r.nccl_dtype, _op(op), self.handle, _interop.stream_handle(stream))
+        _flat.all_reduce(s.ptr, r.ptr, r.count, r.nccl_dtype, _op(op), self._comm, _interop.stream_handle(stream))
 
     def reduce(self, sendbuf: Any, recvbuf: Any, root: int, op: str | int = "sum", stream: Any = None) -> None:
         """``ncclReduce`` to `root`."""
         s, r = self._pair(sendbuf, recvbuf, 1)
         self._check_rank(root, "root")
-        _flat.reduce(s.ptr, r.ptr, r.count, r.nccl_dtype, _op(op), root, self.handle,
+        _flat.reduce(s.ptr, r.ptr, r.count, r.nccl_dtype, _op(op), root, self._comm,
                      _interop.stream_handle(stream))
 
     def broadcast(self, sendbuf: Any, recvbuf: Any, root: int, stream: Any = None) -> None:
         """``ncclBroadcast`` from `root`."""
         s, r = self._pair(sendbuf, recvbuf, 1)
         self._check_rank(root, "root")
-        _flat.broadcast(s.ptr, r.ptr, r.count, r.nccl_dtype, root, self.handle, _interop.stream_handle(stream))
+        _flat.broadcast(s.ptr, r.ptr, r.count, r.nccl_dtype, root, self._comm, _interop.stream_handle(stream))
 
     def all_gather(self, sendbuf: Any, recvbuf: Any, stream: Any = None) -> None:
         """``ncclAllGather``: `recvbuf` holds ``size`` x `sendbuf`."""
         s, r = self._pair(sendbuf, recvbuf, 1 / self.size)
-        _flat.all_gather(s.ptr, r.ptr, s.count, s.nccl_dtype, self.handle, _interop.stream_handle(stream))
+        _flat.all_gather(s.ptr, r.ptr, s.count, s.nccl_dtype, self._comm, _interop.stream_handle(stream))
 
     def reduce_scatter(self, sendbuf: Any, recvbuf: Any, op: str | int = "sum", stream: Any = None) -> None:
         """``ncclReduceScatter``: `sendbuf` holds ``size`` x `recvbuf`."""
         s, r = self._pair(sendbuf, recvbuf, self.size)
-        _flat.reduce_scatter(s.ptr, r.ptr, r.count, r.nccl_dtype, _op(op), self.handle,
+        _flat.reduce_scatter(s.ptr, r.ptr, r.count, r.nccl_dtype, _op(op), self._comm,
                              _interop.stream_handle(stream))
 
     def all_to_all(self, sendbuf: Any, recvbuf: Any, stream: Any = None) -> None:
@@ -281,20 +285,20 @@ class Communicator:
         s, r = self._pair(sendbuf, recvbuf, 1)
         if s.count % self.size:
             raise UsageError(f"all_to_all: {s.count} elements do not split into {self.size} equal blocks")
-        _flat.all_to_all(s.ptr, r.ptr, s.count // self.size, s.nccl_dtype, self.handle,
+        _flat.all_to_all(s.ptr, r.ptr, s.count // self.size, s.nccl_dtype, self._comm,
                          _interop.stream_handle(stream))
 
     def send(self, sendbuf: Any, peer: int, stream: Any = None) -> None:
         """``ncclSend`` to `peer` (pair with :meth:`recv`; wrap several in :func:`group`)."""
         s = _Operand(sendbuf, "sendbuf", self.device, writable=False)
         self._check_rank(peer, "peer")
-        _flat.send(s.ptr, s.count, s.nccl_dtype, peer, self.handle, _interop.stream_handle(stream))
+        _flat.send(s.ptr, s.count, s.nccl_dtype, peer, self._comm, _interop.stream_handle(stream))
 
     def recv(self, recvbuf: Any, peer: int, stream: Any = None) -> None:
         """``ncclRecv`` from `peer`."""
         r = _Operand(recvbuf, "recvbuf", self.device, writable=True)
         self._check_rank(peer, "peer")
-        _flat.recv(r.ptr, r.count, r.nccl_dtype, peer, self.handle, _interop.stream_handle(stream))
+        _flat.recv(r.ptr, r.count, r.nccl_dtype, peer, self._comm, _interop.stream_handle(stream))
 
     def _check_rank(self, rank: int, what: str) -> None:
         if not isinstance(rank, int) or not 0 <= rank < self.size:

@@ -234,8 +234,11 @@ def _cai(ptr: int, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
     try:
         typestr = np.dtype(dtype).str
     except TypeError:
-        # bfloat16 and float8 have no typestr: AttributeError makes consumers fall back to DLPack.
-        raise AttributeError(f"__cuda_array_interface__ cannot describe {dtype}; use DLPack") from None
+        typestr = "|V"
+    if typestr[1] == "V":
+        # bfloat16 and float8 have no typestr (or, with ml_dtypes loaded, only an opaque "<V2"):
+        # AttributeError makes consumers fall back to DLPack, which names them.
+        raise AttributeError(f"__cuda_array_interface__ cannot describe {dtype}; use DLPack")
     return {"version": 3, "shape": shape, "typestr": typestr, "data": (ptr, False), "strides": None,
             "stream": None}
 
