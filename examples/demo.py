@@ -1,4 +1,4 @@
-"""mpbind demo: NCCL version and unique id, then a one-rank all-reduce on a GPU.
+"""mpbind demo: NCCL version and unique id, then a one-rank all-reduce on a GPU through mpbind.nccl.
 
 Runs without a GPU (the all-reduce is skipped, with the reason printed). Exits
 non-zero only if a check fails.
@@ -35,40 +35,34 @@ def nccl_version_string(code: int) -> str:
     return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
 
 
-def all_reduce_one_rank(nccl: Any, uid: Any, count: int = 1 << 20) -> bool:
-    """Sum-all-reduce ``count`` float32 values on one rank; compare with NumPy."""
+def all_reduce_one_rank(uid: Any, count: int = 1 << 20) -> bool:
+    """Sum-all-reduce ``count`` float32 values on one rank through mpbind.nccl; compare with NumPy."""
     from cuda.bindings import runtime as cudart
+
+    from mpbind import nccl
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     host = np.arange(count, dtype=np.float32) * np.float32(0.5)
     expected = host.copy()  # the sum over a single rank
     nbytes = host.nbytes
+    to_device = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
+    to_host = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
 
     _cuda_check(cudart.cudaSetDevice(0))
-    send = _cuda_check(cudart.cudaMalloc(nbytes))
-    recv = _cuda_check(cudart.cudaMalloc(nbytes))
-    comm = None
-    try:
-        _cuda_check(
-            cudart.cudaMemcpy(
-                send, host.ctypes.data, nbytes, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
-            )
-        )
-        comm = nccl.comm_init_rank(1, uid, 0)
-        print(f"  communicator: 0x{int(comm):x} (1 rank, device 0)")
-        nccl.all_reduce(int(send), int(recv), count, nccl.DataType.FLOAT32, nccl.RedOp.SUM, comm, 0)
+    # The communicator owns what depends on it: leaving the block deregisters, then destroys.
+    with nccl.Communicator.init(1, 0, uid) as comm, nccl.mem_alloc(nbytes) as send, \
+            nccl.mem_alloc(nbytes) as recv:
+        print(f"  {comm!r}")
+        _cuda_check(cudart.cudaMemcpy(send.ptr, host.ctypes.data, nbytes, to_device))
+        reg = comm.register(send)
+        again = comm.register(send)  # the same buffer again: one NCCL registration, two references
+        print(f"  registered {send!r}: {reg.references} references, {len(nccl.registrations())} registration")
+        comm.all_reduce((send.ptr, count, "float32"), (recv.ptr, count, "float32"), op="sum")
         _cuda_check(cudart.cudaDeviceSynchronize())
         result = np.empty_like(host)
-        _cuda_check(
-            cudart.cudaMemcpy(
-                result.ctypes.data, recv, nbytes, cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
-            )
-        )
-    finally:
-        if comm is not None:
-            nccl.comm_destroy(comm)
-        cudart.cudaFree(send)
-        cudart.cudaFree(recv)
+        _cuda_check(cudart.cudaMemcpy(result.ctypes.data, recv.ptr, nbytes, to_host))
+        again.close()
+        reg.close()
 
     ok = bool(np.array_equal(result, expected))
     if ok:
@@ -98,7 +92,7 @@ def main() -> int:
         print(f"skipped: one-rank all-reduce (no GPU visible: {reason})")
         return 0
     print(f"GPU: {count} visible; one-rank all-reduce on device 0")
-    return 0 if all_reduce_one_rank(nccl, uid) else 1
+    return 0 if all_reduce_one_rank(uid) else 1
 
 
 if __name__ == "__main__":
