@@ -207,3 +207,33 @@ def test_threads_register_concurrently(comm: nccl.Communicator) -> None:
         r.close()
     assert not comm.registrations()
     _ = _core
+
+
+def test_from_mpi_one_rank() -> None:
+    mpi = pytest.importorskip("mpi4py.MPI")
+    with nccl.Communicator.from_mpi(mpi.COMM_WORLD) as c:
+        assert (c.rank, c.size) == (mpi.COMM_WORLD.Get_rank(), mpi.COMM_WORLD.Get_size())
+        x = torch.ones(16, device="cuda")
+        c.all_reduce(x, x)
+        torch.cuda.synchronize()
+        assert torch.equal(x, torch.full_like(x, float(c.size)))
+
+
+def test_from_torch_one_rank() -> None:
+    import socket
+
+    dist = pytest.importorskip("torch.distributed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        with nccl.Communicator.from_torch() as c:
+            assert (c.rank, c.size) == (0, 1)
+            x = torch.arange(8, dtype=torch.float32, device="cuda")
+            y = torch.zeros_like(x)
+            c.broadcast(x, y, root=0)
+            torch.cuda.synchronize()
+            assert torch.equal(x, y)
+    finally:
+        dist.destroy_process_group()
