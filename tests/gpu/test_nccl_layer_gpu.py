@@ -219,14 +219,10 @@ def test_from_mpi_one_rank() -> None:
         assert torch.equal(x, torch.full_like(x, float(c.size)))
 
 
-def test_from_torch_one_rank() -> None:
-    import socket
-
+def test_from_torch_one_rank(tmp_path: object) -> None:
     dist = pytest.importorskip("torch.distributed")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    # A file rendezvous: no port to collide with.
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
     try:
         with nccl.Communicator.from_torch() as c:
             assert (c.rank, c.size) == (0, 1)
