@@ -1,7 +1,8 @@
-"""The flat cuBLASMp bindings on 2 and 4 ranks, one per GPU, under mpirun.
+"""cuBLASMp and NCCL on 2 and 4 ranks, one per GPU, under mpirun: the flat bindings
+(``cublasmp_multirank.py``) and the Pythonic layer (``layer_multirank.py``).
 
-Each case launches ``cublasmp_multirank.py`` (beside this file) with ``mpirun -np N`` and checks
-that every rank finished and reported no failed check. NCCL allows one rank per GPU, so a case
+Each case launches a suite (beside this file) with ``mpirun -np N`` and checks that every rank
+finished, reported no failed check and passed the suite's main checks. NCCL allows one rank per GPU, so a case
 runs only where at least N GPUs are visible; on a one-GPU machine both are skipped.
 
 The libraries are found as mpbind finds them everywhere: ``MPBIND_CUBLASMP_PATH`` and
@@ -24,7 +25,11 @@ import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
 
-SUITE = Path(__file__).with_name("cublasmp_multirank.py")
+# suite -> the checks every rank must have passed (name prefixes)
+SUITES = {
+    "cublasmp_multirank.py": ("matmul.allgather_gemm.", "matmul.gemm_reducescatter.", "gemm.summa."),
+    "layer_multirank.py": ("nccl.collectives", "nccl.teardown_order", "cublasmp.matmul_2d.", "cublasmp.close_order"),
+}
 TIMEOUT_S = 300.0
 NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 FORWARDED = ("MPBIND_CUBLASMP_PATH", "MPBIND_NCCL_PATH", "LD_PRELOAD", "CUBLASMP_SUITE_TRACEBACKS")
@@ -56,7 +61,7 @@ def _gpu_count() -> int:
     return int(torch.cuda.device_count())
 
 
-def _run(mpirun: str, nprocs: int) -> tuple[int, str]:
+def _run(mpirun: str, nprocs: int, suite: str) -> tuple[int, str]:
     env = dict(os.environ)
     env.update(NVLS_OFF)
     env.setdefault("PYTHONPATH", "")
@@ -67,7 +72,7 @@ def _run(mpirun: str, nprocs: int) -> tuple[int, str]:
     for name in FORWARDED:
         if os.environ.get(name):
             cmd += ["-x", name]
-    cmd += ["-x", "PYTHONPATH", "-x", "LD_LIBRARY_PATH", sys.executable, str(SUITE)]
+    cmd += ["-x", "PYTHONPATH", "-x", "LD_LIBRARY_PATH", sys.executable, str(Path(__file__).with_name(suite))]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
     try:
@@ -83,23 +88,24 @@ def _run(mpirun: str, nprocs: int) -> tuple[int, str]:
     return proc.returncode, out
 
 
-def _assert_clean(nprocs: int, rc: int, out: str) -> None:
+def _assert_clean(nprocs: int, rc: int, out: str, suite: str) -> None:
     summaries = {int(r): (int(p), int(f)) for r, p, f in SUMMARY.findall(out)}
     failed_lines = [line for line in out.splitlines() if line.startswith("FAIL ")]
     assert rc == 0, f"mpirun exited {rc}; failed checks: {failed_lines}\n{out[-8000:]}"
     assert sorted(summaries) == list(range(nprocs)), f"summaries from ranks {sorted(summaries)}\n{out[-8000:]}"
     assert all(failed == 0 for _, failed in summaries.values()), f"{failed_lines}\n{out[-8000:]}"
     for rank in range(nprocs):
-        for prefix in ("PASS matmul.allgather_gemm.", "PASS matmul.gemm_reducescatter.", "PASS gemm.summa."):
+        for prefix in ("PASS " + name for name in SUITES[suite]):
             assert any(line.startswith(prefix) and line.split(":")[0].endswith(f"[rank {rank}]")
                        for line in out.splitlines()), f"rank {rank} passed no {prefix[5:]} check\n{out[-8000:]}"
 
 
+@pytest.mark.parametrize("suite", sorted(SUITES))
 @pytest.mark.parametrize("nprocs", [2, 4], ids=lambda n: f"np{n}")
-def test_cublasmp_multirank(mpirun: str, nprocs: int) -> None:
+def test_cublasmp_multirank(mpirun: str, nprocs: int, suite: str) -> None:
     gpus = _gpu_count()
     if gpus < nprocs:
         pytest.skip(f"needs {nprocs} GPUs (NCCL allows one rank per GPU); {gpus} visible")
-    rc, out = _run(mpirun, nprocs)
+    rc, out = _run(mpirun, nprocs, suite)
     print(out)  # shown with -s or on failure: every PASS/SKIP line
-    _assert_clean(nprocs, rc, out)
+    _assert_clean(nprocs, rc, out, suite)
