@@ -23,8 +23,6 @@ import ctypes
 import struct
 from typing import TYPE_CHECKING, Any, cast
 
-import numpy as np
-
 from mpbind import _core, _interop
 from mpbind.bindings import cublasmp as _flat
 from mpbind.bindings.cublasmp import (
@@ -338,6 +336,6 @@ def gemm(handle: Handle, a: Matrix, b: Matrix, c: Matrix, *, transa: bool = Fals
         ws = _core.cublasmp.shared_workspace(c.grid, device_bytes)
         ws.serve([a.grid, b.grid])
         work = ws.ptr
-    host = np.zeros(max(1, host_bytes), dtype=np.uint8)
-    full: tuple[Any, ...] = (*args, work, device_bytes, int(host.ctypes.data), host_bytes)
+    host = handle.host_workspace(host_bytes)  # lives with the handle: the library may use it after returning
+    full: tuple[Any, ...] = (*args, work, device_bytes, host, host_bytes)
     _flat.gemm(*full)

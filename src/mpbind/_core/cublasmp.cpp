@@ -137,6 +137,16 @@ public:
     HandleState(void* h, uintptr_t stream) : State("cublasmp.Handle", false), handle(h), stream(stream) {}
     void* handle;
     uintptr_t stream;
+    // Host workspaces of one-shot calls (gemm): kept with the handle, since the library may
+    // still use one after the call returns; grown by adding a larger one, never shrunk.
+    std::vector<std::vector<unsigned char>> host_scratch;
+
+    void* host_workspace(size_t nbytes) {
+        if (host_scratch.empty() || host_scratch.back().size() < nbytes) {
+            host_scratch.emplace_back(std::max<size_t>(nbytes, 1), 0);
+        }
+        return host_scratch.back().data();
+    }
 
     void set_stream(uintptr_t s) {
         if (s == stream) return;
@@ -449,7 +459,10 @@ void register_cublasmp(nb::module_& parent) {
         .def_prop_ro("handle", [](MpHandle& h) { return reinterpret_cast<uintptr_t>(h.get().handle); })
         .def_prop_ro("stream", [](MpHandle& h) { return h.get().stream; })
         .def("set_stream", [](MpHandle& h, nb::handle s) { h.get().set_stream(stream_handle(s)); },
-             nb::arg("stream").none());
+             nb::arg("stream").none())
+        .def("host_workspace", [](MpHandle& h, size_t nbytes) {
+            return reinterpret_cast<uintptr_t>(h.get().host_workspace(nbytes));
+        }, nb::arg("nbytes"), "A host workspace of at least `nbytes` that lives as long as the handle.");
     bind_lifetime(handle, "cublasMpDestroy. Idempotent.");
 
     auto grid = nb::class_<Grid>(m, "Grid", "A cuBLASMp process grid over an NCCL communicator (cached).");
