@@ -156,6 +156,8 @@ size_t drain_queue(const State* owner) {
     return ran;
 }
 
+void collect_garbage() { nb::module_::import_("gc").attr("collect")(); }
+
 std::vector<std::pair<std::string, uint64_t>> queued() {
     TeardownQueue& q = teardown_queue();
     Lock l = lock(q.mu);

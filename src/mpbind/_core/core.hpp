@@ -179,6 +179,9 @@ void unqueue(State* s);
 // Run the queued collective releases (all, or those under `owner`), newest
 // first. Returns how many ran. Needs the GIL.
 size_t drain_queue(const State* owner);
+// gc.collect(): before an explicit drain, so that objects dropped in reference cycles are
+// queued on every rank alike.
+void collect_garbage();
 // Python-facing description of what is queued: [(kind, serial)].
 std::vector<std::pair<std::string, uint64_t>> queued();
 

@@ -191,8 +191,11 @@ void register_core(nb::module_& m) {
         for (auto& s : all_registrations()) out.append(describe(*s));
         return out;
     }, "Every live registration in this process: library, kind, owner serial, ptr, size, references.");
-    m.def("drain", [] { return drain_queue(nullptr); },
-          "Run the queued collective releases, newest first. Collective: call on every rank.");
+    m.def("drain", [] {
+        collect_garbage();
+        return drain_queue(nullptr);
+    }, "Collect garbage (objects in reference cycles are dropped now, not at a different moment on each "
+       "rank), then run the queued collective releases, newest first. Collective: call on every rank.");
     m.def("queued", &queued, "What waits in the teardown queue: (kind, serial), newest first.");
     m.def("stream_handle", [](nb::handle s) { return stream_handle(s); }, nb::arg("stream").none(),
           "The cudaStream_t of an int, None, or a __cuda_stream__/CuPy/PyTorch stream.");

@@ -311,7 +311,11 @@ void register_nccl(nb::module_& parent) {
         .def_prop_ro("handle", [](Communicator& c) { return reinterpret_cast<uintptr_t>(c.get().handle()); },
                      "The ncclComm_t, for the flat bindings.")
         .def_prop_ro("finalized", [](Communicator& c) { return c.state()->finalized; })
-        .def("finalize", [](Communicator& c) { c.get().finalize(); },
+        .def("finalize", [](Communicator& c) {
+            c.get();
+            collect_garbage();
+            c.get().finalize();
+        },
              "Run what is queued under this communicator, then ncclCommFinalize (collective).")
         .def("destroy", [](Communicator& c) { c.close(); }, "Same as close().")
         .def("abort", [](Communicator& c) {
@@ -320,7 +324,10 @@ void register_nccl(nb::module_& parent) {
             s->aborting = true;
             s->close();
         }, "ncclCommAbort: not collective; what depends on it is dropped without library calls.")
-        .def("drain", [](Communicator& c) { return drain_queue(c.state().get()); },
+        .def("drain", [](Communicator& c) {
+            collect_garbage();
+            return drain_queue(c.state().get());
+        },
              "Run the queued collective releases under this communicator (collective).")
         .def("register", [](Communicator& c, uintptr_t ptr, size_t size, nb::object buffer) {
             return do_register(c, ptr, size, std::move(buffer), false, 0);

@@ -419,12 +419,16 @@ void register_nvshmem(nb::module_& parent) {
             open_runtime(r.state());
             return make_team(r.state(), kTeamNode, true);
         })
-        .def("finalize", [](Runtime& r) { r.close(); },
+        .def("finalize", [](Runtime& r) {
+            collect_garbage();
+            r.close();
+        },
              "Release what depends on it (queued releases first, then live teams, allocations and "
              "registrations, newest first), then nvshmem_finalize. Collective; idempotent.")
         .def_prop_ro("finalized", [](Runtime& r) { return r.closed(); })
         .def("drain", [](Runtime& r) {
             open_runtime(r.state());
+            collect_garbage();
             return drain_queue(r.state().get());
         }, "Run the queued collective releases under this runtime, newest first (collective).")
         .def("register", [](Runtime& r, uintptr_t ptr, size_t size, nb::object buffer) {
