@@ -38,8 +38,6 @@ import faulthandler
 import functools
 import os
 import sys
-import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,9 +49,9 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from mpi4py import MPI  # noqa: E402
+from suite_report import Report  # noqa: E402
 
 from mpbind.bindings import cublasmp, nccl  # noqa: E402
-from mpbind.errors import FunctionNotFoundError  # noqa: E402
 
 SEED = 4321
 CO = cublasmp.CublasOperation
@@ -63,47 +61,6 @@ NO_DESC = cublasmp.MatrixDescriptor(0)  # C not given (beta is 0): NULL pointer 
 
 
 # --- outcomes ------------------------------------------------------------------------------
-
-
-class Skip(Exception):
-    """The check cannot run here; the message says why."""
-
-
-@dataclass
-class Report:
-    rank: int
-    passed: int = 0
-    failed: int = 0
-    skipped: int = 0
-    failures: list[str] = field(default_factory=list)
-
-    def line(self, status: str, name: str, detail: str = "") -> None:
-        text = f"{status} {name} [rank {self.rank}]"
-        if detail:
-            text += ": " + " ".join(detail.split())
-        print(text, flush=True)
-
-    def check(self, name: str, fn: Callable[[], str | None]) -> None:
-        try:
-            note = fn()
-        except Skip as exc:
-            self.skipped += 1
-            self.line("SKIP", name, str(exc))
-        except FunctionNotFoundError as exc:
-            self.skipped += 1
-            self.line("SKIP", name, f"the loaded library lacks it: {exc}")
-        except Exception as exc:
-            self.failed += 1
-            self.failures.append(name)
-            self.line("FAIL", name, f"{type(exc).__name__}: {exc}")
-            if os.environ.get("CUBLASMP_SUITE_TRACEBACKS"):
-                traceback.print_exc()
-        else:
-            self.passed += 1
-            self.line("PASS", name, note or "")
-
-    def summary(self) -> str:
-        return f"rank={self.rank} passed={self.passed} failed={self.failed} skipped={self.skipped}"
 
 
 # --- distribution --------------------------------------------------------------------------
@@ -325,7 +282,7 @@ def main() -> int:
     faulthandler.enable()
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
-    report = Report(rank)
+    report = Report(rank, who="rank", tracebacks="CUBLASMP_SUITE_TRACEBACKS")
     node = world.Split_type(MPI.COMM_TYPE_SHARED)
     local_rank, local_size = node.Get_rank(), node.Get_size()
     devices = torch.cuda.device_count()

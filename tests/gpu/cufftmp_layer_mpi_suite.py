@@ -29,7 +29,7 @@ import traceback
 import warnings
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 # Before anything loads CUDA, NCCL or NVSHMEM in this process.
@@ -40,6 +40,7 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
 import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
+from suite_report import Report, expect  # noqa: E402
 
 from mpbind import _core, cufftmp  # noqa: E402
 from mpbind.bindings import nvshmem as nv  # noqa: E402
@@ -49,45 +50,6 @@ DEVICE = 0
 SEED = 20250211
 RTOL = {"complex64": 1e-4, "complex128": 1e-10, "float32": 1e-4, "float64": 1e-10}
 MAX_UNCHANGED = 0.05
-
-
-@dataclass
-class Report:
-    pe: int
-    passed: int = 0
-    failed: int = 0
-    skipped: int = 0
-    failures: list[str] = field(default_factory=list)
-
-    def line(self, status: str, name: str, detail: str = "") -> None:
-        text = f"{status} {name} [pe {self.pe}]"
-        if detail:
-            text += ": " + " ".join(detail.split())
-        print(text, flush=True)
-
-    def info(self, name: str, detail: str) -> None:
-        self.line("INFO", name, detail)
-
-    def check(self, name: str, fn: Callable[[], str | None]) -> None:
-        try:
-            note = fn()
-        except Exception as exc:
-            self.failed += 1
-            self.failures.append(name)
-            self.line("FAIL", name, f"{type(exc).__name__}: {exc}")
-            if os.environ.get("CUFFTMP_SUITE_TRACEBACKS"):
-                traceback.print_exc()
-        else:
-            self.passed += 1
-            self.line("PASS", name, note or "")
-
-    def summary(self) -> str:
-        return f"pe={self.pe} passed={self.passed} failed={self.failed} skipped={self.skipped}"
-
-
-def expect(condition: bool, message: str) -> None:
-    if not condition:
-        raise AssertionError(message)
 
 
 def expect_raises(exc_type: type[BaseException], fn: Callable[[], Any], what: str) -> str:
@@ -452,7 +414,7 @@ def main() -> int:
                     help="dump every thread's stack and exit after this many seconds (a hang)")
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
-    report = Report(pe=comm.Get_rank())
+    report = Report(comm.Get_rank(), tracebacks="CUFFTMP_SUITE_TRACEBACKS")
     faulthandler.dump_traceback_later(args.timeout, exit=True)
     start = time.monotonic()
     try:

@@ -43,7 +43,7 @@ import time
 import traceback
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 # Before anything loads CUDA, NCCL or NVSHMEM in this process.
@@ -54,10 +54,11 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
 import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
+from suite_report import Report, Skip, expect  # noqa: E402
 
 from mpbind.bindings import cufftmp as cf  # noqa: E402
 from mpbind.bindings import nvshmem as nv  # noqa: E402
-from mpbind.errors import CuFFTMpError, FunctionNotFoundError  # noqa: E402
+from mpbind.errors import CuFFTMpError  # noqa: E402
 
 T = TypeVar("T")
 Verify = Callable[[], str | None]
@@ -71,55 +72,6 @@ MAX_UNCHANGED = 0.05
 
 
 # --- outcomes ---------------------------------------------------------------------------------
-
-
-class Skip(Exception):
-    """The check cannot run here; the message says why."""
-
-
-@dataclass
-class Report:
-    pe: int
-    passed: int = 0
-    failed: int = 0
-    skipped: int = 0
-    failures: list[str] = field(default_factory=list)
-
-    def line(self, status: str, name: str, detail: str = "") -> None:
-        text = f"{status} {name} [pe {self.pe}]"
-        if detail:
-            text += ": " + " ".join(detail.split())  # one line, whatever the message
-        print(text, flush=True)
-
-    def info(self, name: str, detail: str) -> None:
-        self.line("INFO", name, detail)
-
-    def check(self, name: str, fn: Callable[[], str | None]) -> None:
-        try:
-            note = fn()
-        except Skip as exc:
-            self.skipped += 1
-            self.line("SKIP", name, str(exc))
-        except FunctionNotFoundError as exc:
-            self.skipped += 1
-            self.line("SKIP", name, f"the loaded library lacks it: {exc}")
-        except Exception as exc:
-            self.failed += 1
-            self.failures.append(name)
-            self.line("FAIL", name, f"{type(exc).__name__}: {exc}")
-            if os.environ.get("CUFFTMP_SUITE_TRACEBACKS"):
-                traceback.print_exc()
-        else:
-            self.passed += 1
-            self.line("PASS", name, note or "")
-
-    def summary(self) -> str:
-        return f"pe={self.pe} passed={self.passed} failed={self.failed} skipped={self.skipped}"
-
-
-def expect(condition: bool, message: str) -> None:
-    if not condition:
-        raise AssertionError(message)
 
 
 def expect_equal(got: np.ndarray, want: np.ndarray, what: str) -> None:
@@ -807,7 +759,7 @@ def main() -> int:
     args = ap.parse_args()
 
     comm = MPI.COMM_WORLD
-    report = Report(pe=comm.Get_rank())
+    report = Report(comm.Get_rank(), tracebacks="CUFFTMP_SUITE_TRACEBACKS")
     # A C-level watchdog: it fires even while a thread is blocked in CUDA, NVSHMEM or cuFFTMp.
     faulthandler.dump_traceback_later(args.timeout, exit=True)
     start = time.monotonic()

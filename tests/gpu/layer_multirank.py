@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from cublasmp_multirank import Dist, Report, Skip, expect_close, gather, grid_position, random_matrix
+from cublasmp_multirank import Dist, expect_close, gather, grid_position, random_matrix
 from mpi4py import MPI
+from suite_report import Report, Skip
 
 from mpbind import cublasmp, nccl
 
@@ -135,7 +136,7 @@ def close_order(comm_factory: Any) -> str:
 def main() -> int:
     faulthandler.enable()
     world = MPI.COMM_WORLD
-    report = Report(world.Get_rank())
+    report = Report(world.Get_rank(), who="rank", tracebacks="CUBLASMP_SUITE_TRACEBACKS")
     node = world.Split_type(MPI.COMM_TYPE_SHARED)
     if torch.cuda.device_count() < node.Get_size():
         report.failed += 1

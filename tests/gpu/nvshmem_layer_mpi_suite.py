@@ -21,7 +21,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 # Before anything loads CUDA or NVSHMEM in this process.
@@ -32,10 +32,11 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
 import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
+from suite_report import Report, Skip, expect  # noqa: E402
 
 from mpbind import _core  # noqa: E402
 from mpbind import nvshmem as nv  # noqa: E402
-from mpbind.errors import FunctionNotFoundError, NVSHMEMError, UsageError  # noqa: E402
+from mpbind.errors import NVSHMEMError, UsageError  # noqa: E402
 
 DEVICE = 0
 COUNT = 1000
@@ -48,57 +49,6 @@ NUMPY_REDUCE: dict[str, Any] = {
 }
 REDUCE_CASES = ([(op, t) for t in ("float32", "float64", "int32", "int64") for op in ("sum", "prod", "min", "max")]
                 + [(op, t) for t in ("int32", "uint64") for op in ("and", "or", "xor")])
-
-
-class Skip(Exception):
-    """The check cannot run here; the message says why."""
-
-
-@dataclass
-class Report:
-    pe: int
-    passed: int = 0
-    failed: int = 0
-    skipped: int = 0
-    xfailed: int = 0
-    failures: list[str] = field(default_factory=list)
-
-    def line(self, status: str, name: str, detail: str = "") -> None:
-        text = f"{status} {name} [pe {self.pe}]"
-        if detail:
-            text += ": " + " ".join(detail.split())
-        print(text, flush=True)
-
-    def info(self, name: str, detail: str) -> None:
-        self.line("INFO", name, detail)
-
-    def check(self, name: str, fn: Callable[[], str | None]) -> None:
-        try:
-            note = fn()
-        except Skip as exc:
-            self.skipped += 1
-            self.line("SKIP", name, str(exc))
-        except FunctionNotFoundError as exc:
-            self.skipped += 1
-            self.line("SKIP", name, f"the loaded library lacks it: {exc}")
-        except Exception as exc:
-            self.failed += 1
-            self.failures.append(name)
-            self.line("FAIL", name, f"{type(exc).__name__}: {exc}")
-            if os.environ.get("NVSHMEM_SUITE_TRACEBACKS"):
-                traceback.print_exc()
-        else:
-            self.passed += 1
-            self.line("PASS", name, note or "")
-
-    def summary(self) -> str:
-        return (f"pe={self.pe} passed={self.passed} failed={self.failed} "
-                f"skipped={self.skipped} xfailed={self.xfailed}")
-
-
-def expect(condition: bool, message: str) -> None:
-    if not condition:
-        raise AssertionError(message)
 
 
 def expect_equal(got: Any, want: Any, what: str = "result") -> None:
@@ -562,7 +512,7 @@ def main() -> int:
                     help="dump every thread's stack and exit after this many seconds (a hang)")
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
-    report = Report(pe=comm.Get_rank())
+    report = Report(comm.Get_rank(), tracebacks="NVSHMEM_SUITE_TRACEBACKS", xfail_column=True)
     faulthandler.dump_traceback_later(args.timeout, exit=True)
     try:
         run(args, comm, report)

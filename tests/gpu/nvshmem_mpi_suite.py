@@ -34,9 +34,9 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 # Before anything loads CUDA, NCCL or NVSHMEM in this process.
@@ -47,9 +47,10 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
 import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
+from suite_report import KnownLimitation, Report, Skip, expect  # noqa: E402
 
 from mpbind.bindings import nvshmem as nv  # noqa: E402
-from mpbind.errors import FunctionNotFoundError, NVSHMEMError  # noqa: E402
+from mpbind.errors import NVSHMEMError  # noqa: E402
 
 DEVICE = 0
 BUF_BYTES = 64 * 1024  # each of the shared source and destination buffers
@@ -84,59 +85,6 @@ HOST_AMO_REASON = ("libnvshmem_host does not implement host-initiated atomics: t
 # --- outcomes ---------------------------------------------------------------------------------
 
 
-class Skip(Exception):
-    """The check cannot run here; the message says why."""
-
-
-class KnownLimitation(Exception):
-    """The library behaved as its documented limitation says."""
-
-
-@dataclass
-class Report:
-    pe: int
-    passed: int = 0
-    failed: int = 0
-    skipped: int = 0
-    xfailed: int = 0
-    failures: list[str] = field(default_factory=list)
-
-    def line(self, status: str, name: str, detail: str = "") -> None:
-        text = f"{status} {name} [pe {self.pe}]"
-        if detail:
-            text += ": " + " ".join(detail.split())  # one line, whatever the message
-        print(text, flush=True)
-
-    def info(self, name: str, detail: str) -> None:
-        self.line("INFO", name, detail)
-
-    def check(self, name: str, fn: Callable[[], str | None]) -> None:
-        try:
-            note = fn()
-        except Skip as exc:
-            self.skipped += 1
-            self.line("SKIP", name, str(exc))
-        except KnownLimitation as exc:
-            self.xfailed += 1
-            self.line("XFAIL", name, str(exc))
-        except FunctionNotFoundError as exc:
-            self.skipped += 1
-            self.line("SKIP", name, f"the loaded library lacks it: {exc}")
-        except Exception as exc:
-            self.failed += 1
-            self.failures.append(name)
-            self.line("FAIL", name, f"{type(exc).__name__}: {exc}")
-            if os.environ.get("NVSHMEM_SUITE_TRACEBACKS"):
-                traceback.print_exc()
-        else:
-            self.passed += 1
-            self.line("PASS", name, note or "")
-
-    def summary(self) -> str:
-        return (f"pe={self.pe} passed={self.passed} failed={self.failed} "
-                f"skipped={self.skipped} xfailed={self.xfailed}")
-
-
 def expect_equal(got: Any, want: Any, what: str = "result") -> None:
     got_arr, want_arr = np.asarray(got), np.asarray(want)
     if got_arr.shape != want_arr.shape:
@@ -146,11 +94,6 @@ def expect_equal(got: Any, want: Any, what: str = "result") -> None:
         i = int(bad[0])
         raise AssertionError(f"{what}: {bad.size} of {want_arr.size} elements differ; first at {i}: "
                              f"got {got_arr.ravel()[i]!r}, expected {want_arr.ravel()[i]!r}")
-
-
-def expect(condition: bool, message: str) -> None:
-    if not condition:
-        raise AssertionError(message)
 
 
 # --- symmetric memory through CuPy ------------------------------------------------------------
@@ -824,7 +767,7 @@ def main() -> int:
     args = ap.parse_args()
 
     comm = MPI.COMM_WORLD
-    report = Report(pe=comm.Get_rank())
+    report = Report(comm.Get_rank(), tracebacks="NVSHMEM_SUITE_TRACEBACKS", xfail_column=True)
     # A C-level watchdog: it fires even while a thread is blocked in CUDA or NVSHMEM.
     faulthandler.dump_traceback_later(args.timeout, exit=True)
     try:
