@@ -19,7 +19,7 @@ import numpy as np
 from mpbind import _core
 from mpbind.errors import UsageError
 
-__all__ = ["ArrayInfo", "array_info", "device_span", "dtype_name", "itemsize", "stream_handle"]
+__all__ = ["ArrayInfo", "array_info", "c_strides", "device_span", "dtype_name", "itemsize", "stream_handle"]
 
 # DLPack type codes (dlpack.h, DLDataTypeCode) with bit widths -> our names.
 _DLPACK_NAMES: dict[tuple[int, int], str] = {
@@ -112,7 +112,8 @@ class ArrayInfo:
         return True
 
 
-def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+def c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides, in elements, of a C-contiguous array of `shape`."""
     strides = []
     acc = 1
     for extent in reversed(shape):
@@ -131,7 +132,7 @@ def _from_cai(obj: Any, cai: dict[str, Any]) -> ArrayInfo:
     ptr, readonly = cai["data"]
     raw = cai.get("strides")
     if raw is None:
-        strides = _c_strides(shape)
+        strides = c_strides(shape)
     else:
         if any(s % dt.itemsize for s in raw):
             raise UsageError(f"array strides {tuple(raw)} are not multiples of its itemsize {dt.itemsize}")

@@ -24,6 +24,7 @@ import struct
 from typing import TYPE_CHECKING, Any, cast
 
 from mpbind import _core, _interop
+from mpbind._owned import Owned
 from mpbind.bindings import cublasmp as _flat
 from mpbind.bindings.cublasmp import (
     CublasComputeType,
@@ -180,7 +181,7 @@ def _attribute_property(attr: MatmulDescriptorAttribute) -> property:
     return property(get, set_, doc=f"CUBLASMP_MATMUL_DESCRIPTOR_ATTRIBUTE_{attr.name} (typed as in cublasmp.h).")
 
 
-class MatmulDescriptor:
+class MatmulDescriptor(Owned):
     """``cublasMpMatmulDescriptor_t`` with one typed property per attribute (``transa``, ``epilogue``,
     ``algo_type``, ``communication_sm_count``, ``a_scale_pointer``, ``amax_d_pointer``, ``bias_pointer``, ...).
 
@@ -188,9 +189,9 @@ class MatmulDescriptor:
     """
 
     def __init__(self, compute_type: CublasComputeType | int = CublasComputeType.COMPUTE_32F, **attributes: Any):
-        self._c = _core.cublasmp.MatmulDescriptor(int(compute_type))
+        self._core = _core.cublasmp.MatmulDescriptor(int(compute_type))
         for name, value in attributes.items():
-            if not isinstance(getattr(type(self), name, None), property) or name == "handle":
+            if name.upper() not in MatmulDescriptorAttribute.__members__:
                 raise TypeError(f"MatmulDescriptor has no attribute {name!r}")
             setattr(self, name, value)
 
@@ -200,24 +201,11 @@ class MatmulDescriptor:
 
     @property
     def handle(self) -> int:
-        return int(self._c.handle)
+        return int(self._core.handle)
 
     @property
     def core(self) -> Any:
-        return self._c
-
-    def close(self) -> None:
-        self._c.close()
-
-    @property
-    def closed(self) -> bool:
-        return bool(self._c.closed)
-
-    def __enter__(self) -> MatmulDescriptor:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        return self._core
 
 
 for _attr in MatmulDescriptorAttribute:
@@ -225,7 +213,7 @@ for _attr in MatmulDescriptorAttribute:
 del _attr
 
 
-class Matmul:
+class Matmul(Owned):
     """A planned ``D = alpha op(A) op(B) + beta C``: ``execute()`` is one ``cublasMpMatmul``.
 
     The plan sizes the workspace once (``cublasMpMatmul_bufferSize``), takes it from the grid's
@@ -261,16 +249,16 @@ class Matmul:
         is_complex = a.dtype.startswith("complex")
         self.m, self.n, self.k = m, n, ka
         self.descriptor = descriptor
-        self._plan = _core.cublasmp.MatmulPlan(
+        self._core = _core.cublasmp.MatmulPlan(
             handle, descriptor.core, m, n, ka, _scalar(alpha, compute, is_complex), a.operand(), b.operand(),
             _scalar(beta, compute, is_complex), None if c is None else c.operand(), d.operand(), workspace,
             (a, b, c, d, descriptor))
         # The bound method itself: no Python frame between the caller and the library call.
-        self.execute = self._plan.execute  # type: ignore[method-assign]
+        self.execute = self._core.execute  # type: ignore[method-assign]
 
     def execute(self, stream: Any = None) -> None:  # replaced per instance in __init__
         """``cublasMpMatmul`` on `stream` (default: the handle's)."""
-        self._plan.execute(stream)
+        self._core.execute(stream)
 
     __call__ = execute
 
@@ -279,27 +267,22 @@ class Matmul:
         default stream). ``execute()`` then replays it with one ``cuGraphLaunch``, a few
         microseconds of host time instead of the library's own planning per call. The plan is
         frozen: descriptor attributes changed later are not seen. Returns self."""
-        self._plan.capture(stream)
+        self._core.capture(stream)
         return self
 
     @property
     def captured(self) -> bool:
-        return bool(self._plan.captured)
+        return bool(self._core.captured)
 
     @property
     def workspace_size(self) -> tuple[int, int]:
         """(device bytes, host bytes) the library asked for."""
-        return tuple(self._plan.workspace_size)  # type: ignore[return-value]
+        return tuple(self._core.workspace_size)
 
     def close(self) -> None:
-        self._plan.close()
+        """Drop the plan (and its CUDA graph) and destroy the matmul descriptor. Idempotent."""
+        self._core.close()
         self.descriptor.close()
-
-    def __enter__(self) -> Matmul:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def matmul(handle: Handle, a: Matrix, b: Matrix, d: Matrix, c: Matrix | None = None, *, stream: Any = None,

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from mpbind import _core, _interop
+from mpbind._owned import Owned
 from mpbind.bindings.cufftmp import (
     FORWARD,
     INVERSE,
@@ -169,13 +170,19 @@ def _box(box: Box, ndim: int, what: str) -> tuple[list[int], list[int]]:
     return lo, up
 
 
-def _c_strides(lower: Sequence[int], upper: Sequence[int]) -> list[int]:
-    """Row-major strides in elements of the box [lower, upper)."""
-    strides, acc = [], 1
-    for lo, up in zip(reversed(lower), reversed(upper), strict=True):
-        strides.append(acc)
-        acc *= max(up - lo, 1)
-    return strides[::-1]
+def _box_strides(lower: Sequence[int], upper: Sequence[int]) -> list[int]:
+    """Row-major strides in elements of the box [lower, upper) (an empty extent counts as 1)."""
+    return list(_interop.c_strides(tuple(max(up - lo, 1) for lo, up in zip(lower, upper, strict=True))))
+
+
+def _boxes(input_box: Box, output_box: Box, ndim: int, input_strides: Sequence[int] | None,
+           output_strides: Sequence[int] | None) -> tuple[list[int], ...]:
+    """(lower, upper, strides) of the input box, then of the output box; strides default to row-major."""
+    lo_in, up_in = _box(input_box, ndim, "input_box")
+    lo_out, up_out = _box(output_box, ndim, "output_box")
+    st_in = list(input_strides) if input_strides is not None else _box_strides(lo_in, up_in)
+    st_out = list(output_strides) if output_strides is not None else _box_strides(lo_out, up_out)
+    return lo_in, up_in, st_in, lo_out, up_out, st_out
 
 
 def _pointer(obj: Any, what: str, dtype: str | None, min_elements: int | None, *,
@@ -195,7 +202,7 @@ def _pointer(obj: Any, what: str, dtype: str | None, min_elements: int | None, *
     return info.ptr, obj
 
 
-class Plan:
+class Plan(Owned):
     """A distributed FFT plan over a cufftHandle (``cufftCreate``/``cufftDestroy``).
 
     Build one step by step (:meth:`attach_comm`, :meth:`set_stream`,
@@ -236,10 +243,8 @@ class Plan:
         if ndim not in (2, 3):
             raise UsageError(f"cuFFTMp plans are 2-D or 3-D, got shape {tuple(shape)}")
         dims = _shape(shape, ndim)
-        lo_in, up_in = _box(input_box, len(dims), "input_box")
-        lo_out, up_out = _box(output_box, len(dims), "output_box")
-        st_in = list(input_strides) if input_strides is not None else _c_strides(lo_in, up_in)
-        st_out = list(output_strides) if output_strides is not None else _c_strides(lo_out, up_out)
+        lo_in, up_in, st_in, lo_out, up_out, st_out = _boxes(input_box, output_box, len(dims), input_strides,
+                                                             output_strides)
         plan = cls()
         try:
             plan.attach_comm(comm)
@@ -271,7 +276,7 @@ class Plan:
     def _abandon(self) -> None:
         # A failed collective setup: queue the release (drain() on every PE) rather than
         # destroy here, since other PEs may not have failed.
-        self._core = None  # type: ignore[assignment]
+        self._core = None
 
     # --- step by step ---
 
@@ -484,17 +489,11 @@ class Plan:
     def serial(self) -> int:
         return int(self._live.serial)
 
-    def __enter__(self) -> Plan:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return "<cufftmp.Plan unmade>" if self._core is None else repr(self._core)
 
 
-class Descriptor:
+class Descriptor(Owned):
     """Distributed data from :meth:`Plan.malloc` (cufftXtMalloc). Freeing it (cufftXtFree) is
     collective; closing its plan frees it first."""
 
@@ -564,29 +563,9 @@ class Descriptor:
             raise UsageError(f"{what} holds {array.nbytes} bytes; the descriptor's part is {need} bytes")
         return array
 
-    def close(self) -> None:
-        """cufftXtFree (collective). Idempotent."""
-        self._core.close()
-
-    @property
-    def closed(self) -> bool:
-        return bool(self._core.closed)
-
-    @property
-    def serial(self) -> int:
-        return int(self._core.serial)
-
-    def __enter__(self) -> Descriptor:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return repr(self._core)
 
 
-class Reshape:
+class Reshape(Owned):
     """A redistribution between two box layouts (cufftMpCreateReshape). Making and executing it
     are collective, and so is its release once made."""
 
@@ -612,10 +591,8 @@ class Reshape:
         element_size = int(dtype) if isinstance(dtype, int) else _interop.itemsize(dtype)
         if element_size < 1:
             raise UsageError(f"element size must be >= 1 byte, got {element_size}")
-        lo_in, up_in = _box(input_box, len(tuple(input_box[0])), "input_box")
-        lo_out, up_out = _box(output_box, len(lo_in), "output_box")
-        st_in = list(input_strides) if input_strides is not None else _c_strides(lo_in, up_in)
-        st_out = list(output_strides) if output_strides is not None else _c_strides(lo_out, up_out)
+        lo_in, up_in, st_in, lo_out, up_out, st_out = _boxes(input_box, output_box, len(tuple(input_box[0])),
+                                                             input_strides, output_strides)
         comm_type, address, keep = _resolve_comm(comm)
         self._core.make(element_size, lo_in, up_in, st_in, lo_out, up_out, st_out, comm_type, address, keep)
 
@@ -656,25 +633,4 @@ class Reshape:
             raise UsageError(f"{what} holds {info.nbytes} bytes; this PE's box needs {need}")
         return info.ptr
 
-    def close(self) -> None:
-        """cufftMpDestroyReshape (collective once made). Idempotent."""
-        self._core.close()
-
-    destroy = close
-
-    @property
-    def closed(self) -> bool:
-        return bool(self._core.closed)
-
-    @property
-    def serial(self) -> int:
-        return int(self._core.serial)
-
-    def __enter__(self) -> Reshape:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return repr(self._core)
+    destroy = Owned.close

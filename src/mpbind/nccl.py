@@ -22,6 +22,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 from mpbind import _core, _interop
+from mpbind._core import nccl as _core_nccl
+from mpbind._owned import Owned
 from mpbind.bindings import nccl as _flat
 from mpbind.bindings.nccl import Config, DataType, RedOp, UniqueId, get_unique_id, get_version
 from mpbind.errors import UsageError
@@ -111,20 +113,23 @@ class _Operand:
         return int(_DTYPES[self.dtype])
 
 
-class Communicator:
+class Communicator(Owned):
     """An NCCL communicator (``ncclComm_t``) and everything that depends on it.
 
     Create with :meth:`init`, :meth:`from_mpi` or :meth:`from_torch` (collective). Buffers are
     arrays with ``__cuda_array_interface__``/DLPack or ``(ptr, count, dtype)`` tuples; streams are
     ints, ``__cuda_stream__`` objects, CuPy or PyTorch streams, or None (the default stream).
+    ``close()`` (or ``destroy()``) releases what depends on it, then finalizes and destroys it
+    (collective).
     """
 
-    __slots__ = ("_c", "__weakref__")
+    __slots__ = ("_core", "__weakref__")
+    _core: _core_nccl.Communicator
 
     def __init__(self, core: Any) -> None:
         if not isinstance(core, _core.nccl.Communicator):
             raise TypeError("create communicators with Communicator.init(), from_mpi() or from_torch()")
-        self._c = core
+        self._core = core
 
     # --- creation ---------------------------------------------------------
 
@@ -154,87 +159,70 @@ class Communicator:
 
     def split(self, color: int, key: int, config: Config | None = None) -> Communicator | None:
         """``ncclCommSplit`` (collective); None on ranks passing ``color=-1``."""
-        core = self._c.split(color, key, config)
+        core = self._core.split(color, key, config)
         return None if core is None else Communicator(core)
 
     def shrink(self, exclude_ranks: Sequence[int], config: Config | None = None, flags: int = 0) -> Communicator:
         """``ncclCommShrink`` (collective over the remaining ranks)."""
-        return Communicator(self._c.shrink(list(exclude_ranks), config, flags))
+        return Communicator(self._core.shrink(list(exclude_ranks), config, flags))
 
     # --- properties and lifetime -------------------------------------------
 
     @property
     def rank(self) -> int:
-        return int(self._c.rank)
+        return int(self._core.rank)
 
     @property
     def size(self) -> int:
-        return int(self._c.size)
+        return int(self._core.size)
 
     @property
     def device(self) -> int:
-        return int(self._c.device)
+        return int(self._core.device)
 
     @property
     def handle(self) -> int:
         """The ``ncclComm_t`` for :mod:`mpbind.bindings.nccl` (raises once closed)."""
-        return int(self._c.handle)
+        return int(self._core.handle)
 
     @property
     def _comm(self) -> _flat.Comm:
-        return cast("_flat.Comm", self._c.handle)
-
-    @property
-    def closed(self) -> bool:
-        return bool(self._c.closed)
+        return cast("_flat.Comm", self._core.handle)
 
     @property
     def core(self) -> Any:
         """The core object (what :mod:`mpbind.cublasmp` grids hold)."""
-        return self._c
+        return self._core
 
     def finalize(self) -> None:
         """Drain what is queued under this communicator, then ``ncclCommFinalize`` (collective)."""
-        self._c.finalize()
+        self._core.finalize()
 
-    def close(self) -> None:
-        """Release dependents, finalize and destroy (collective). Idempotent."""
-        self._c.close()
-
-    destroy = close
+    destroy = Owned.close
 
     def abort(self) -> None:
         """``ncclCommAbort`` (local): dependents are dropped without further NCCL calls."""
-        self._c.abort()
+        self._core.abort()
 
     def drain(self) -> int:
         """Run the queued collective releases under this communicator (collective)."""
-        return int(self._c.drain())
-
-    def __enter__(self) -> Communicator:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return repr(self._c)
+        return int(self._core.drain())
 
     # --- registration ------------------------------------------------------
 
     def register(self, buffer: Any) -> Registration:
         """``ncclCommRegister`` of `buffer` (an array, :class:`Buffer` or ``(ptr, nbytes)``), refcounted."""
         ptr, nbytes, owner = _interop.device_span(buffer)
-        return self._c.register(ptr, nbytes, owner)
+        return self._core.register(ptr, nbytes, owner)
 
     def register_window(self, buffer: Any, flags: int = 0) -> Registration:
         """``ncclCommWindowRegister`` (collective), refcounted; ``.handle`` is the ``ncclWindow_t``."""
         ptr, nbytes, owner = _interop.device_span(buffer)
-        return self._c.register_window(ptr, nbytes, flags, owner)
+        return self._core.register_window(ptr, nbytes, flags, owner)
 
     def registrations(self) -> list[dict[str, Any]]:
         """Live registrations and windows on this communicator."""
-        return list(self._c.registrations())
+        return list(self._core.registrations())
 
     # --- collectives ---------------------------------------------------------
 

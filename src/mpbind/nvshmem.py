@@ -35,7 +35,16 @@ from typing import Any
 import numpy as np
 
 from mpbind import _core
-from mpbind._interop import ArrayInfo, device_array, device_span, dlpack_code, dtype_name, stream_handle
+from mpbind._interop import (
+    ArrayInfo,
+    c_strides,
+    device_array,
+    device_span,
+    dlpack_code,
+    dtype_name,
+    itemsize,
+    stream_handle,
+)
 from mpbind.errors import MpbindError, UsageError
 
 __all__ = [
@@ -222,14 +231,6 @@ def _device() -> int:
 # --- arrays ----------------------------------------------------------------------------------
 
 
-def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    out, acc = [], 1
-    for extent in reversed(shape):
-        out.append(acc)
-        acc *= extent
-    return tuple(reversed(out))
-
-
 def _cai(ptr: int, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
     try:
         typestr = np.dtype(dtype).str
@@ -275,7 +276,7 @@ class _DeviceView:
 
     @property
     def itemsize(self) -> int:
-        return dlpack_code(self._dtype)[1] // 8
+        return itemsize(self._dtype)
 
     @property
     def nbytes(self) -> int:
@@ -300,7 +301,7 @@ class _DeviceView:
         return (_KDL_CUDA, self._device)
 
     def _info(self) -> ArrayInfo:
-        return ArrayInfo(self.ptr, self._shape, _c_strides(self._shape), self._dtype, self._device, False, self)
+        return ArrayInfo(self.ptr, self._shape, c_strides(self._shape), self._dtype, self._device, False, self)
 
 
 class SymmetricArray(_DeviceView):
@@ -405,7 +406,7 @@ def _allocate(shape: int | Sequence[int], dtype: Any, zero: bool, alignment: int
     name = dtype_name(dtype)
     if not isinstance(alignment, int) or alignment < 0 or alignment & (alignment - 1):
         raise UsageError(f"alignment must be 0 or a power of two, not {alignment!r}")
-    nbytes = math.prod(dims) * (dlpack_code(name)[1] // 8)
+    nbytes = math.prod(dims) * itemsize(name)
     device = _device()  # also UsageError before init / after finalize
     return SymmetricArray(_nv.allocate(nbytes, zero, alignment), dims, name, device)
 
