@@ -382,6 +382,33 @@ std::vector<std::shared_ptr<RegistrationState>> all_registrations() {
     return out;
 }
 
+nb::dict describe(const RegistrationState& s) {
+    nb::dict d;
+    d["library"] = s.library;
+    d["kind"] = s.kind();
+    d["owner"] = s.owner_serial;
+    d["ptr"] = s.ptr;
+    d["size"] = s.size;
+    d["references"] = s.handles();
+    d["handle"] = s.lib_handle;
+    d["serial"] = s.serial();
+    return d;
+}
+
+nb::list describe(const std::vector<std::shared_ptr<RegistrationState>>& live) {
+    nb::list out;
+    for (auto& s : live) out.append(describe(*s));
+    return out;
+}
+
+nb::dict describe(const CacheInfo& info) {
+    nb::dict d;
+    d["entries"] = info.entries;
+    d["hits"] = info.hits;
+    d["misses"] = info.misses;
+    return d;
+}
+
 // ---------------------------------------------------------------------------
 // Streams
 // ---------------------------------------------------------------------------

@@ -296,9 +296,18 @@ private:
 // Every registration alive in the process, for registrations().
 std::vector<std::shared_ptr<RegistrationState>> all_registrations();
 
+// A registration as Python sees it: library, kind, owner serial, ptr, size, references, handle, serial.
+nb::dict describe(const RegistrationState& s);
+nb::list describe(const std::vector<std::shared_ptr<RegistrationState>>& live);
+
 // ---------------------------------------------------------------------------
 // Cache: shared states by key (the cuBLASMp grid cache), with hit counts
 // ---------------------------------------------------------------------------
+
+struct CacheInfo {
+    size_t entries, hits, misses;
+};
+nb::dict describe(const CacheInfo& info);  // {"entries", "hits", "misses"}
 
 template <class Key, class S>
 class Cache {
@@ -331,10 +340,7 @@ public:
         }
         return false;
     }
-    struct Info {
-        size_t entries, hits, misses;
-    };
-    Info info() {
+    CacheInfo info() {
         Lock l = lock(mu_);
         return {map_.size(), hits_, misses_};
     }

@@ -15,18 +15,6 @@ namespace mpbind {
 
 namespace {
 
-nb::dict describe(const RegistrationState& s) {
-    nb::dict d;
-    d["library"] = s.library;
-    d["kind"] = s.kind();
-    d["owner"] = s.owner_serial;
-    d["ptr"] = s.ptr;
-    d["size"] = s.size;
-    d["references"] = s.handles();
-    d["serial"] = s.serial();
-    return d;
-}
-
 // --- test doubles of a library: every "library call" is a Python callback ---
 
 class TestRegistrationState : public RegistrationState {
@@ -109,11 +97,7 @@ void register_testing(nb::module_& m) {
             });
         },
         nb::arg("ptr"), nb::arg("size"), nb::arg("buffer") = nb::none());
-    owner.def("registrations", [](OwnerH& h) {
-        nb::list out;
-        for (auto& s : h.get().registry.live()) out.append(describe(*s));
-        return out;
-    });
+    owner.def("registrations", [](OwnerH& h) { return describe(h.get().registry.live()); });
     owner.def("add", [](OwnerH& h, bool collective, nb::object on_release) {
         auto r = std::make_shared<TestResource>(collective, std::move(on_release));
         r->depends_on(h.state());
@@ -142,14 +126,7 @@ void register_testing(nb::module_& m) {
             return s;
         }));
     });
-    t.def("cache_info", [] {
-        auto i = test_cache().info();
-        nb::dict d;
-        d["entries"] = i.entries;
-        d["hits"] = i.hits;
-        d["misses"] = i.misses;
-        return d;
-    });
+    t.def("cache_info", [] { return describe(test_cache().info()); });
     t.def("cache_clear", [] {
         for (auto& s : test_cache().entries()) s->close();
     });
@@ -186,11 +163,8 @@ void register_core(nb::module_& m) {
                 .format(s.kind(), s.ptr, s.size, s.handles(), r.closed() ? " closed" : "");
         });
 
-    m.def("registrations", [] {
-        nb::list out;
-        for (auto& s : all_registrations()) out.append(describe(*s));
-        return out;
-    }, "Every live registration in this process: library, kind, owner serial, ptr, size, references.");
+    m.def("registrations", [] { return describe(all_registrations()); },
+          "Every live registration in this process: library, kind, owner serial, ptr, size, references.");
     m.def("drain", [] {
         collect_garbage();
         return drain_queue(nullptr);

@@ -339,19 +339,24 @@ public:
     void* graph = nullptr;  // CUgraph / CUgraphExec of the captured call, once captured
     void* graph_exec = nullptr;
 
+    // `f` (cublasMpMatmul or its _bufferSize) on this plan's operands, then `tail...`, without the GIL.
+    template <class F, class... Tail>
+    int with_operands(F f, Tail... tail) {
+        auto ptr = [](const Operand& o) { return reinterpret_cast<void*>(o.ptr); };
+        auto desc = [](const Operand& o) { return o.desc ? o.desc->desc : nullptr; };
+        nb::gil_scoped_release release;
+        return f(handle->handle, mm->desc, m, n, k, alpha.data(), ptr(a), a.i, a.j, desc(a), ptr(b), b.i, b.j,
+                 desc(b), beta.data(), ptr(c), c.i, c.j, desc(c), ptr(d), d.i, d.j, desc(d), tail...);
+    }
+
+    void size_workspaces() {
+        check(with_operands(api().MatmulBufferSize, &device_bytes, &host_bytes), "cublasMpMatmul_bufferSize");
+    }
+
     void call_library() {
         void* dws = workspace ? workspace->ptr : nullptr;
         void* hws = host_workspace.empty() ? nullptr : host_workspace.data();
-        auto desc = [](const Operand& o) { return o.desc ? o.desc->desc : nullptr; };
-        int status;
-        {
-            nb::gil_scoped_release release;
-            status = api().Matmul(handle->handle, mm->desc, m, n, k, alpha.data(), reinterpret_cast<void*>(a.ptr),
-                                  a.i, a.j, desc(a), reinterpret_cast<void*>(b.ptr), b.i, b.j, desc(b),
-                                  beta.data(), reinterpret_cast<void*>(c.ptr), c.i, c.j, desc(c),
-                                  reinterpret_cast<void*>(d.ptr), d.i, d.j, desc(d), dws, device_bytes, hws,
-                                  host_bytes);
-        }
+        int status = with_operands(api().Matmul, dws, device_bytes, hws, host_bytes);
         if (status != kSuccess) check(status, "cublasMpMatmul");
     }
 
@@ -495,17 +500,8 @@ void register_cublasmp(nb::module_& parent) {
             return MatrixDescriptor(s);
         }, nb::arg("m"), nb::arg("n"), nb::arg("mb"), nb::arg("nb"), nb::arg("rsrc"), nb::arg("csrc"),
            nb::arg("lld"), nb::arg("dtype"), "cublasMpMatrixDescriptorCreate on this grid.")
-        .def("registrations", [](Grid& g) {
-            nb::list out;
-            for (auto& r : g.get().registrations.live()) {
-                nb::dict d;
-                d["ptr"] = r->ptr;
-                d["size"] = r->size;
-                d["references"] = r->handles();
-                out.append(d);
-            }
-            return out;
-        });
+        .def("registrations", [](Grid& g) { return describe(g.get().registrations.live()); },
+             "Live registrations on this grid.");
     bind_lifetime(grid, "cublasMpGridDestroy (collective) and drop it from the cache. Its communicator's close "
                         "does this for every grid on it.");
 
@@ -529,14 +525,7 @@ void register_cublasmp(nb::module_& parent) {
         }));
     }, nb::arg("comm"), nb::arg("nprow"), nb::arg("npcol"), nb::arg("layout") = 0,
        "The cached grid for (communicator, device, nprow, npcol, layout); created (collectively) on a miss.");
-    m.def("grid_cache_info", [] {
-        auto i = grid_cache().info();
-        nb::dict d;
-        d["entries"] = i.entries;
-        d["hits"] = i.hits;
-        d["misses"] = i.misses;
-        return d;
-    }, "Grid cache statistics: entries, hits, misses.");
+    m.def("grid_cache_info", [] { return describe(grid_cache().info()); }, "Grid cache statistics: entries, hits, misses.");
 
     auto md = nb::class_<MatrixDescriptor>(m, "MatrixDescriptor", "A distributed matrix layout on a grid.");
     md.def_prop_ro("handle", [](MatrixDescriptor& d) { return reinterpret_cast<uintptr_t>(d.get().desc); })
@@ -605,13 +594,7 @@ void register_cublasmp(nb::module_& parent) {
         p->b = operand(b, "b", false);
         p->c = operand(c, "c", true);
         p->d = operand(d, "d", false);
-        auto desc = [](const Operand& o) { return o.desc ? o.desc->desc : nullptr; };
-        call("cublasMpMatmul_bufferSize", api().MatmulBufferSize, p->handle->handle, p->mm->desc, p->m, p->n, p->k,
-             static_cast<const void*>(p->alpha.data()), reinterpret_cast<const void*>(p->a.ptr), p->a.i, p->a.j,
-             desc(p->a), reinterpret_cast<const void*>(p->b.ptr), p->b.i, p->b.j, desc(p->b),
-             static_cast<const void*>(p->beta.data()), reinterpret_cast<const void*>(p->c.ptr), p->c.i, p->c.j,
-             desc(p->c), reinterpret_cast<void*>(p->d.ptr), p->d.i, p->d.j, desc(p->d), &p->device_bytes,
-             &p->host_bytes);
+        p->size_workspaces();
         if (p->device_bytes > 0) {
             if (!workspace.is_none()) {
                 auto& w = nb::cast<Workspace&>(workspace);

@@ -269,19 +269,10 @@ Registration do_register(Communicator& self, uintptr_t ptr, size_t size, nb::obj
 
 nb::list list_registrations(Communicator& self) {
     CommState& s = self.get();
-    nb::list out;
-    for (auto* reg : {&s.registrations, &s.windows}) {
-        for (auto& r : reg->live()) {
-            nb::dict d;
-            d["kind"] = r->kind();
-            d["ptr"] = r->ptr;
-            d["size"] = r->size;
-            d["references"] = r->handles();
-            d["handle"] = r->lib_handle;
-            out.append(d);
-        }
-    }
-    return out;
+    auto live = s.registrations.live();
+    auto windows = s.windows.live();
+    live.insert(live.end(), windows.begin(), windows.end());
+    return describe(live);
 }
 
 }  // namespace

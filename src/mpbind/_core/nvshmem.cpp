@@ -435,17 +435,8 @@ void register_nvshmem(nb::module_& parent) {
             return do_register(open_runtime(r.state()), ptr, size, std::move(buffer));
         }, nb::arg("ptr"), nb::arg("size"), nb::arg("buffer") = nb::none(),
            "nvshmemx_buffer_register (local), reference-counted per (ptr, size).")
-        .def("registrations", [](Runtime& r) {
-            nb::list out;
-            for (auto& s : open_runtime(r.state()).registrations.live()) {
-                nb::dict d;
-                d["ptr"] = s->ptr;
-                d["size"] = s->size;
-                d["references"] = s->handles();
-                out.append(d);
-            }
-            return out;
-        }, "Live registrations on this runtime.")
+        .def("registrations", [](Runtime& r) { return describe(open_runtime(r.state()).registrations.live()); },
+             "Live registrations on this runtime.")
         .def("allocations", [](Runtime& r) {
             nb::list out;
             for (auto& s : open_runtime(r.state()).live_allocations()) out.append(describe_allocation(*s));
