@@ -112,7 +112,9 @@ def event_times_ms(fn: Callable[[], object], iters: int, warmup: int) -> list[fl
     return times
 
 
-def host_times_us(fn: Callable[[], object], calls: int, warmup: int) -> list[float]:
+def host_times_us(fn: Callable[[], object], calls: int, warmup: int, sync_every: int = 0) -> list[float]:
+    """Wall time of each of `calls` calls of `fn`, in µs; with `sync_every`, the GPU catches up
+    every that many calls (untimed), so that a long queue never makes a call wait."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -122,6 +124,8 @@ def host_times_us(fn: Callable[[], object], calls: int, warmup: int) -> list[flo
         t0 = clock()
         fn()
         times.append((clock() - t0) * 1e6)
+        if sync_every and len(times) % sync_every == 0:
+            torch.cuda.synchronize()
     torch.cuda.synchronize()
     return times
 

@@ -23,7 +23,6 @@ import ctypes
 import json
 import os
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -33,25 +32,14 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from cublasmp_matmul import host_times_us  # noqa: E402  (beside this script)
 
 from mpbind import _loader, cublasmp, nccl  # noqa: E402
 from mpbind.bindings import cublasmp as flat  # noqa: E402
 
 
-def host_us(fn: Callable[[], object], calls: int, warmup: int = 50) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    clock = time.perf_counter
-    for _ in range(calls):
-        t0 = clock()
-        fn()
-        times.append((clock() - t0) * 1e6)
-        if len(times) % 200 == 0:
-            torch.cuda.synchronize()  # keep the queue short: host time, not back-pressure
-    torch.cuda.synchronize()
-    return statistics.median(times)
+def host_us(fn: Callable[[], object], calls: int) -> float:
+    return statistics.median(host_times_us(fn, calls, warmup=50, sync_every=200))
 
 
 def nvmath_execute(a: Any, b: Any, ref: Any, calls: int) -> dict[str, Any]:
