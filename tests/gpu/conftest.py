@@ -1,13 +1,21 @@
-"""The GPU test wrappers share the helper modules beside them (suite_report, mpirun_suite).
+"""What every GPU test here needs before it runs.
 
-The suites run as scripts under mpirun, with this folder on their path; the pytest wrappers
-(imported with ``--import-mode=importlib``) get it here.
+* NVLink multicast off, before NCCL, NVSHMEM or torch initialise anything in this process (the
+  suites started under mpirun set it themselves and get it through ``-x``).
+* The helper modules beside this file (suite_report, mpirun_suite) importable: the suites run as
+  scripts with this folder on their path; the pytest modules (imported with
+  ``--import-mode=importlib``) get it here.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+
+for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
+                      ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")):
+    os.environ.setdefault(_name, _value)
 
 _HERE = str(Path(__file__).parent)
 if _HERE not in sys.path:

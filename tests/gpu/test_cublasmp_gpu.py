@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,11 +26,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-# Before NCCL initialises anything in this process.
-os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
-os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 
 from mpbind import _loader  # noqa: E402
 from mpbind.errors import CuBLASMpError, LibraryNotFoundError  # noqa: E402

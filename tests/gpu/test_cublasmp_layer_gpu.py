@@ -3,14 +3,9 @@ registrations and a distributed matmul built only from this layer, checked again
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
-
-os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
-os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 
 from mpbind import _loader  # noqa: E402
 from mpbind.errors import LibraryNotFoundError, UsageError  # noqa: E402

@@ -9,17 +9,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-
-# Before NCCL initialises anything in this process.
-os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
-os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 
 from mpbind import _loader  # noqa: E402
 from mpbind.bindings import _coverage, nccl  # noqa: E402

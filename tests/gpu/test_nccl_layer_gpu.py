@@ -4,7 +4,6 @@ teardown order and exit with live objects, checked against torch."""
 from __future__ import annotations
 
 import gc
-import os
 import subprocess
 import sys
 import textwrap
@@ -12,10 +11,6 @@ import warnings
 from collections.abc import Iterator
 
 import pytest
-
-os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
-os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
