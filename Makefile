@@ -13,9 +13,19 @@ $(VPY):
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install --upgrade pip
 
-# Non-editable install: tests and the demo use the installed package, not src/.
-install: $(VPY)
-	$(VPY) -m pip install ".[$(EXTRAS)]"
+# The build requirements of pyproject.toml ([build-system] requires), installed into the venv once
+# (again when pyproject.toml changes), so that installs build without isolation.
+BUILD_REQUIRES := $(VENV)/.build-requires
+$(BUILD_REQUIRES): pyproject.toml | $(VPY)
+	$(VPY) -m pip install cmake ninja $$($(VPY) -c 'import sys; t = __import__("tomllib" \
+		if sys.version_info >= (3, 11) else "pip._vendor.tomli", fromlist=["load"]); \
+		print(" ".join(t.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))')
+	touch $@
+
+# Non-editable install: tests and the demo use the installed package, not src/. Without build
+# isolation the CMake tree in build/ is reused, so an unchanged tree rebuilds nothing.
+install: $(BUILD_REQUIRES)
+	$(VPY) -m pip install --no-build-isolation ".[$(EXTRAS)]"
 
 demo: install
 	$(VPY) -m mpbind info

@@ -1,4 +1,4 @@
-"""The exception hierarchy of DESIGN.md and the generated per-status classes."""
+"""The exception hierarchy of docs/DESIGN.md and the generated per-status classes."""
 
 from __future__ import annotations
 
