@@ -104,10 +104,10 @@ def test_registration_dropped_without_close() -> None:
         gc.collect()
     assert calls.dereg[0x3000] == 0  # collective: never from the garbage collector
     assert any(issubclass(w.category, ResourceWarning) for w in seen)
-    assert any(kind == "testing.Registration" for kind, _ in _core.queued())
+    assert any(kind == "testing.CollectiveRegistration" for kind, _ in _core.queued())
     coll.close()  # the owner's close drains what is queued under it
     assert calls.dereg[0x3000] == 1
-    assert not any(kind == "testing.Registration" for kind, _ in _core.queued())
+    assert not any(kind == "testing.CollectiveRegistration" for kind, _ in _core.queued())
 
 
 def test_registry_under_16_threads() -> None:

@@ -1,5 +1,5 @@
-// Shared machinery of mpbind._core: errors, capsule lookup, states, the
-// teardown queue and the registration registry (see core.hpp).
+// Shared machinery of mpbind._core: errors, capsule lookup, states and their
+// drop policies, the teardown queue and the registration registry (see core.hpp).
 
 #include "core.hpp"
 
@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 
 namespace mpbind {
 
@@ -171,8 +172,7 @@ std::vector<std::pair<std::string, uint64_t>> queued() {
 // State
 // ---------------------------------------------------------------------------
 
-State::State(std::string kind, bool collective)
-    : kind_(std::move(kind)), serial_(++g_serial), collective_(collective) {}
+State::State(const char* kind) : lifetime_(mpbind::lifetime(kind)), serial_(++g_serial) {}
 
 State::~State() = default;
 
@@ -182,10 +182,15 @@ bool State::closed() {
 }
 
 void State::check_open() {
-    if (closed()) raise_usage(kind_ + " is closed");
+    if (closed()) raise_usage(kind() + " is closed");
 }
 
 void State::add_child(const std::shared_ptr<State>& child) {
+    if (std::strcmp(child->lifetime_.parent, lifetime_.kind) != 0) {
+        throw std::logic_error(child->kind() + " is released first by " +
+                               (*child->lifetime_.parent ? child->lifetime_.parent : "nothing") +
+                               " in the lifetime table, not by " + kind());
+    }
     Lock l = lock(mu_);
     // Forget released children so a long-lived owner does not grow without bound.
     children_.erase(std::remove_if(children_.begin(), children_.end(),
@@ -259,16 +264,32 @@ void State::close() {
     }
 }
 
-void State::handle_acquired() {
+void State::ref_acquired() {
     // Referenced again (e.g. a grid's communicator handed out): no longer waiting for teardown.
-    if (handles_++ == 0 && queued_) unqueue(this);
+    if (refs_++ == 0 && queued_) unqueue(this);
 }
 
-void State::handle_dropped() {
-    if (--handles_ > 0) return;
+void State::ref_dropped() {
+    if (--refs_ > 0) return;
     if (exiting() || closed()) return;
     try {
-        unreferenced();
+        switch (lifetime_.drop) {
+            case Drop::kAtOnce:
+                close();
+                break;
+            case Drop::kQueuedOnceCollective:
+                if (!holds_collective_) {
+                    close();
+                    break;
+                }
+                [[fallthrough]];
+            case Drop::kQueued:
+                queue_for_teardown();
+                break;
+            case Drop::kByOwner:
+            case Drop::kNever:
+                break;
+        }
     } catch (nb::python_error& e) {
         e.restore();
         PyErr_WriteUnraisable(nullptr);
@@ -278,30 +299,22 @@ void State::handle_dropped() {
     }
 }
 
-void State::handle_closed() {
-    if (--handles_ > 0) return;
+void State::ref_closed() {
+    if (--refs_ > 0) return;
     close();
 }
 
-void State::unreferenced() {
-    if (collective_) {
-        queue_for_teardown(true);
-    } else {
-        close();
+void State::queue_for_teardown() {
+    {
+        TeardownQueue& q = teardown_queue();
+        Lock l = lock(q.mu);
+        if (queued_) return;
+        queued_ = true;
+        q.items.push_back(shared_from_this());
     }
-}
-
-void State::queue_for_teardown(bool warn) {
-    if (warn) {
-        warn_resource(kind_ + " (serial " + std::to_string(serial_) +
-                      ") was dropped without close(); its release is collective, so it is queued "
-                      "until finalize() or drain() runs on every rank");
-    }
-    TeardownQueue& q = teardown_queue();
-    Lock l = lock(q.mu);
-    if (queued_) return;
-    queued_ = true;
-    q.items.push_back(shared_from_this());
+    warn_resource(kind() + " (serial " + std::to_string(serial_) +
+                  ") was dropped without close(); its release is collective, so it is queued "
+                  "until finalize() or drain() runs on every rank");
 }
 
 // ---------------------------------------------------------------------------
@@ -333,20 +346,25 @@ RegistrationState::~RegistrationState() {
     }
 }
 
+std::string RegistrationState::library() const {
+    std::string k = kind();
+    return k.substr(0, k.find('.'));
+}
+
 void RegistrationState::release() {
     deregister();
     buffer.reset();
 }
 
-void Registration::close() {
+void RegistrationRef::close() {
     if (closed_) return;
     closed_ = true;
     // The last reference closed explicitly: deregister now, collectively if
     // the library requires it (every rank closes its last reference).
-    state_->handle_closed();
+    state_->ref_closed();
 }
 
-const RegistrationState& Registration::get() const {
+const RegistrationState& RegistrationRef::get() const {
     if (closed_) raise_usage(state_->kind() + " reference is closed");
     state_->check_open();
     return *state_;
@@ -384,12 +402,12 @@ std::vector<std::shared_ptr<RegistrationState>> all_registrations() {
 
 nb::dict describe(const RegistrationState& s) {
     nb::dict d;
-    d["library"] = s.library;
+    d["library"] = s.library();
     d["kind"] = s.kind();
     d["owner"] = s.owner_serial;
     d["ptr"] = s.ptr;
     d["size"] = s.size;
-    d["references"] = s.handles();
+    d["references"] = s.refs();
     d["handle"] = s.lib_handle;
     d["serial"] = s.serial();
     return d;

@@ -3,12 +3,16 @@
 // * State: one library resource (a communicator, a grid, a registration, ...).
 //   It is released exactly once, after its children; it keeps alive the states
 //   it depends on. Python never sees a State directly.
-// * Handle<S>: the Python object over a State. A state may have several handles
-//   (a cached grid returned twice, a registration made twice). When the last
-//   handle goes away unreleased, the state either releases itself (a local
-//   free) or, when its release is collective, warns and waits in the teardown
-//   queue, which every rank drains in the same (reverse creation) order.
-// * Registry: reference-counted registrations of (owner, pointer, size).
+// * Lifetime: the row of the lifetime table (lifetimes.cpp) that a State looks
+//   up by its kind: what happens when its last reference goes away unreleased
+//   (released at once, queued for a collective drain, left to its owner, never),
+//   whether its release is collective, and which kind releases it first.
+// * Ref<S>: one Python object's reference on a State. A state may have several
+//   (a cached grid returned twice); close() on any releases the state.
+// * RegistrationRef: one counted reference on a registration of (owner,
+//   pointer, size); close() drops that reference, the last one deregisters.
+// * The teardown queue: collective releases of dropped objects, which every
+//   rank drains in the same (reverse creation) order.
 // * Library calls go through the function pointers the generated Cython modules
 //   export in __pyx_capi__, so there is one loader and one table.
 //
@@ -106,21 +110,48 @@ bool exiting();
 void mark_exiting();
 
 // ---------------------------------------------------------------------------
-// State and Handle
+// The lifetime table (one row per object kind; the rows are in lifetimes.cpp)
+// ---------------------------------------------------------------------------
+
+// What happens when the last reference on an object goes away without close().
+enum class Drop {
+    kAtOnce,                // a local release, run now (also from the garbage collector)
+    kQueued,                // collective: warn ResourceWarning and wait in the teardown queue
+                            // until drain() or finalize() runs on every rank
+    kQueuedOnceCollective,  // kAtOnce until the object holds something collective
+                            // (State::became_collective()), kQueued from then on
+    kByOwner,               // nothing: its owner releases it (a cached grid: its communicator)
+    kNever,                 // nothing: only an explicit close() releases it (the NVSHMEM runtime)
+};
+
+struct Lifetime {
+    const char* kind;     // "nccl.Communicator": the name in messages and in queued()
+    Drop drop;
+    bool collective;      // its release is collective: every rank releases it together
+    const char* parent;   // the kind whose close() releases it first ("" for none)
+    const char* release;  // what releases it
+};
+
+// The row of `kind`; a kind missing from the table is a programming error (std::logic_error).
+const Lifetime& lifetime(const char* kind);
+// Every row of the library objects, in table order (the test doubles of _testing are not listed).
+const std::vector<Lifetime>& lifetimes();
+const char* drop_name(Drop drop);  // "at_once", "queued", ... as lifetimes() reports them
+
+// ---------------------------------------------------------------------------
+// State and Ref
 // ---------------------------------------------------------------------------
 
 class State : public std::enable_shared_from_this<State> {
 public:
-    // `kind` names the object in messages ("nccl.Communicator"). A collective
-    // state is released by every rank together, so never by the garbage collector.
-    State(std::string kind, bool collective);
+    // `kind` names the row of the lifetime table that says how it is dropped and released.
+    explicit State(const char* kind);
     virtual ~State();
     State(const State&) = delete;
     State& operator=(const State&) = delete;
 
-    const std::string& kind() const { return kind_; }
+    std::string kind() const { return lifetime_.kind; }
     uint64_t serial() const { return serial_; }
-    bool collective() const { return collective_; }
     bool closed();
 
     // Raise UsageError if released.
@@ -130,44 +161,47 @@ public:
     // this state. Idempotent. Needs the GIL.
     void close();
 
-    // `child` is released before this state. The child keeps this state alive
-    // through `depends_on` (or through its handles), never the other way round.
+    // From now on its release is collective (kQueuedOnceCollective: a cuFFTMp plan once a
+    // communicator is attached, a reshape once made).
+    void became_collective() { holds_collective_ = true; }
+
+    // `child` is released before this state; the table names this state's kind as the child's
+    // parent. The child keeps this state alive through `depends_on` (or through its refs),
+    // never the other way round.
     void add_child(const std::shared_ptr<State>& child);
     void depends_on(std::shared_ptr<State> parent);
     State* parent() const { return parent_; }
     bool descends_from(const State* ancestor) const;
 
-    // Handle accounting (GIL held).
-    void handle_acquired();
-    void handle_dropped();
-    // A handle released by close(): the last one closes the state (no warning).
-    void handle_closed();
-    int handles() const { return handles_.load(); }
+    // Reference accounting (GIL held).
+    void ref_acquired();
+    // The last reference gone without close(): what the table's Drop says.
+    void ref_dropped();
+    // A reference released by close(): the last one closes the state (no warning).
+    void ref_closed();
+    int refs() const { return refs_.load(); }
 
-    // For the handle-less states a registry or cache hands out.
+    // For the states a registry or cache hands out.
     Mutex& mutex() { return mu_; }
 
 protected:
     // The library call that frees the resource; runs once, GIL held (it may
     // release it around the call).
     virtual void release() = 0;
-    // Called when the last handle went away without close(). The default:
-    // a collective state warns and waits in the teardown queue, a local one
-    // is released now.
-    virtual void unreferenced();
-    void queue_for_teardown(bool warn);
     friend void unqueue(State* s);
     friend size_t drain_queue(const State* owner);
 
 private:
-    std::string kind_;
+    void queue_for_teardown();
+
+    const Lifetime& lifetime_;
     uint64_t serial_;
-    bool collective_;
     Mutex mu_;
     bool closed_ = false;
     bool closing_ = false;
     bool queued_ = false;
-    std::atomic<int> handles_{0};
+    bool holds_collective_ = false;
+    std::atomic<int> refs_{0};
     std::vector<std::weak_ptr<State>> children_;
     State* parent_ = nullptr;  // for draining; kept valid by deps_
     std::vector<std::shared_ptr<State>> deps_;
@@ -185,15 +219,16 @@ void collect_garbage();
 // Python-facing description of what is queued: [(kind, serial)].
 std::vector<std::pair<std::string, uint64_t>> queued();
 
+// One Python object's reference on a state: what nanobind binds as each library object.
 template <class S>
-class Handle {
+class Ref {
 public:
-    explicit Handle(std::shared_ptr<S> state) : state_(std::move(state)) { state_->handle_acquired(); }
-    Handle(Handle&& other) noexcept : state_(std::move(other.state_)) {}
-    Handle(const Handle&) = delete;
-    Handle& operator=(const Handle&) = delete;
-    ~Handle() {
-        if (state_) state_->handle_dropped();
+    explicit Ref(std::shared_ptr<S> state) : state_(std::move(state)) { state_->ref_acquired(); }
+    Ref(Ref&& other) noexcept : state_(std::move(other.state_)) {}
+    Ref(const Ref&) = delete;
+    Ref& operator=(const Ref&) = delete;
+    ~Ref() {
+        if (state_) state_->ref_dropped();
     }
 
     // The state, checked open.
@@ -209,30 +244,37 @@ private:
     std::shared_ptr<S> state_;
 };
 
-// __enter__/__exit__/close/closed/serial on a bound Handle class.
-template <class H, class... Extra>
-void bind_lifetime(nb::class_<H, Extra...>& cls, const char* close_doc) {
-    cls.def("close", [](H& h) { h.close(); }, close_doc)
-        .def_prop_ro("closed", [](H& h) { return h.closed(); }, "True once released.")
-        .def_prop_ro("serial", [](H& h) { return h.state()->serial(); },
+// __enter__/__exit__/close/closed/serial on a bound Ref class.
+template <class R, class... Extra>
+void bind_lifetime(nb::class_<R, Extra...>& cls, const char* close_doc) {
+    cls.def("close", [](R& r) { r.close(); }, close_doc)
+        .def_prop_ro("closed", [](R& r) { return r.closed(); }, "True once released.")
+        .def_prop_ro("serial", [](R& r) { return r.state()->serial(); },
                      "Creation order in this process; the teardown queue runs newest first.")
         .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
-        .def("__exit__", [](H& h, nb::args) { h.close(); });
+        .def("__exit__", [](R& r, nb::args) { r.close(); });
+}
+
+// A read-only `ptr` (the library's C object as an int, for the flat bindings) and `handle`,
+// its earlier name, kept as an alias.
+template <class R, class... Extra, class Get>
+void bind_c_pointer(nb::class_<R, Extra...>& cls, Get get, const char* doc) {
+    auto as_int = [get](R& r) { return reinterpret_cast<uintptr_t>(get(r)); };
+    cls.def_prop_ro("ptr", as_int, doc).def_prop_ro("handle", as_int, "Alias of ptr.");
 }
 
 // ---------------------------------------------------------------------------
 // Registry: reference-counted registrations keyed by (pointer, size) per owner
 // ---------------------------------------------------------------------------
 
-// One live registration with the library. Handles are the references.
+// One live registration with the library. RegistrationRefs are the references.
 class RegistrationState : public State {
 public:
-    RegistrationState(std::string kind, bool collective, std::string library, uintptr_t ptr,
-                      size_t size, nb::object buffer)
-        : State(std::move(kind), collective), library(std::move(library)), ptr(ptr), size(size),
-          buffer(std::move(buffer)) {}
+    RegistrationState(const char* kind, uintptr_t ptr, size_t size, nb::object buffer)
+        : State(kind), ptr(ptr), size(size), buffer(std::move(buffer)) {}
     ~RegistrationState() override;
-    const std::string library;
+    // The library part of the kind ("nccl" for "nccl.Window").
+    std::string library() const;
     const uintptr_t ptr;
     const size_t size;
     nb::object buffer;  // kept alive while registered
@@ -245,15 +287,15 @@ protected:
     virtual void deregister() = 0;
 };
 
-// A reference on a registration; close() drops this reference only.
-class Registration {
+// One counted reference on a registration; close() drops this reference only.
+class RegistrationRef {
 public:
-    explicit Registration(std::shared_ptr<RegistrationState> s) : state_(std::move(s)) {
-        state_->handle_acquired();
+    explicit RegistrationRef(std::shared_ptr<RegistrationState> s) : state_(std::move(s)) {
+        state_->ref_acquired();
     }
-    Registration(Registration&& o) noexcept : state_(std::move(o.state_)), closed_(o.closed_) {}
-    ~Registration() {
-        if (state_ && !closed_) state_->handle_dropped();
+    RegistrationRef(RegistrationRef&& o) noexcept : state_(std::move(o.state_)), closed_(o.closed_) {}
+    ~RegistrationRef() {
+        if (state_ && !closed_) state_->ref_dropped();
     }
     void close();
     bool closed() const { return closed_ || state_->closed(); }
@@ -271,12 +313,12 @@ public:
     // A new reference on the live registration of (ptr, size), made with
     // `make` (which calls the library) if there is none. `owner` becomes its parent.
     template <class Make>
-    Registration acquire(State& owner, uintptr_t ptr, size_t size, Make&& make) {
+    RegistrationRef acquire(State& owner, uintptr_t ptr, size_t size, Make&& make) {
         Lock l = lock(owner.mutex());
         owner.check_open();
         auto it = live_.find({ptr, size});
         if (it != live_.end()) {
-            if (auto s = it->second.lock(); s && !s->closed()) return Registration(s);
+            if (auto s = it->second.lock(); s && !s->closed()) return RegistrationRef(s);
         }
         std::shared_ptr<RegistrationState> s = make();
         s->owner_serial = owner.serial();
@@ -284,7 +326,7 @@ public:
         owner.add_child(s);
         live_[{ptr, size}] = s;
         track(s);
-        return Registration(s);
+        return RegistrationRef(s);
     }
     std::vector<std::shared_ptr<RegistrationState>> live();
 
@@ -364,7 +406,5 @@ private:
 // An int, or an object with __cuda_stream__ (protocol), .cuda_stream (PyTorch)
 // or .ptr (CuPy); None is the default stream (0).
 uintptr_t stream_handle(nb::handle obj);
-
-void register_core(nb::module_& m);
 
 }  // namespace mpbind

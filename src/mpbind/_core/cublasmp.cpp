@@ -14,7 +14,7 @@
 #include <cstring>
 #include <tuple>
 
-#include "modules.hpp"
+#include "register.hpp"
 #include "nccl.hpp"
 
 namespace mpbind::cublasmp {
@@ -134,7 +134,7 @@ constexpr int kCaptureThreadLocal = 1;  // CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
 
 class HandleState : public State {
 public:
-    HandleState(void* h, uintptr_t stream) : State("cublasmp.Handle", false), handle(h), stream(stream) {}
+    HandleState(void* h, uintptr_t stream) : State("cublasmp.Handle"), handle(h), stream(stream) {}
     void* handle;
     uintptr_t stream;
     // Host workspaces of one-shot calls (gemm): kept with the handle, since the library may
@@ -157,7 +157,7 @@ public:
 protected:
     void release() override { call("cublasMpDestroy", api().Destroy, handle); }
 };
-using MpHandle = mpbind::Handle<HandleState>;
+using Handle = Ref<HandleState>;  // cublasMpHandle_t (the library's term)
 
 // --- grids and their cache ---
 
@@ -171,7 +171,7 @@ Cache<GridKey, GridState>& grid_cache() {
 class GridState : public State {
 public:
     GridState(void* g, std::shared_ptr<nccl::CommState> comm, i64 nprow, i64 npcol, int layout)
-        : State("cublasmp.Grid", true), grid(g), comm(std::move(comm)), nprow(nprow), npcol(npcol),
+        : State("cublasmp.Grid"), grid(g), comm(std::move(comm)), nprow(nprow), npcol(npcol),
           layout(layout) {}
     void* grid;
     std::shared_ptr<nccl::CommState> comm;
@@ -188,9 +188,8 @@ protected:
         grid_cache().erase(this);
         call("cublasMpGridDestroy", api().GridDestroy, grid);
     }
-    void unreferenced() override {}  // the cache owns it until its communicator closes
 };
-using Grid = mpbind::Handle<GridState>;
+using Grid = Ref<GridState>;
 
 class BufferRegistration : public RegistrationState {
 public:
@@ -203,14 +202,13 @@ protected:
     }
 };
 
-Registration register_on(GridState& g, uintptr_t ptr, size_t size, nb::object buffer) {
+RegistrationRef register_on(GridState& g, uintptr_t ptr, size_t size, nb::object buffer) {
     if (ptr == 0) raise_usage("cannot register a NULL pointer");
     if (size == 0) raise_usage("cannot register 0 bytes");
     auto self = std::static_pointer_cast<GridState>(g.shared_from_this());
     return g.registrations.acquire(g, ptr, size, [&]() -> std::shared_ptr<RegistrationState> {
         call("cublasMpBufferRegister", api().BufferRegister, g.grid, reinterpret_cast<void*>(ptr), size);
-        auto r = std::make_shared<BufferRegistration>("cublasmp.Registration", true, "cublasmp", ptr, size,
-                                                      std::move(buffer));
+        auto r = std::make_shared<BufferRegistration>("cublasmp.Registration", ptr, size, std::move(buffer));
         r->grid = self;
         return r;
     });
@@ -221,7 +219,7 @@ Registration register_on(GridState& g, uintptr_t ptr, size_t size, nb::object bu
 class MatrixState : public State {
 public:
     MatrixState(void* d, i64 m, i64 n, i64 mb, i64 nb, i64 rsrc, i64 csrc, i64 lld, int dtype)
-        : State("cublasmp.MatrixDescriptor", false), desc(d), m(m), n(n), mb(mb), nb(nb), rsrc(rsrc),
+        : State("cublasmp.MatrixDescriptor"), desc(d), m(m), n(n), mb(mb), nb(nb), rsrc(rsrc),
           csrc(csrc), lld(lld), dtype(dtype) {}
     void* desc;
     i64 m, n, mb, nb, rsrc, csrc, lld;
@@ -231,34 +229,35 @@ public:
 protected:
     void release() override { call("cublasMpMatrixDescriptorDestroy", api().MatrixDescriptorDestroy, desc); }
 };
-using MatrixDescriptor = mpbind::Handle<MatrixState>;
+using MatrixDescriptor = Ref<MatrixState>;
 
 class MatmulDescState : public State {
 public:
-    MatmulDescState(void* d, int compute) : State("cublasmp.MatmulDescriptor", false), desc(d), compute(compute) {}
+    MatmulDescState(void* d, int compute) : State("cublasmp.MatmulDescriptor"), desc(d), compute(compute) {}
     void* desc;
     int compute;
 
 protected:
     void release() override { call("cublasMpMatmulDescriptorDestroy", api().MatmulDescriptorDestroy, desc); }
 };
-using MatmulDescriptor = mpbind::Handle<MatmulDescState>;
+using MatmulDescriptor = Ref<MatmulDescState>;
 
 // --- workspace ---
 
 class WorkspaceState : public State {
 public:
-    WorkspaceState(void* p, size_t size, std::shared_ptr<GridState> grid)
-        : State("cublasmp.Workspace", true), ptr(p), size(size), grid(std::move(grid)) {}
+    // A grid's shared workspace (`shared`) is released with the grid, another when dropped.
+    WorkspaceState(void* p, size_t size, std::shared_ptr<GridState> grid, bool shared)
+        : State(shared ? "cublasmp.SharedWorkspace" : "cublasmp.Workspace"), ptr(p), size(size),
+          grid(std::move(grid)) {}
     void* ptr;
     size_t size;
-    std::shared_ptr<GridState> grid;     // the grid it was allocated on
-    std::vector<Registration> served;    // registrations on the other grids it serves
-    bool pooled = false;                 // a grid's shared workspace: released with the grid
+    std::shared_ptr<GridState> grid;       // the grid it was allocated on
+    std::vector<RegistrationRef> served;   // registrations on the other grids it serves
 
     // Register on each grid of `grids` not yet served; all or nothing.
     void serve(const std::vector<std::shared_ptr<GridState>>& grids) {
-        std::vector<Registration> added;
+        std::vector<RegistrationRef> added;
         try {
             for (auto& g : grids) {
                 if (g.get() == grid.get()) continue;
@@ -281,23 +280,20 @@ public:
     }
 
 protected:
-    void unreferenced() override {
-        if (!pooled) State::unreferenced();
-    }
     void release() override {
         for (auto it = served.rbegin(); it != served.rend(); ++it) it->close();
         served.clear();
         call("cublasMpFree", api().Free, grid->grid, ptr);
     }
 };
-using Workspace = mpbind::Handle<WorkspaceState>;
+using Workspace = Ref<WorkspaceState>;
 
-std::shared_ptr<WorkspaceState> make_workspace(const std::shared_ptr<GridState>& g, size_t nbytes) {
+std::shared_ptr<WorkspaceState> make_workspace(const std::shared_ptr<GridState>& g, size_t nbytes, bool shared) {
     g->check_open();
     if (nbytes == 0) raise_usage("workspace size must be > 0");
     void* p = nullptr;
     call("cublasMpMalloc", api().Malloc, g->grid, &p, nbytes);
-    auto w = std::make_shared<WorkspaceState>(p, nbytes, g);
+    auto w = std::make_shared<WorkspaceState>(p, nbytes, g, shared);
     w->depends_on(g);
     g->add_child(w);
     return w;
@@ -310,8 +306,7 @@ std::shared_ptr<WorkspaceState> shared_workspace(const std::shared_ptr<GridState
         if (!last->closed() && last->size >= nbytes) return last;
     }
     size_t grow = g->workspaces.empty() ? 0 : 2 * std::static_pointer_cast<WorkspaceState>(g->workspaces.back())->size;
-    auto w = make_workspace(g, std::max(nbytes, grow));
-    w->pooled = true;
+    auto w = make_workspace(g, std::max(nbytes, grow), true);
     g->workspaces.push_back(w);
     return w;
 }
@@ -326,9 +321,10 @@ struct Operand {
 
 class MatmulPlanState : public State {
 public:
-    MatmulPlanState() : State("cublasmp.MatmulPlan", false) {}
+    MatmulPlanState() : State("cublasmp.MatmulPlan") {}
     std::shared_ptr<HandleState> handle;
     std::shared_ptr<MatmulDescState> mm;
+    bool owns_descriptor = false;  // `mm` is closed with the plan (else its creator keeps it)
     i64 m = 0, n = 0, k = 0;
     Operand a, b, c, d;
     std::array<unsigned char, 16> alpha{}, beta{};
@@ -354,6 +350,7 @@ public:
     }
 
     void call_library() {
+        mm->check_open();  // a descriptor the caller kept may be closed before the plan
         void* dws = workspace ? workspace->ptr : nullptr;
         void* hws = host_workspace.empty() ? nullptr : host_workspace.data();
         int status = with_operands(api().Matmul, dws, device_bytes, hws, host_bytes);
@@ -413,9 +410,10 @@ protected:
         workspace.reset();  // a shared Workspace is released by its own owner
         host_workspace.clear();
         keep = nb::object();
+        if (owns_descriptor) mm->close();
     }
 };
-using MatmulPlan = mpbind::Handle<MatmulPlanState>;
+using MatmulPlan = Ref<MatmulPlanState>;
 
 Operand operand(nb::handle spec, const char* what, bool optional) {
     Operand o;
@@ -454,25 +452,24 @@ void register_cublasmp(nb::module_& parent) {
     using namespace cublasmp;
     nb::module_ m = parent.def_submodule("cublasmp", "cuBLASMp objects of the core.");
 
-    auto handle = nb::class_<MpHandle>(m, "Handle", "A cuBLASMp handle bound to a stream (cublasMpCreate).");
-    handle.def("__init__", [](MpHandle* self, nb::handle stream) {
+    auto handle = nb::class_<Handle>(m, "Handle", "A cuBLASMp handle bound to a stream (cublasMpCreate).");
+    handle.def("__init__", [](Handle* self, nb::handle stream) {
         uintptr_t s = stream_handle(stream);
         void* h = nullptr;
         call("cublasMpCreate", api().Create, &h, reinterpret_cast<void*>(s));
-        new (self) MpHandle(std::make_shared<HandleState>(h, s));
+        new (self) Handle(std::make_shared<HandleState>(h, s));
     }, nb::arg("stream").none() = nb::none())
-        .def_prop_ro("handle", [](MpHandle& h) { return reinterpret_cast<uintptr_t>(h.get().handle); })
-        .def_prop_ro("stream", [](MpHandle& h) { return h.get().stream; })
-        .def("set_stream", [](MpHandle& h, nb::handle s) { h.get().set_stream(stream_handle(s)); },
+        .def_prop_ro("stream", [](Handle& h) { return h.get().stream; })
+        .def("set_stream", [](Handle& h, nb::handle s) { h.get().set_stream(stream_handle(s)); },
              nb::arg("stream").none())
-        .def("host_workspace", [](MpHandle& h, size_t nbytes) {
+        .def("host_workspace", [](Handle& h, size_t nbytes) {
             return reinterpret_cast<uintptr_t>(h.get().host_workspace(nbytes));
         }, nb::arg("nbytes"), "A host workspace of at least `nbytes` that lives as long as the handle.");
+    bind_c_pointer(handle, [](Handle& h) { return h.get().handle; }, "The cublasMpHandle_t, for the flat bindings.");
     bind_lifetime(handle, "cublasMpDestroy. Idempotent.");
 
     auto grid = nb::class_<Grid>(m, "Grid", "A cuBLASMp process grid over an NCCL communicator (cached).");
-    grid.def_prop_ro("handle", [](Grid& g) { return reinterpret_cast<uintptr_t>(g.get().grid); })
-        .def_prop_ro("nprow", [](Grid& g) { return g.get().nprow; })
+    grid.def_prop_ro("nprow", [](Grid& g) { return g.get().nprow; })
         .def_prop_ro("npcol", [](Grid& g) { return g.get().npcol; })
         .def_prop_ro("layout", [](Grid& g) { return g.get().layout; })
         .def_prop_ro("communicator", [](Grid& g) { return nccl::Communicator(g.get().comm); })
@@ -502,6 +499,7 @@ void register_cublasmp(nb::module_& parent) {
            nb::arg("lld"), nb::arg("dtype"), "cublasMpMatrixDescriptorCreate on this grid.")
         .def("registrations", [](Grid& g) { return describe(g.get().registrations.live()); },
              "Live registrations on this grid.");
+    bind_c_pointer(grid, [](Grid& g) { return g.get().grid; }, "The cublasMpGrid_t, for the flat bindings.");
     bind_lifetime(grid, "cublasMpGridDestroy (collective) and drop it from the cache. Its communicator's close "
                         "does this for every grid on it.");
 
@@ -528,11 +526,17 @@ void register_cublasmp(nb::module_& parent) {
     m.def("grid_cache_info", [] { return describe(grid_cache().info()); }, "Grid cache statistics: entries, hits, misses.");
 
     auto md = nb::class_<MatrixDescriptor>(m, "MatrixDescriptor", "A distributed matrix layout on a grid.");
-    md.def_prop_ro("handle", [](MatrixDescriptor& d) { return reinterpret_cast<uintptr_t>(d.get().desc); })
-        .def_prop_ro("shape", [](MatrixDescriptor& d) { return std::make_tuple(d.get().m, d.get().n); })
+    md.def_prop_ro("shape", [](MatrixDescriptor& d) { return std::make_tuple(d.get().m, d.get().n); })
         .def_prop_ro("block", [](MatrixDescriptor& d) { return std::make_tuple(d.get().mb, d.get().nb); })
         .def_prop_ro("lld", [](MatrixDescriptor& d) { return d.get().lld; })
-        .def_prop_ro("dtype", [](MatrixDescriptor& d) { return d.get().dtype; });
+        .def_prop_ro("dtype", [](MatrixDescriptor& d) { return d.get().dtype; })
+        .def("__repr__", [](MatrixDescriptor& d) {
+            auto& s = *d.state();
+            return nb::str("<cublasmp.MatrixDescriptor {}x{} in {}x{} blocks{}>")
+                .format(s.m, s.n, s.mb, s.nb, s.closed() ? " closed" : "");
+        });
+    bind_c_pointer(md, [](MatrixDescriptor& d) { return d.get().desc; },
+                   "The cublasMpMatrixDescriptor_t, for the flat bindings.");
     bind_lifetime(md, "cublasMpMatrixDescriptorDestroy. Idempotent.");
 
     auto mmd = nb::class_<MatmulDescriptor>(m, "MatmulDescriptor", "cublasMpMatmulDescriptor_t.");
@@ -541,15 +545,16 @@ void register_cublasmp(nb::module_& parent) {
         call("cublasMpMatmulDescriptorCreate", api().MatmulDescriptorCreate, &d, compute);
         new (self) MatmulDescriptor(std::make_shared<MatmulDescState>(d, compute));
     }, nb::arg("compute_type"))
-        .def_prop_ro("handle", [](MatmulDescriptor& d) { return reinterpret_cast<uintptr_t>(d.get().desc); })
         .def_prop_ro("compute_type", [](MatmulDescriptor& d) { return d.get().compute; });
+    bind_c_pointer(mmd, [](MatmulDescriptor& d) { return d.get().desc; },
+                   "The cublasMpMatmulDescriptor_t, for the flat bindings.");
     bind_lifetime(mmd, "cublasMpMatmulDescriptorDestroy. Idempotent.");
 
     auto ws = nb::class_<Workspace>(m, "Workspace", "Device memory from cublasMpMalloc on a grid, registered on "
                                                     "every other grid it serves.");
     ws.def("__init__", [](Workspace* self, Grid& g, size_t nbytes) {
         g.get();
-        new (self) Workspace(make_workspace(g.state(), nbytes));
+        new (self) Workspace(make_workspace(g.state(), nbytes, false));
     }, nb::arg("grid"), nb::arg("nbytes"))
         .def_prop_ro("ptr", [](Workspace& w) { return reinterpret_cast<uintptr_t>(w.get().ptr); })
         .def_prop_ro("nbytes", [](Workspace& w) { return w.get().size; })
@@ -576,14 +581,15 @@ void register_cublasmp(nb::module_& parent) {
 
     auto plan = nb::class_<MatmulPlan>(m, "MatmulPlan",
                                        "One cublasMpMatmul with everything fixed; execute() is one library call.");
-    plan.def("__init__", [](MatmulPlan* self, MpHandle& h, MatmulDescriptor& mm, i64 m_, i64 n_, i64 k_,
+    plan.def("__init__", [](MatmulPlan* self, Handle& h, MatmulDescriptor& mm, i64 m_, i64 n_, i64 k_,
                             nb::bytes alpha, nb::handle a, nb::handle b, nb::bytes beta, nb::handle c, nb::handle d,
-                            nb::object workspace, nb::object keep) {
+                            nb::object workspace, nb::object keep, bool owns_descriptor) {
         auto p = std::make_shared<MatmulPlanState>();
         h.get();
         mm.get();
         p->handle = h.state();
         p->mm = mm.state();
+        p->owns_descriptor = owns_descriptor;
         if (m_ < 0 || n_ < 0 || k_ < 0) raise_usage("m, n, k must be >= 0");
         p->m = m_;
         p->n = n_;
@@ -618,7 +624,8 @@ void register_cublasmp(nb::module_& parent) {
         new (self) MatmulPlan(p);
     }, nb::arg("handle"), nb::arg("descriptor"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("alpha"),
        nb::arg("a"), nb::arg("b"), nb::arg("beta"), nb::arg("c").none(), nb::arg("d"),
-       nb::arg("workspace").none() = nb::none(), nb::arg("keep") = nb::none())
+       nb::arg("workspace").none() = nb::none(), nb::arg("keep") = nb::none(),
+       nb::arg("owns_descriptor") = false)
         .def("execute", [](MatmulPlan& p, nb::handle stream) {
             MatmulPlanState& s = p.get();
             s.execute(stream.is_none() ? s.handle->stream : stream_handle(stream));
@@ -631,10 +638,12 @@ void register_cublasmp(nb::module_& parent) {
            "Record one cublasMpMatmul into a CUDA graph on `stream` (not the legacy default stream); execute() "
            "then replays it with one cuGraphLaunch. The plan is frozen from then on.")
         .def_prop_ro("captured", [](MatmulPlan& p) { return p.state()->graph_exec != nullptr; })
+        .def_prop_ro("owns_descriptor", [](MatmulPlan& p) { return p.state()->owns_descriptor; },
+                     "True when close() also closes the matmul descriptor (else its creator keeps it).")
         .def_prop_ro("workspace_size", [](MatmulPlan& p) {
             return std::make_tuple(p.get().device_bytes, p.get().host_bytes);
         }, "(device bytes, host bytes) cublasMpMatmul_bufferSize asked for.");
-    bind_lifetime(plan, "Drop the plan's references (it owns no library object).");
+    bind_lifetime(plan, "Drop the plan's references and CUDA graph; close the matmul descriptor when it owns it.");
 }
 
 }  // namespace mpbind

@@ -2,8 +2,9 @@
 // cufftXtFree) and Reshape (cufftMpCreateReshape/cufftMpDestroyReshape).
 //
 // Their releases are collective: cuFFTMp frees NVSHMEM memory in them, which
-// every PE must do together. A plan that never had a communicator attached has
-// allocated nothing symmetric, so it may be destroyed by the garbage collector.
+// every PE must do together. A plan that never had a communicator attached (a
+// reshape never made) has allocated nothing symmetric, so it may be destroyed by
+// the garbage collector: their lifetime rows are queued_once_collective.
 
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -13,7 +14,7 @@
 #include <vector>
 
 #include "core.hpp"
-#include "modules.hpp"
+#include "register.hpp"
 
 namespace mpbind::cufftmp {
 
@@ -204,7 +205,7 @@ void forget_if_finalized(nb::object& a, nb::object& b) {
 
 class PlanState : public State {
 public:
-    explicit PlanState(int handle) : State("cufftmp.Plan", true), handle(handle) {}
+    explicit PlanState(int handle) : State("cufftmp.Plan"), handle(handle) {}
     ~PlanState() override { forget_if_finalized(comm, stream_obj); }
     int handle;
     int comm_type = -1;     // none attached yet
@@ -225,22 +226,14 @@ protected:
         comm = nb::object();
         stream_obj = nb::object();
     }
-    // Without a communicator, cuFFTMp has allocated nothing symmetric yet.
-    void unreferenced() override {
-        if (comm_type == -1) {
-            close();
-        } else {
-            queue_for_teardown(true);
-        }
-    }
 };
 
-using Plan = Handle<PlanState>;
+using Plan = Ref<PlanState>;
 
 class DescState : public State {
 public:
     DescState(std::shared_ptr<PlanState> plan, LibXtDesc* desc, int format)
-        : State("cufftmp.Descriptor", true), plan(std::move(plan)), desc(desc), format(format) {}
+        : State("cufftmp.Descriptor"), plan(std::move(plan)), desc(desc), format(format) {}
     std::shared_ptr<PlanState> plan;  // for cufftXtMemcpy
     LibXtDesc* desc;
     int format;
@@ -249,11 +242,11 @@ protected:
     void release() override { call("cufftXtFree", api().XtFree, desc); }
 };
 
-using Descriptor = Handle<DescState>;
+using Descriptor = Ref<DescState>;
 
 class ReshapeState : public State {
 public:
-    explicit ReshapeState(void* handle) : State("cufftmp.Reshape", true), handle(handle) {}
+    explicit ReshapeState(void* handle) : State("cufftmp.Reshape"), handle(handle) {}
     ~ReshapeState() override { forget_if_finalized(comm, comm); }
     void* handle;
     nb::object comm;
@@ -266,16 +259,9 @@ protected:
         call("cufftMpDestroyReshape", api().MpDestroyReshape, handle);
         comm = nb::object();
     }
-    void unreferenced() override {
-        if (!made) {
-            close();
-        } else {
-            queue_for_teardown(true);
-        }
-    }
 };
 
-using Reshape = Handle<ReshapeState>;
+using Reshape = Ref<ReshapeState>;
 
 // --- plan operations ---
 
@@ -301,6 +287,7 @@ void attach_comm(Plan& self, int comm_type, uintptr_t comm_handle, nb::object ke
     s.comm_type = comm_type;
     s.comm_handle = comm_handle;
     s.comm = std::move(keep);
+    s.became_collective();  // cuFFTMp allocates symmetric memory from now on
 }
 
 void set_stream(Plan& self, nb::object stream) {
@@ -491,6 +478,7 @@ void make_reshape(Reshape& self, size_t element_size, const std::vector<long lon
          lower_in.data(), upper_in.data(), strides_in.data(), lower_out.data(), upper_out.data(),
          strides_out.data(), reinterpret_cast<void*>(comm_handle), comm_type);
     s.made = true;
+    s.became_collective();
     s.comm = std::move(keep);
     s.element_size = element_size;
     s.in_elements = static_cast<size_t>(box_elements(lower_in, upper_in));
@@ -632,7 +620,6 @@ void register_cufftmp(nb::module_& parent) {
              nb::arg("stream").none() = nb::none(),
              "cufftMpExecReshapeAsync (collective): input and output are NVSHMEM device pointers, as is the "
              "workspace when workspace_size() > 0.")
-        .def_prop_ro("handle", [](Reshape& r) { return reinterpret_cast<uintptr_t>(r.get().handle); })
         .def_prop_ro("made", [](Reshape& r) { return r.get().made; })
         .def_prop_ro("element_size", [](Reshape& r) { return r.get().element_size; })
         .def_prop_ro("input_elements", [](Reshape& r) { return r.get().in_elements; },
@@ -645,6 +632,8 @@ void register_cufftmp(nb::module_& parent) {
             if (s.closed()) return std::string("<cufftmp.Reshape closed>");
             return std::string("<cufftmp.Reshape ") + (s.made ? "made" : "not made") + ">";
         });
+    bind_c_pointer(reshape, [](Reshape& r) { return r.get().handle; },
+                   "The cufftReshapeHandle, for the flat bindings.");
     bind_lifetime(reshape, "cufftMpDestroyReshape (collective once made). Idempotent.");
 }
 

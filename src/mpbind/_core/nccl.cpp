@@ -10,7 +10,7 @@
 
 #include <optional>
 
-#include "modules.hpp"
+#include "register.hpp"
 
 namespace mpbind::nccl {
 
@@ -136,27 +136,30 @@ UniqueId to_unique_id(nb::handle uid) {
 
 class BufferState : public State {
 public:
-    BufferState(void* ptr, size_t size) : State("nccl.Buffer", false), ptr(ptr), size(size) {}
+    BufferState(void* ptr, size_t size) : State("nccl.Buffer"), ptr(ptr), size(size) {}
     void* ptr;
     size_t size;
 
 protected:
     void release() override { call("ncclMemFree", api().MemFree, ptr); }
 };
-using Buffer = Handle<BufferState>;
+using Buffer = Ref<BufferState>;
 
 // --- registrations ---
 
 class CommRegistration : public RegistrationState {
 public:
-    using RegistrationState::RegistrationState;
+    CommRegistration(bool window, uintptr_t ptr, size_t size, nb::object buffer)
+        : RegistrationState(window ? "nccl.Window" : "nccl.Registration", ptr, size, std::move(buffer)),
+          window(window) {}
+    const bool window;  // ncclCommWindowRegister (collective), else ncclCommRegister (local)
     std::shared_ptr<CommState> comm;
 
 protected:
     void deregister() override {
         if (comm->aborting) return;
         void* h = reinterpret_cast<void*>(lib_handle);
-        if (kind() == "nccl.Window") {
+        if (window) {
             call("ncclCommWindowDeregister", api().CommWindowDeregister, comm->comm, h);
         } else {
             call("ncclCommDeregister", api().CommDeregister, comm->comm, h);
@@ -166,7 +169,7 @@ protected:
 
 }  // namespace
 
-CommState::CommState(void* comm) : State("nccl.Communicator", true), comm(comm) {}
+CommState::CommState(void* comm) : State("nccl.Communicator"), comm(comm) {}
 
 void CommState::finalize() {
     check_open();
@@ -239,7 +242,7 @@ Communicator shrink(Communicator& self, std::vector<int> exclude, nb::object con
     return Communicator(adopt(comm, status, "ncclCommShrink"));
 }
 
-Registration do_register(Communicator& self, uintptr_t ptr, size_t size, nb::object buffer, bool window,
+RegistrationRef do_register(Communicator& self, uintptr_t ptr, size_t size, nb::object buffer, bool window,
                          int flags) {
     if (ptr == 0) raise_usage("cannot register a NULL pointer");
     if (size == 0) raise_usage("cannot register 0 bytes");
@@ -259,8 +262,7 @@ Registration do_register(Communicator& self, uintptr_t ptr, size_t size, nb::obj
         } else {
             call("ncclCommRegister", api().CommRegister, s.comm, reinterpret_cast<void*>(ptr), size, &h);
         }
-        auto r = std::make_shared<CommRegistration>(window ? "nccl.Window" : "nccl.Registration", window, "nccl",
-                                                    ptr, size, std::move(buffer));
+        auto r = std::make_shared<CommRegistration>(window, ptr, size, std::move(buffer));
         r->lib_handle = reinterpret_cast<uintptr_t>(h);
         r->comm = comm;
         return r;
@@ -299,8 +301,6 @@ void register_nccl(nb::module_& parent) {
         .def_prop_ro("rank", [](Communicator& c) { return c.get().rank; })
         .def_prop_ro("size", [](Communicator& c) { return c.get().size; })
         .def_prop_ro("device", [](Communicator& c) { return c.get().device; })
-        .def_prop_ro("handle", [](Communicator& c) { return reinterpret_cast<uintptr_t>(c.get().handle()); },
-                     "The ncclComm_t, for the flat bindings.")
         .def_prop_ro("finalized", [](Communicator& c) { return c.state()->finalized; })
         .def("finalize", [](Communicator& c) {
             c.get();
@@ -335,6 +335,8 @@ void register_nccl(nb::module_& parent) {
             return "<nccl.Communicator rank=" + std::to_string(s.rank) + " size=" + std::to_string(s.size) +
                    " device=" + std::to_string(s.device) + ">";
         });
+    bind_c_pointer(comm, [](Communicator& c) { return c.get().comm; },
+                   "The ncclComm_t, for the flat bindings (UsageError once closed).");
     bind_lifetime(comm, "Release what depends on it (grids, windows, registrations), then finalize and destroy "
                         "(collective). Idempotent.");
 

@@ -19,16 +19,12 @@ public:
     Registry registrations;  // ncclCommRegister (local)
     Registry windows;        // ncclCommWindowRegister (collective)
 
-    void* handle() {
-        check_open();
-        return comm;
-    }
     void finalize();  // ncclCommFinalize after draining what is queued under it
 
 protected:
     void release() override;
 };
 
-using Communicator = Handle<CommState>;
+using Communicator = Ref<CommState>;
 
 }  // namespace mpbind::nccl

@@ -17,7 +17,7 @@
 #include <type_traits>
 
 #include "core.hpp"
-#include "modules.hpp"
+#include "register.hpp"
 
 namespace mpbind::nvshmem {
 
@@ -116,7 +116,7 @@ class AllocState;
 class RuntimeState : public State {
 public:
     RuntimeState(std::map<std::string, std::string> params, int pe, int npes, int status)
-        : State("nvshmem.Runtime", true), params(std::move(params)), pe(pe), npes(npes), status(status) {}
+        : State("nvshmem.Runtime"), params(std::move(params)), pe(pe), npes(npes), status(status) {}
     const std::map<std::string, std::string> params;
     const int pe, npes, status;
     Registry registrations;  // nvshmemx_buffer_register (local)
@@ -134,10 +134,9 @@ public:
     std::shared_ptr<AllocState> containing(uintptr_t ptr, size_t nbytes);
 
 protected:
+    // One runtime per process, never re-creatable: its lifetime row (never) keeps dropped
+    // references from queuing a finalize; it lives until finalize() (or the process ends).
     void release() override;
-    // One runtime per process, never re-creatable: dropping its handles does not
-    // queue a finalize; it lives until finalize() (or the process ends).
-    void unreferenced() override {}
 
 private:
     Mutex allocs_mu_;
@@ -178,14 +177,14 @@ RuntimeState& open_runtime(const std::shared_ptr<RuntimeState>& s) {
     return *s;
 }
 
-using Runtime = Handle<RuntimeState>;
+using Runtime = Ref<RuntimeState>;
 
 // --- symmetric allocations -------------------------------------------------
 
 class AllocState : public State {
 public:
     AllocState(std::shared_ptr<RuntimeState> rt, uintptr_t ptr, size_t nbytes)
-        : State("nvshmem.SymmetricMemory", true), runtime(std::move(rt)), ptr(ptr), nbytes(nbytes) {}
+        : State("nvshmem.SymmetricMemory"), runtime(std::move(rt)), ptr(ptr), nbytes(nbytes) {}
     std::shared_ptr<RuntimeState> runtime;
     const uintptr_t ptr;
     const size_t nbytes;
@@ -196,7 +195,7 @@ protected:
         call(api().free, reinterpret_cast<void*>(ptr));
     }
 };
-using Allocation = Handle<AllocState>;
+using Allocation = Ref<AllocState>;
 
 std::vector<std::shared_ptr<AllocState>> RuntimeState::live_allocations() {
     Lock l = lock(allocs_mu_);
@@ -247,9 +246,9 @@ Allocation allocate(size_t nbytes, bool zero, size_t alignment) {
 class TeamState : public State {
 public:
     // Predefined teams (world, shared, node) are not destroyed: their state is
-    // local, and closing it only marks this handle's view closed.
+    // local, and closing it only marks this object's view closed.
     TeamState(int32_t team, bool predefined)
-        : State(predefined ? "nvshmem.Team(predefined)" : "nvshmem.Team", !predefined),
+        : State(predefined ? "nvshmem.Team(predefined)" : "nvshmem.Team"),
           team(team),
           predefined(predefined) {}
     const int32_t team;
@@ -260,7 +259,7 @@ protected:
         if (!predefined) call(api().team_destroy, team);
     }
 };
-using Team = Handle<TeamState>;
+using Team = Ref<TeamState>;
 
 Team make_team(const std::shared_ptr<RuntimeState>& rt, int32_t id, bool predefined) {
     auto s = std::make_shared<TeamState>(id, predefined);
@@ -311,7 +310,7 @@ protected:
     }
 };
 
-Registration do_register(RuntimeState& rt, uintptr_t ptr, size_t size, nb::object buffer) {
+RegistrationRef do_register(RuntimeState& rt, uintptr_t ptr, size_t size, nb::object buffer) {
     if (ptr == 0) raise_usage("cannot register a NULL pointer");
     if (size == 0) raise_usage("cannot register 0 bytes");
     if (rt.containing(ptr, 1)) {
@@ -319,8 +318,7 @@ Registration do_register(RuntimeState& rt, uintptr_t ptr, size_t size, nb::objec
     }
     return rt.registrations.acquire(rt, ptr, size, [&]() -> std::shared_ptr<RegistrationState> {
         call_status("nvshmemx_buffer_register", api().buffer_register, reinterpret_cast<void*>(ptr), size);
-        return std::make_shared<BufferRegistration>("nvshmem.Registration", false, kLib, ptr, size,
-                                                    std::move(buffer));
+        return std::make_shared<BufferRegistration>("nvshmem.Registration", ptr, size, std::move(buffer));
     });
 }
 
@@ -374,7 +372,7 @@ nb::dict describe_allocation(const AllocState& s) {
     d["ptr"] = s.ptr;
     d["nbytes"] = s.nbytes;
     d["serial"] = s.serial();
-    d["references"] = s.handles();
+    d["references"] = s.refs();
     return d;
 }
 

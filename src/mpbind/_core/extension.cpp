@@ -1,4 +1,4 @@
-// mpbind._core: the hand-written C++ core of mpbind (nanobind).
+// The extension module mpbind._core: the hand-written C++ core of mpbind (nanobind).
 //
 // It owns library resources for the Pythonic layer: communicators, symmetric
 // allocations, grids, descriptors, plans and registrations. mpbind.nccl,
@@ -9,8 +9,7 @@
 
 #include <string>
 
-#include "core.hpp"
-#include "modules.hpp"
+#include "register.hpp"
 
 namespace {
 
@@ -34,6 +33,10 @@ NB_MODULE(_core, m) {
     m.def("abi_tag", &abi_tag,
           "Return the nanobind version and platform ABI tag this module was built with.");
 
-    mpbind::register_core(m);
-    mpbind::register_modules(m);
+    mpbind::register_shared(m);
+    mpbind::register_testing(m);
+    mpbind::register_nccl(m);
+    mpbind::register_cublasmp(m);
+    mpbind::register_nvshmem(m);
+    mpbind::register_cufftmp(m);
 }

@@ -1,0 +1,17 @@
+// The functions that fill the extension module mpbind._core (extension.cpp calls them in order):
+// one for the shared names, one for the library-free test doubles, one per library submodule.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+namespace mpbind {
+
+void register_shared(nanobind::module_& m);   // register_shared.cpp: drain, queued, Registration, ...
+void register_testing(nanobind::module_& m);  // register_testing.cpp: mpbind._core._testing
+
+void register_nccl(nanobind::module_& m);      // nccl.cpp: mpbind._core.nccl
+void register_cublasmp(nanobind::module_& m);  // cublasmp.cpp: mpbind._core.cublasmp
+void register_nvshmem(nanobind::module_& m);   // nvshmem.cpp: mpbind._core.nvshmem
+void register_cufftmp(nanobind::module_& m);   // cufftmp.cpp: mpbind._core.cufftmp
+
+}  // namespace mpbind

@@ -1,0 +1,106 @@
+// The shared names of mpbind._core: drain(), queued(), registrations(), lifetimes(), the
+// Registration class, stream and DLPack helpers, and the report of what is queued at exit.
+
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "core.hpp"
+#include "register.hpp"
+
+namespace mpbind {
+
+void register_shared(nb::module_& m) {
+    nb::set_leak_warnings(false);  // objects alive at exit are left to the OS on purpose
+
+    auto reg = nb::class_<RegistrationRef>(
+        m, "Registration",
+        "A reference on a buffer registration. Registering the same (owner, pointer, size) "
+        "again returns another reference; the last one closed deregisters.");
+    reg.def("close", &RegistrationRef::close,
+            "Drop this reference; the last one deregisters the buffer (collectively where the "
+            "library requires it).")
+        .def_prop_ro("closed", &RegistrationRef::closed)
+        .def_prop_ro("ptr", [](RegistrationRef& r) { return r.get().ptr; })
+        .def_prop_ro("size", [](RegistrationRef& r) { return r.get().size; })
+        .def_prop_ro("library", [](RegistrationRef& r) { return r.state()->library(); })
+        .def_prop_ro("kind", [](RegistrationRef& r) { return r.state()->kind(); })
+        .def_prop_ro("handle", [](RegistrationRef& r) { return r.get().lib_handle; },
+                     "The library's handle of the registration (an ncclWindow_t, ...), or 0.")
+        .def_prop_ro("references", [](RegistrationRef& r) { return r.state()->refs(); },
+                     "Open references on this registration.")
+        .def_prop_ro("buffer", [](RegistrationRef& r) { return r.get().buffer; },
+                     "The object kept alive while registered.")
+        .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
+        .def("__exit__", [](RegistrationRef& r, nb::args) { r.close(); })
+        .def("__repr__", [](RegistrationRef& r) {
+            auto& s = *r.state();
+            return nb::str("<{} ptr=0x{:x} size={} references={}{}>")
+                .format(s.kind(), s.ptr, s.size, s.refs(), r.closed() ? " closed" : "");
+        });
+
+    m.def("registrations", [] { return describe(all_registrations()); },
+          "Every live registration in this process: library, kind, owner serial, ptr, size, references.");
+    m.def("drain", [] {
+        collect_garbage();
+        return drain_queue(nullptr);
+    }, "Collect garbage (objects in reference cycles are dropped now, not at a different moment on each "
+       "rank), then run the queued collective releases, newest first. Collective: call on every rank.");
+    m.def("queued", &queued, "What waits in the teardown queue: (kind, serial), newest first.");
+    m.def("lifetimes", [] {
+        nb::list out;
+        for (const Lifetime& row : lifetimes()) {
+            nb::dict d;
+            d["kind"] = row.kind;
+            d["drop"] = drop_name(row.drop);
+            d["collective"] = row.collective;
+            d["parent"] = *row.parent ? nb::object(nb::str(row.parent)) : nb::none();
+            d["release"] = row.release;
+            out.append(d);
+        }
+        return out;
+    }, "The lifetime table, one dict per object kind: kind; drop (what happens when the last reference "
+       "goes without close(): at_once, queued, queued_once_collective, by_owner, never); collective (its "
+       "release is); parent (the kind whose close() releases it first, or None); release (what releases it).");
+    m.def("stream_handle", [](nb::handle s) { return stream_handle(s); }, nb::arg("stream").none(),
+          "The cudaStream_t of an int, None, or a __cuda_stream__/CuPy/PyTorch stream.");
+    m.def("dlpack_info", [](nb::ndarray<nb::ro> a) {
+        nb::list shape, strides;
+        for (size_t i = 0; i < a.ndim(); ++i) {
+            shape.append(a.shape(i));
+            strides.append(a.stride(i));
+        }
+        auto dt = a.dtype();
+        return nb::make_tuple(reinterpret_cast<uintptr_t>(a.data()), nb::tuple(shape), nb::tuple(strides),
+                              dt.code, dt.bits, dt.lanes, a.device_type(), a.device_id());
+    }, nb::arg("array"),
+          "Import `array` through DLPack: (ptr, shape, strides in elements, dtype code, bits, lanes, "
+          "device type, device id). The pointer is valid while `array` lives.");
+    m.def("dlpack_view", [](uintptr_t ptr, std::vector<size_t> shape, uint8_t code, uint8_t bits,
+                            int device_id, nb::handle owner) {
+        nb::dlpack::dtype dt{code, bits, 1};
+        return nb::ndarray<nb::array_api>(reinterpret_cast<void*>(ptr), shape.size(), shape.data(), owner, nullptr, dt,
+                             nb::device::cuda::value, device_id);
+    }, nb::arg("ptr"), nb::arg("shape"), nb::arg("code"), nb::arg("bits"), nb::arg("device_id"),
+          nb::arg("owner"),
+          "A C-contiguous CUDA array over `ptr` that exports DLPack and keeps `owner` alive.");
+    m.def("_at_exit", [] {
+        auto pending = queued();
+        mark_exiting();
+        if (!pending.empty()) {
+            std::string which;
+            for (auto& [kind, serial] : pending) {
+                which += (which.empty() ? "" : ", ") + kind + " (serial " + std::to_string(serial) + ")";
+            }
+            std::string msg = "mpbind: " + std::to_string(pending.size()) +
+                              " collective release(s) still queued at exit were skipped: " + which +
+                              " (call drain() or finalize() on every rank before exiting)\n";
+            PySys_WriteStderr("%s", msg.c_str());
+        }
+    });
+    nb::module_::import_("atexit").attr("register")(m.attr("_at_exit"));
+}
+
+}  // namespace mpbind
