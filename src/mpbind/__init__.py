@@ -4,6 +4,11 @@ Importing :mod:`mpbind` is cheap: it loads no shared library and imports no
 compiled module. Submodules (``mpbind.bindings``, ``mpbind.errors``,
 ``mpbind.nccl``, ...) are imported on first attribute access, and each library
 is loaded on its first call.
+
+The process-wide view of the objects the Pythonic layer owns lives here:
+:func:`drain` runs the collective releases of objects dropped without ``close()``,
+:func:`queued` lists them, :func:`registrations` lists the live buffer
+registrations of every library. They import the C++ core on first call.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ if TYPE_CHECKING:
 
     __version__: str
 
-__all__ = ["__version__", "show_config"]
+__all__ = ["__version__", "drain", "queued", "registrations", "show_config"]
 
 _SUBMODULES = frozenset(
     {"bindings", "errors", "nccl", "nvshmem", "cublasmp", "cufftmp", "bootstrap"}
@@ -29,6 +34,30 @@ def show_config() -> None:
     from mpbind._info import show_config as _show_config
 
     _show_config()
+
+
+def drain() -> int:
+    """Collect garbage, then run every queued collective release, newest first (reverse creation
+    order, the same on every rank whatever order objects were dropped in). Collective: call it on
+    every rank. Returns how many ran."""
+    from mpbind import _core
+
+    return int(_core.drain())
+
+
+def queued() -> list[tuple[str, int]]:
+    """What waits for :func:`drain`: ``(kind, serial)``, newest first."""
+    from mpbind import _core
+
+    return list(_core.queued())
+
+
+def registrations() -> list[dict[str, Any]]:
+    """Every live buffer registration in this process (NCCL, NVSHMEM, cuBLASMp): library, kind,
+    owner serial, ptr, size, references, handle, serial."""
+    from mpbind import _core
+
+    return list(_core.registrations())
 
 
 def _get_version() -> str:

@@ -1,5 +1,11 @@
 """What every object of the Pythonic layer shares: it owns one object of the core (``_core``),
-whose release it exposes as ``close()`` (idempotent), ``closed``, ``serial`` and ``with``."""
+whose release it exposes as ``close()`` (idempotent), ``closed``, ``serial`` and ``with``.
+
+What happens to the core object when it is dropped unclosed, and what releases it, is its row of
+the lifetime table (``mpbind._core.lifetimes()``, listed in docs/DESIGN.md). A facade never
+reimplements these: it adds its own queries and operations only. Objects a caller passes in
+(a matmul descriptor, an array) stay the caller's unless a parameter says otherwise.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,13 @@ _O = TypeVar("_O", bound="Owned")
 class Owned:
     __slots__ = ()
     _core: Any
+
+    @classmethod
+    def _over(cls: type[_O], core: Any) -> _O:
+        """An instance over an existing core object, without running ``__init__``."""
+        self = cls.__new__(cls)
+        self._core = core
+        return self
 
     def close(self) -> None:
         """Release it (after what depends on it); collective where the library's release is. Idempotent."""
@@ -31,5 +44,12 @@ class Owned:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _described(self) -> str:
+        """What only the facade knows (a shape, a dtype), shown before the core object's repr."""
+        return ""
+
     def __repr__(self) -> str:
-        return repr(self._core)
+        described = self._described()
+        if not described:
+            return repr(self._core)
+        return f"<{type(self).__name__} {described}: {self._core!r}>"

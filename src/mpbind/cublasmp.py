@@ -14,7 +14,12 @@ Matrices are column-major, as cuBLASMp's: a local piece is a Fortran-ordered 2-D
 array (a row-major ``x`` enters as ``x.T``). A grid lives until its communicator closes;
 closing the communicator releases, in order, registrations, workspaces, descriptors and
 grids on it. Workspaces come from ``cublasMpMalloc`` and are shared by the plans of a grid,
-registered on every other grid a plan touches. The flat C API is :mod:`mpbind.bindings.cublasmp`.
+registered on every other grid a plan touches. The flat C API is :mod:`mpbind.bindings.cublasmp`;
+every object's ``ptr`` is its C handle for it.
+
+Ownership: a :class:`Matrix` owns its descriptor (the array stays the caller's); a
+:class:`Matmul` owns the matmul descriptor it creates, while one passed in stays the caller's
+unless ``own_descriptor=True``.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from mpbind.bindings.cublasmp import (
     MatmulEpilogue,
 )
 from mpbind.errors import UsageError
+from mpbind.nccl import Communicator
 
 __all__ = [
     "CublasComputeType", "CublasOperation", "CudaDataType", "Grid", "GridLayout", "Handle", "Matmul",
@@ -58,7 +64,7 @@ _CUDA_TYPES: dict[str, CudaDataType] = {
 
 def grid(comm: Any, nprow: int, npcol: int, layout: GridLayout | int = GridLayout.COL_MAJOR) -> Grid:
     """The cached grid of `comm` (an :class:`mpbind.nccl.Communicator`); created collectively on a miss."""
-    core = getattr(comm, "core", comm)
+    core = comm._core if isinstance(comm, Communicator) else comm
     if not isinstance(core, _core.nccl.Communicator):
         raise TypeError(f"comm must be an mpbind.nccl.Communicator, not {type(comm).__name__}")
     return _core.cublasmp.grid(core, nprow, npcol, int(layout))
@@ -96,15 +102,17 @@ def _scalar(value: complex, compute: int, complex_data: bool) -> bytes:
     return struct.pack(fmt, int(v.real) if fmt == "i" else v.real)
 
 
-class Matrix:
+class Matrix(Owned):
     """The local piece of a block-cyclic distributed matrix and its descriptor on `grid`.
 
     `local` is a column-major (Fortran-ordered) 2-D device array: this process's rows x columns
     of the global ``shape`` in ``block`` = (mb, nb) blocks, the first block on process
     ``src`` = (rsrc, csrc). On a 1 x 1 grid `shape` and `block` default to the local shape.
+    The matrix owns its descriptor (``close()`` destroys it); the array stays the caller's.
     """
 
-    __slots__ = ("grid", "array", "info", "shape", "block", "descriptor")
+    __slots__ = ("grid", "array", "info", "shape", "block", "_core")
+    _core: MatrixDescriptor
 
     def __init__(self, grid: Grid, local: Any, shape: tuple[int, int] | None = None,
                  block: tuple[int, int] | None = None, src: tuple[int, int] = (0, 0)) -> None:
@@ -143,7 +151,7 @@ class Matrix:
         self.info = info
         self.shape = (m, n)
         self.block = (mb, nb)
-        self.descriptor = grid.matrix_descriptor(m, n, mb, nb, src[0], src[1], lld, int(_CUDA_TYPES[info.dtype]))
+        self._core = grid.matrix_descriptor(m, n, mb, nb, src[0], src[1], lld, int(_CUDA_TYPES[info.dtype]))
 
     @staticmethod
     def _coord(grid: Grid, axis: int) -> int:
@@ -155,6 +163,11 @@ class Matrix:
         return rank // grid.npcol if axis == 0 else rank % grid.npcol
 
     @property
+    def descriptor(self) -> MatrixDescriptor:
+        """Its ``cublasMpMatrixDescriptor_t`` (owned: closed with the matrix)."""
+        return self._core
+
+    @property
     def dtype(self) -> str:
         return self.info.dtype
 
@@ -164,19 +177,18 @@ class Matrix:
 
     def operand(self) -> tuple[int, int, int, MatrixDescriptor]:
         """(ptr, ia, ja, descriptor) as the core's matmul plan takes it."""
-        return (self.info.ptr, 1, 1, self.descriptor)
+        return (self.info.ptr, 1, 1, self._core)
 
-    def close(self) -> None:
-        """Destroy the descriptor (the array stays the caller's)."""
-        self.descriptor.close()
+    def _described(self) -> str:
+        return f"local {self.info.shape[0]}x{self.info.shape[1]} {self.dtype}"
 
 
 def _attribute_property(attr: MatmulDescriptorAttribute) -> property:
     def get(self: MatmulDescriptor) -> Any:
-        return _flat.matmul_descriptor_get(cast("_flat.MatmulDescriptor", self.handle), attr)
+        return _flat.matmul_descriptor_get(self.ptr, attr)
 
     def set_(self: MatmulDescriptor, value: Any) -> None:
-        _flat.matmul_descriptor_set(cast("_flat.MatmulDescriptor", self.handle), attr, value)
+        _flat.matmul_descriptor_set(self.ptr, attr, value)
 
     return property(get, set_, doc=f"CUBLASMP_MATMUL_DESCRIPTOR_ATTRIBUTE_{attr.name} (typed as in cublasmp.h).")
 
@@ -200,12 +212,11 @@ class MatmulDescriptor(Owned):
         def __setattr__(self, name: str, value: Any) -> None: ...
 
     @property
-    def handle(self) -> int:
-        return int(self._core.handle)
+    def ptr(self) -> _flat.MatmulDescriptor:
+        """The ``cublasMpMatmulDescriptor_t`` for :mod:`mpbind.bindings.cublasmp`."""
+        return cast("_flat.MatmulDescriptor", self._core.ptr)
 
-    @property
-    def core(self) -> Any:
-        return self._core
+    handle = ptr  # its earlier name
 
 
 for _attr in MatmulDescriptorAttribute:
@@ -219,12 +230,16 @@ class Matmul(Owned):
     The plan sizes the workspace once (``cublasMpMatmul_bufferSize``), takes it from the grid's
     shared :class:`Workspace` (or `workspace`), registers it on every grid involved and keeps the
     operands alive. `c` defaults to none (``beta`` must then be 0).
+
+    Without `descriptor` the plan creates its matmul descriptor and owns it (``close()`` destroys
+    it). A `descriptor` passed in stays the caller's (who closes it, after the plan) unless
+    ``own_descriptor=True`` hands it to the plan; :attr:`owns_descriptor` says which.
     """
 
     def __init__(self, handle: Handle, a: Matrix, b: Matrix, d: Matrix, c: Matrix | None = None, *,
                  transa: bool = False, transb: bool = False, alpha: complex = 1.0, beta: complex = 0.0,
                  compute_type: CublasComputeType | int | None = None, descriptor: MatmulDescriptor | None = None,
-                 workspace: Workspace | None = None) -> None:
+                 own_descriptor: bool = False, workspace: Workspace | None = None) -> None:
         m, n = d.shape
         ka = a.shape[0] if transa else a.shape[1]
         a_rows = a.shape[1] if transa else a.shape[0]
@@ -244,15 +259,16 @@ class Matmul(Owned):
             descriptor = MatmulDescriptor(compute)
             descriptor.transa = CublasOperation.T if transa else CublasOperation.N
             descriptor.transb = CublasOperation.T if transb else CublasOperation.N
+            own_descriptor = True
         else:
-            compute = int(descriptor.core.compute_type)
+            compute = int(descriptor._core.compute_type)
         is_complex = a.dtype.startswith("complex")
         self.m, self.n, self.k = m, n, ka
         self.descriptor = descriptor
         self._core = _core.cublasmp.MatmulPlan(
-            handle, descriptor.core, m, n, ka, _scalar(alpha, compute, is_complex), a.operand(), b.operand(),
+            handle, descriptor._core, m, n, ka, _scalar(alpha, compute, is_complex), a.operand(), b.operand(),
             _scalar(beta, compute, is_complex), None if c is None else c.operand(), d.operand(), workspace,
-            (a, b, c, d, descriptor))
+            (a, b, c, d, descriptor), own_descriptor)
         # The bound method itself: no Python frame between the caller and the library call.
         self.execute = self._core.execute  # type: ignore[method-assign]
 
@@ -279,10 +295,10 @@ class Matmul(Owned):
         """(device bytes, host bytes) the library asked for."""
         return tuple(self._core.workspace_size)
 
-    def close(self) -> None:
-        """Drop the plan (and its CUDA graph) and destroy the matmul descriptor. Idempotent."""
-        self._core.close()
-        self.descriptor.close()
+    @property
+    def owns_descriptor(self) -> bool:
+        """True when ``close()`` also destroys :attr:`descriptor` (else it stays its creator's)."""
+        return bool(self._core.owns_descriptor)
 
 
 def matmul(handle: Handle, a: Matrix, b: Matrix, d: Matrix, c: Matrix | None = None, *, stream: Any = None,
@@ -311,8 +327,8 @@ def gemm(handle: Handle, a: Matrix, b: Matrix, c: Matrix, *, transa: bool = Fals
     if stream is not None:
         handle.set_stream(stream)
     args: tuple[Any, ...] = (
-        handle.handle, ta, tb, m, n, ka, ctypes.addressof(alpha_b), a.ptr, 1, 1, a.descriptor.handle, b.ptr, 1, 1,
-        b.descriptor.handle, ctypes.addressof(beta_b), c.ptr, 1, 1, c.descriptor.handle, compute)
+        handle.ptr, ta, tb, m, n, ka, ctypes.addressof(alpha_b), a.ptr, 1, 1, a.descriptor.ptr, b.ptr, 1, 1,
+        b.descriptor.ptr, ctypes.addressof(beta_b), c.ptr, 1, 1, c.descriptor.ptr, compute)
     device_bytes, host_bytes = _flat.gemm_buffer_size(*args)
     work = 0
     if device_bytes:

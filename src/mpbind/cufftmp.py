@@ -11,8 +11,9 @@ communicator, or ``None`` when NVSHMEM is already initialised on its world team)
 Every object is a context manager with an idempotent :meth:`close`; use after close
 raises :class:`~mpbind.errors.UsageError`. Releasing a plan, a descriptor or a made
 reshape is collective (cuFFTMp frees NVSHMEM memory): an object dropped unclosed warns
-``ResourceWarning`` and waits until :func:`drain` runs on every PE. Closing a plan
-frees its descriptors first.
+``ResourceWarning`` and waits until :func:`mpbind.drain` runs on every PE (a plan
+without a communicator, or a reshape not yet made, holds nothing collective and is
+released at once). Closing a plan frees its descriptors first.
 
 Layouts of plans made by :meth:`Plan.create_2d`/:meth:`Plan.create_3d` (cuFFTMp's
 built-in slabs, row-major, ``cufftXtSetSubformatDefault(INPLACE, INPLACE_SHUFFLED)``):
@@ -28,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from mpbind import _core, _interop
+# drain, queued: process-wide (mpbind.drain(), mpbind.queued()), kept here as aliases.
+from mpbind import _core, _interop, drain, queued
 from mpbind._owned import Owned
 from mpbind.bindings.cufftmp import (
     FORWARD,
@@ -73,16 +75,6 @@ _DTYPES: dict[Type, tuple[str, str]] = {
 _COMPLEX = (Type.C2C, Type.Z2Z)
 _REAL_INPUT = (Type.R2C, Type.D2Z)  # FORWARD only
 _REAL_OUTPUT = (Type.C2R, Type.Z2D)  # INVERSE only
-
-
-def drain() -> int:
-    """Run the queued collective releases (newest first) on this PE; call on every PE."""
-    return int(_core.drain())
-
-
-def queued() -> list[tuple[str, int]]:
-    """What waits in the teardown queue: ``(kind, serial)``, newest first."""
-    return list(_core.queued())
 
 
 def _fft_type(value: Any) -> Type:
@@ -223,13 +215,13 @@ class Plan(Owned):
     def create_2d(cls, comm: Any, shape: Sequence[int], fft_type: int, *, stream: Any = None) -> Plan:
         """A 2-D plan on the built-in slabs: attach ``comm`` (mpi4py communicator, MPI_Comm
         address, or None for NVSHMEM's world), set the stream, make it (collective)."""
-        return cls._create(comm, _shape(shape, 2), fft_type, stream)
+        return cls._made(comm, _shape(shape, 2), _fft_type(fft_type), stream, None)
 
     @classmethod
     def create_3d(cls, comm: Any, shape: Sequence[int], fft_type: int, *, stream: Any = None) -> Plan:
         """A 3-D plan on the built-in slabs: attach ``comm`` (mpi4py communicator, MPI_Comm
         address, or None for NVSHMEM's world), set the stream, make it (collective)."""
-        return cls._create(comm, _shape(shape, 3), fft_type, stream)
+        return cls._made(comm, _shape(shape, 3), _fft_type(fft_type), stream, None)
 
     @classmethod
     def create_decomposition(cls, comm: Any, shape: Sequence[int], fft_type: int, input_box: Box,
@@ -243,40 +235,41 @@ class Plan(Owned):
         if ndim not in (2, 3):
             raise UsageError(f"cuFFTMp plans are 2-D or 3-D, got shape {tuple(shape)}")
         dims = _shape(shape, ndim)
-        lo_in, up_in, st_in, lo_out, up_out, st_out = _boxes(input_box, output_box, len(dims), input_strides,
-                                                             output_strides)
-        plan = cls()
-        try:
-            plan.attach_comm(comm)
-            if stream is not None:
-                plan.set_stream(stream)
-            plan.set_distribution(lo_in, up_in, lo_out, up_out, st_in, st_out)
-            plan._make(dims, t)
-        except BaseException:
-            plan._abandon()
-            raise
-        return plan
+        boxes = _boxes(input_box, output_box, len(dims), input_strides, output_strides)
+        return cls._made(comm, dims, t, stream, boxes)
 
     @classmethod
-    def _create(cls, comm: Any, dims: Shape, fft_type: int, stream: Any) -> Plan:
-        t = _fft_type(fft_type)
-        plan = cls()
-        try:
-            plan.attach_comm(comm)
-            if stream is not None:
-                plan.set_stream(stream)
-            # cufftExec* on raw pointers reads X-slabs and writes Y-slabs (and back).
-            plan.set_subformat_default(SubFormat.XT_FORMAT_INPLACE, SubFormat.XT_FORMAT_INPLACE_SHUFFLED)
-            plan._make(dims, t)
-        except BaseException:
-            plan._abandon()
-            raise
-        return plan
+    def _made(cls, comm: Any, dims: Shape, t: Type, stream: Any, boxes: tuple[list[int], ...] | None) -> Plan:
+        """Attach `comm`, set `stream`, set the layout (`boxes`: lower, upper, strides of the input
+        box, then of the output box; None: the built-in slabs) and make the plan, all collective.
 
-    def _abandon(self) -> None:
-        # A failed collective setup: queue the release (drain() on every PE) rather than
-        # destroy here, since other PEs may not have failed.
-        self._core = None
+        When a step fails no reference to the core plan is left, not even in the traceback, so its
+        lifetime row applies: with a communicator attached its release waits for drain() on every
+        PE (the other PEs may not have failed), without one it is released at once."""
+        comm_type, address, keep = _resolve_comm(comm)
+        core = _cf.Plan()
+        try:
+            core.attach_comm(comm_type, address, keep)
+            if stream is not None:
+                core.set_stream(stream)
+            if boxes is None:
+                # cufftExec* on raw pointers reads X-slabs and writes Y-slabs (and back).
+                core.set_subformat_default(SubFormat.XT_FORMAT_INPLACE, SubFormat.XT_FORMAT_INPLACE_SHUFFLED)
+            else:
+                lo_in, up_in, st_in, lo_out, up_out, st_out = boxes
+                core.set_distribution(lo_in, up_in, lo_out, up_out, st_in, st_out)
+            if len(dims) == 2:
+                core.make_plan_2d(dims[0], dims[1], t)
+            else:
+                core.make_plan_3d(dims[0], dims[1], dims[2], t)
+        except BaseException:
+            del core
+            raise
+        plan = cls._over(core)
+        plan._comm = comm
+        plan._distribution = None if boxes is None else (boxes[0], boxes[1], boxes[3], boxes[4])
+        plan._layout = plan._local_layout(dims, t)
+        return plan
 
     # --- step by step ---
 
@@ -451,7 +444,7 @@ class Plan(Owned):
     def malloc(self, format: int = SubFormat.XT_FORMAT_INPLACE) -> Descriptor:
         """cufftXtMalloc (collective): this PE's part of the distributed data, in ``format``
         (XT_FORMAT_INPLACE for slabs, XT_FORMAT_DISTRIBUTED_INPUT for boxes)."""
-        return Descriptor._wrap(self._live.malloc(int(format)))
+        return Descriptor._over(self._live.malloc(int(format)))
 
     def exec_descriptor(self, input: Descriptor, output: Descriptor | None = None,
                         direction: int | None = None) -> None:
@@ -464,33 +457,16 @@ class Plan(Owned):
         d = self._implied_direction(t, direction)
         self._live.exec_descriptor(input._core, None if output is None else output._core, d)
 
-    # --- lifetime ---
+    # --- lifetime (close, closed, serial, with: Owned) ---
 
     @property
     def _live(self) -> Any:
-        if self._core is None:
-            raise UsageError("cufftmp.Plan failed to be made; it waits for drain()")
+        """The core plan, checked open."""
         if self._core.closed:
             raise UsageError("cufftmp.Plan is closed")
         return self._core
 
-    def close(self) -> None:
-        """Free its descriptors, then cufftDestroy (collective with a communicator). Idempotent."""
-        if self._core is not None:
-            self._core.close()
-
-    destroy = close
-
-    @property
-    def closed(self) -> bool:
-        return self._core is None or bool(self._core.closed)
-
-    @property
-    def serial(self) -> int:
-        return int(self._live.serial)
-
-    def __repr__(self) -> str:
-        return "<cufftmp.Plan unmade>" if self._core is None else repr(self._core)
+    destroy = Owned.close
 
 
 class Descriptor(Owned):
@@ -501,12 +477,6 @@ class Descriptor(Owned):
 
     def __init__(self) -> None:
         raise TypeError("Descriptors come from Plan.malloc()")
-
-    @classmethod
-    def _wrap(cls, core: Any) -> Descriptor:
-        self = cls.__new__(cls)
-        self._core = core
-        return self
 
     @property
     def ptr(self) -> int:

@@ -9,8 +9,8 @@
 Destroying a communicator is collective. ``close()`` (or leaving the ``with`` block) on
 every rank releases, in order, what depends on it (cuBLASMp grids, windows,
 registrations), then finalizes and destroys it. A communicator dropped without
-``close()`` warns (``ResourceWarning``) and waits for :func:`drain` on every rank: the
-garbage collector never runs collective code. Registrations are reference-counted: the
+``close()`` warns (``ResourceWarning``) and waits for :func:`mpbind.drain` on every rank:
+the garbage collector never runs collective code. Registrations are reference-counted: the
 same ``(communicator, pointer, size)`` registered twice is one NCCL registration, released
 when its last :class:`Registration` closes. The flat C API is :mod:`mpbind.bindings.nccl`.
 """
@@ -21,7 +21,8 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
-from mpbind import _core, _interop
+# drain, queued, registrations: process-wide (mpbind.drain() ...), kept here as aliases.
+from mpbind import _core, _interop, drain, queued, registrations
 from mpbind._core import nccl as _core_nccl
 from mpbind._owned import Owned
 from mpbind.bindings import nccl as _flat
@@ -49,21 +50,6 @@ _OPS: dict[str, RedOp] = {"sum": RedOp.SUM, "prod": RedOp.PROD, "max": RedOp.MAX
 def mem_alloc(nbytes: int) -> Buffer:
     """``ncclMemAlloc``: memory suited to registration and windows; freed when released or collected."""
     return _core.nccl.mem_alloc(nbytes)
-
-
-def drain() -> int:
-    """Run every queued collective release, newest first. Collective: call it on every rank."""
-    return int(_core.drain())
-
-
-def queued() -> list[tuple[str, int]]:
-    """What waits for :func:`drain`: (kind, serial), newest first."""
-    return list(_core.queued())
-
-
-def registrations() -> list[dict[str, Any]]:
-    """Every live registration in this process (NCCL, cuBLASMp, NVSHMEM), with its reference count."""
-    return list(_core.registrations())
 
 
 @contextlib.contextmanager
@@ -120,7 +106,7 @@ class Communicator(Owned):
     arrays with ``__cuda_array_interface__``/DLPack or ``(ptr, count, dtype)`` tuples; streams are
     ints, ``__cuda_stream__`` objects, CuPy or PyTorch streams, or None (the default stream).
     ``close()`` (or ``destroy()``) releases what depends on it, then finalizes and destroys it
-    (collective).
+    (collective). :attr:`ptr` is the ``ncclComm_t`` for the flat bindings.
     """
 
     __slots__ = ("_core", "__weakref__")
@@ -181,18 +167,11 @@ class Communicator(Owned):
         return int(self._core.device)
 
     @property
-    def handle(self) -> int:
-        """The ``ncclComm_t`` for :mod:`mpbind.bindings.nccl` (raises once closed)."""
-        return int(self._core.handle)
+    def ptr(self) -> _flat.Comm:
+        """The ``ncclComm_t`` (an int) for :mod:`mpbind.bindings.nccl`; ``UsageError`` once closed."""
+        return cast("_flat.Comm", self._core.ptr)
 
-    @property
-    def _comm(self) -> _flat.Comm:
-        return cast("_flat.Comm", self._core.handle)
-
-    @property
-    def core(self) -> Any:
-        """The core object (what :mod:`mpbind.cublasmp` grids hold)."""
-        return self._core
+    handle = ptr  # its earlier name
 
     def finalize(self) -> None:
         """Drain what is queued under this communicator, then ``ncclCommFinalize`` (collective)."""
@@ -242,30 +221,30 @@ class Communicator(Owned):
     def all_reduce(self, sendbuf: Any, recvbuf: Any, op: str | int = "sum", stream: Any = None) -> None:
         """``ncclAllReduce``; `sendbuf` may be `recvbuf` (in place)."""
         s, r = self._pair(sendbuf, recvbuf, 1)
-        _flat.all_reduce(s.ptr, r.ptr, r.count, r.nccl_dtype, _op(op), self._comm, _interop.stream_handle(stream))
+        _flat.all_reduce(s.ptr, r.ptr, r.count, r.nccl_dtype, _op(op), self.ptr, _interop.stream_handle(stream))
 
     def reduce(self, sendbuf: Any, recvbuf: Any, root: int, op: str | int = "sum", stream: Any = None) -> None:
         """``ncclReduce`` to `root`."""
         s, r = self._pair(sendbuf, recvbuf, 1)
         self._check_rank(root, "root")
-        _flat.reduce(s.ptr, r.ptr, r.count, r.nccl_dtype, _op(op), root, self._comm,
+        _flat.reduce(s.ptr, r.ptr, r.count, r.nccl_dtype, _op(op), root, self.ptr,
                      _interop.stream_handle(stream))
 
     def broadcast(self, sendbuf: Any, recvbuf: Any, root: int, stream: Any = None) -> None:
         """``ncclBroadcast`` from `root`."""
         s, r = self._pair(sendbuf, recvbuf, 1)
         self._check_rank(root, "root")
-        _flat.broadcast(s.ptr, r.ptr, r.count, r.nccl_dtype, root, self._comm, _interop.stream_handle(stream))
+        _flat.broadcast(s.ptr, r.ptr, r.count, r.nccl_dtype, root, self.ptr, _interop.stream_handle(stream))
 
     def all_gather(self, sendbuf: Any, recvbuf: Any, stream: Any = None) -> None:
         """``ncclAllGather``: `recvbuf` holds ``size`` x `sendbuf`."""
         s, r = self._pair(sendbuf, recvbuf, 1 / self.size)
-        _flat.all_gather(s.ptr, r.ptr, s.count, s.nccl_dtype, self._comm, _interop.stream_handle(stream))
+        _flat.all_gather(s.ptr, r.ptr, s.count, s.nccl_dtype, self.ptr, _interop.stream_handle(stream))
 
     def reduce_scatter(self, sendbuf: Any, recvbuf: Any, op: str | int = "sum", stream: Any = None) -> None:
         """``ncclReduceScatter``: `sendbuf` holds ``size`` x `recvbuf`."""
         s, r = self._pair(sendbuf, recvbuf, self.size)
-        _flat.reduce_scatter(s.ptr, r.ptr, r.count, r.nccl_dtype, _op(op), self._comm,
+        _flat.reduce_scatter(s.ptr, r.ptr, r.count, r.nccl_dtype, _op(op), self.ptr,
                              _interop.stream_handle(stream))
 
     def all_to_all(self, sendbuf: Any, recvbuf: Any, stream: Any = None) -> None:
@@ -273,20 +252,20 @@ class Communicator(Owned):
         s, r = self._pair(sendbuf, recvbuf, 1)
         if s.count % self.size:
             raise UsageError(f"all_to_all: {s.count} elements do not split into {self.size} equal blocks")
-        _flat.all_to_all(s.ptr, r.ptr, s.count // self.size, s.nccl_dtype, self._comm,
+        _flat.all_to_all(s.ptr, r.ptr, s.count // self.size, s.nccl_dtype, self.ptr,
                          _interop.stream_handle(stream))
 
     def send(self, sendbuf: Any, peer: int, stream: Any = None) -> None:
         """``ncclSend`` to `peer` (pair with :meth:`recv`; wrap several in :func:`group`)."""
         s = _Operand(sendbuf, "sendbuf", self.device, writable=False)
         self._check_rank(peer, "peer")
-        _flat.send(s.ptr, s.count, s.nccl_dtype, peer, self._comm, _interop.stream_handle(stream))
+        _flat.send(s.ptr, s.count, s.nccl_dtype, peer, self.ptr, _interop.stream_handle(stream))
 
     def recv(self, recvbuf: Any, peer: int, stream: Any = None) -> None:
         """``ncclRecv`` from `peer`."""
         r = _Operand(recvbuf, "recvbuf", self.device, writable=True)
         self._check_rank(peer, "peer")
-        _flat.recv(r.ptr, r.count, r.nccl_dtype, peer, self._comm, _interop.stream_handle(stream))
+        _flat.recv(r.ptr, r.count, r.nccl_dtype, peer, self.ptr, _interop.stream_handle(stream))
 
     def _check_rank(self, rank: int, what: str) -> None:
         if not isinstance(rank, int) or not 0 <= rank < self.size:

@@ -45,6 +45,7 @@ from mpbind._interop import (
     itemsize,
     stream_handle,
 )
+from mpbind._owned import Owned
 from mpbind.errors import MpbindError, UsageError
 
 __all__ = [
@@ -304,17 +305,20 @@ class _DeviceView:
         return ArrayInfo(self.ptr, self._shape, c_strides(self._shape), self._dtype, self._device, False, self)
 
 
-class SymmetricArray(_DeviceView):
+class SymmetricArray(Owned, _DeviceView):
     """An array in NVSHMEM's symmetric heap (every PE allocated it together).
 
     It exports ``__cuda_array_interface__`` (v3) and DLPack, so CuPy, PyTorch and JAX view it
-    without copying; such views keep it alive but do not stop ``free()``.
+    without copying; such views keep it alive but do not stop ``free()``. ``close()`` (or
+    ``free()``, or leaving a ``with`` block) is ``nvshmem_free``, collective: every PE frees its
+    array. Dropped unfreed, it warns ``ResourceWarning`` and waits for ``drain()``/``finalize()``.
     """
 
-    __slots__ = ("_mem", "_shape", "_dtype", "_device")
+    __slots__ = ("_core", "_shape", "_dtype", "_device")
+    _core: SymmetricMemory
 
     def __init__(self, mem: SymmetricMemory, shape: tuple[int, ...], dtype: str, device: int) -> None:
-        self._mem = mem
+        self._core = mem
         self._shape = shape
         self._dtype = dtype
         self._device = device
@@ -322,40 +326,25 @@ class SymmetricArray(_DeviceView):
     @property
     def ptr(self) -> int:
         """The symmetric address; ``UsageError`` once freed."""
-        return int(self._mem.ptr)
+        return int(self._core.ptr)
 
     @property
     def memory(self) -> SymmetricMemory:
         """The allocation behind it."""
-        return self._mem
+        return self._core
 
-    @property
-    def closed(self) -> bool:
-        return bool(self._mem.closed)
-
-    def free(self) -> None:
-        """``nvshmem_free`` now (collective: every PE frees its array). Idempotent."""
-        self._mem.close()
-
-    close = free
-
-    def __enter__(self) -> SymmetricArray:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.free()
+    free = Owned.close
 
     def peer(self, pe: int) -> PeerArray | None:
         """A view of PE `pe`'s copy of this array through ``nvshmem_ptr``, or None when that PE's
         memory is not directly addressable from here (another node, or no peer access)."""
-        address = self._mem.peer_ptr(_check_pe(pe, "pe"))
+        address = self._core.peer_ptr(_check_pe(pe, "pe"))
         if address is None:
             return None
         return PeerArray(self, int(address), pe)
 
-    def __repr__(self) -> str:
-        state = "freed" if self.closed else f"ptr=0x{self.ptr:x}"
-        return f"<SymmetricArray shape={self._shape} dtype={self._dtype} {state}>"
+    def _described(self) -> str:
+        return f"shape={self._shape} dtype={self._dtype}"
 
 
 class PeerArray(_DeviceView):
