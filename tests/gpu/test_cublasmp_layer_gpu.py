@@ -94,6 +94,39 @@ def test_planned_matmul_matches_torch(comm: nccl.Communicator, stream: object, d
     handle.close()
 
 
+def test_matmul_descriptor_ownership(comm: nccl.Communicator, stream: object) -> None:
+    """A plan closes the descriptor it made or was handed (own_descriptor=True); one passed in
+    otherwise stays the caller's, and a plan whose kept descriptor was closed refuses to run."""
+    a, b, d = (torch.zeros((64, 64), device="cuda") for _ in range(3))
+    torch.cuda.synchronize()
+    handle = cublasmp.Handle(stream)
+    grid = cublasmp.grid(comm, 1, 1)
+    mats = [cublasmp.Matrix(grid, x.T) for x in (b, a, d)]
+    with cublasmp.Matmul(handle, *mats) as made:
+        assert made.owns_descriptor
+    assert made.closed and made.descriptor.closed
+    mine = cublasmp.MatmulDescriptor(cublasmp.CublasComputeType.COMPUTE_32F)
+    with cublasmp.Matmul(handle, *mats, descriptor=mine) as kept:
+        assert not kept.owns_descriptor
+        kept.execute()
+    assert not mine.closed
+    plan = cublasmp.Matmul(handle, *mats, descriptor=mine)
+    mine.close()
+    with pytest.raises(UsageError, match="closed"):
+        plan.execute()
+    plan.close()
+    given = cublasmp.MatmulDescriptor(cublasmp.CublasComputeType.COMPUTE_32F)
+    with cublasmp.Matmul(handle, *mats, descriptor=given, own_descriptor=True) as owner:
+        assert owner.owns_descriptor
+    assert given.closed
+    for mat in mats:
+        with mat:
+            assert "MatrixDescriptor 64x64" in repr(mat)
+        assert mat.closed and mat.descriptor.closed
+    stream.synchronize()
+    handle.close()
+
+
 def test_matmul_transposed_with_c_and_beta(comm: nccl.Communicator, stream: object) -> None:
     m, n, k = 128, 64, 96
     a_t = _rand(k, m, 3).float()  # stores op(A)^T row-major = A column-major (k x m) ... use transa

@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU", allow_module_level=True)
 
+import mpbind  # noqa: E402
 from mpbind import _core, nccl  # noqa: E402
 from mpbind.errors import UsageError  # noqa: E402
 
@@ -31,7 +32,7 @@ def comm() -> Iterator[nccl.Communicator]:
 
 def test_properties(comm: nccl.Communicator) -> None:
     assert (comm.rank, comm.size, comm.device) == (0, 1, 0)
-    assert comm.handle != 0
+    assert comm.ptr != 0 and comm.handle == comm.ptr  # handle: the earlier name of ptr
     assert "rank=0" in repr(comm)
 
 
@@ -129,7 +130,7 @@ def test_use_after_close_and_idempotent_close() -> None:
     c.close()
     assert c.closed
     with pytest.raises(UsageError, match="closed"):
-        _ = c.handle
+        _ = c.ptr
     with pytest.raises(UsageError, match="closed"):
         c.all_reduce(torch.zeros(4, device="cuda"), torch.zeros(4, device="cuda"))
 
@@ -145,15 +146,16 @@ def test_split_and_abort() -> None:
 
 def test_dropped_communicator_is_queued_and_drained() -> None:
     c = nccl.Communicator.init(1, 0, nccl.get_unique_id())
-    serial = c.core.serial
+    serial = c.serial
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         del c
         gc.collect()
     assert any(issubclass(w.category, ResourceWarning) and "nccl.Communicator" in str(w.message) for w in seen)
-    assert ("nccl.Communicator", serial) in nccl.queued()
-    assert nccl.drain() >= 1
-    assert ("nccl.Communicator", serial) not in nccl.queued()
+    assert ("nccl.Communicator", serial) in mpbind.queued()
+    assert nccl.drain is mpbind.drain and nccl.queued is mpbind.queued  # the old names are aliases
+    assert mpbind.drain() >= 1
+    assert ("nccl.Communicator", serial) not in mpbind.queued()
 
 
 def test_exit_with_live_objects_is_clean() -> None:
