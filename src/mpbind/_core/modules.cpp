@@ -8,6 +8,7 @@ void register_modules(nanobind::module_& m) {
     register_cublasmp(m);
     register_nvshmem(m);
     register_cufftmp(m);
+    register_abi(m);
 }
 
 }  // namespace mpbind

@@ -11,5 +11,6 @@ void register_nccl(nanobind::module_& m);
 void register_cublasmp(nanobind::module_& m);
 void register_nvshmem(nanobind::module_& m);
 void register_cufftmp(nanobind::module_& m);
+void register_abi(nanobind::module_& m);  // mpbind._core._abi: the function tables (capi.cpp)
 
 }  // namespace mpbind
