@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from emit_common import (
+    LOADING_ERROR_VALUE,
     Index,
     c_args,
     c_param_types,
@@ -35,7 +36,7 @@ def _types_block(ix: Index) -> list[str]:
     c: list[str] = [f"#ifndef {guard}", f"#define {guard}", "#include <stddef.h>",
                     "#include <stdint.h>", "#include <stdbool.h>"]
     # Returned by an entry point whose symbol is missing, with a Python exception set.
-    c.append(f"#define {loading_error(ir)} (({ir['status']['type']})-42)")
+    c.append(f"#define {loading_error(ir)} (({ir['status']['type']}){LOADING_ERROR_VALUE})")
     # Handles are declared with the struct tag the library's header uses, so that two
     # modules declaring the same handle (cynccl, cycublasmp: ncclComm_t) agree.
     tags = ir.get("handle_tags", {})

@@ -24,6 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import emit_core  # noqa: E402
 import emit_cython  # noqa: E402
 import emit_python  # noqa: E402
 import emit_status  # noqa: E402
@@ -124,6 +125,8 @@ def render(irs: dict[str, dict[str, Any]]) -> dict[Path, str]:
     agg = {"pretty": "every library", "version": "as pinned"}
     out[SRC / "_status.py"] = seal(emit_status.status_py(all_irs), "#", "*", agg)
     out[SRC / "bindings" / "_coverage.py"] = seal(emit_status.coverage_py(all_irs), "#", "*", agg)
+    for name, (body, origin) in emit_core.headers(irs).items():
+        out[SRC / "_core" / "abi" / name] = seal(body, "//", "", {}, source=origin)
     return out
 
 

@@ -1,4 +1,4 @@
-// Shared machinery of mpbind._core: errors, capsule lookup, states and their
+// Shared machinery of mpbind._core: errors, states and their
 // drop policies, the teardown queue and the registration registry (see core.hpp).
 
 #include "core.hpp"
@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <stdexcept>
 
 namespace mpbind {
 
@@ -64,30 +63,6 @@ void warn_resource(const std::string& message) {
 void mark_exiting() { g_exiting.store(true); }
 
 bool exiting() { return g_exiting.load() || !Py_IsInitialized(); }
-
-// ---------------------------------------------------------------------------
-// Capsules
-// ---------------------------------------------------------------------------
-
-void* capi_pointer(const char* module, const char* name, const char* signature) {
-    nb::object mod = nb::module_::import_(module);
-    nb::object table = mod.attr("__pyx_capi__");
-    PyObject* capsule = PyDict_GetItemString(table.ptr(), name);  // borrowed
-    if (capsule == nullptr || !PyCapsule_CheckExact(capsule)) {
-        PyErr_Format(PyExc_RuntimeError, "%s exports no C function %s", module, name);
-        throw nb::python_error();
-    }
-    const char* recorded = PyCapsule_GetName(capsule);
-    if (recorded == nullptr || std::strcmp(recorded, signature) != 0) {
-        PyErr_Format(PyExc_RuntimeError,
-                     "%s.%s has signature '%s' but mpbind._core was built for '%s'; rebuild mpbind",
-                     module, name, recorded ? recorded : "?", signature);
-        throw nb::python_error();
-    }
-    void* p = PyCapsule_GetPointer(capsule, recorded);
-    if (p == nullptr) throw nb::python_error();
-    return p;
-}
 
 // ---------------------------------------------------------------------------
 // The teardown queue

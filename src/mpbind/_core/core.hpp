@@ -13,8 +13,7 @@
 //   pointer, size); close() drops that reference, the last one deregisters.
 // * The teardown queue: collective releases of dropped objects, which every
 //   rank drains in the same (reverse creation) order.
-// * Library calls go through the function pointers the generated Cython modules
-//   export in __pyx_capi__, so there is one loader and one table.
+// * Library calls go through the function tables of capi.hpp and abi/<lib>.hpp.
 //
 // Locking rule: a core mutex is never waited for while holding the GIL (see
 // lock()), so a thread holding one may take the GIL to raise or warn.
@@ -50,39 +49,6 @@ namespace mpbind {
 [[noreturn]] void raise_library_error(const char* library, const char* function, int status,
                                       const std::string& description);
 void warn_resource(const std::string& message);
-
-// Status check after a call through a capsule: `sentinel` is the value the
-// Cython entry point returns when it raised (library or symbol not found).
-inline void check_status(const char* library, int status, int success, int sentinel,
-                         const char* function) {
-    if (status == success) return;
-    if (status == sentinel && PyErr_Occurred()) throw nb::python_error();
-    raise_status(library, status, function);
-}
-
-// Call `f(args...)` without the GIL and check its status (0 is success).
-template <class F, class... A>
-void call_checked(const char* library, int sentinel, const char* function, F f, A... args) {
-    int status;
-    {
-        nb::gil_scoped_release release;
-        status = static_cast<int>(f(args...));
-    }
-    check_status(library, status, 0, sentinel, function);
-}
-
-// ---------------------------------------------------------------------------
-// Function pointers from the generated cy<lib> modules
-// ---------------------------------------------------------------------------
-
-// The pointer exported as `name` by `module` (e.g. "mpbind.bindings.cynccl"),
-// checked against the C signature Cython recorded for it. Needs the GIL.
-void* capi_pointer(const char* module, const char* name, const char* signature);
-
-template <class F>
-void load(F& slot, const char* module, const char* name, const char* signature) {
-    slot = reinterpret_cast<F>(capi_pointer(module, name, signature));
-}
 
 // ---------------------------------------------------------------------------
 // Locks

@@ -14,6 +14,8 @@
 #include <cstring>
 #include <tuple>
 
+#include "abi/cublasmp.hpp"
+#include "abi/cuda_driver.hpp"
 #include "register.hpp"
 #include "nccl.hpp"
 
@@ -21,114 +23,13 @@ namespace mpbind::cublasmp {
 
 namespace {
 
-constexpr const char* kCy = "mpbind.bindings.cycublasmp";
-constexpr int kSuccess = 0;
-constexpr int kSentinel = -42;  // MPBIND_CUBLASMP_LOADING_ERROR
-constexpr int kInternalError = 7;  // CUBLASMP_STATUS_INTERNAL_ERROR
-
+using namespace abi::cublasmp;
+using capi::call;
+using capi::check;
 using i64 = int64_t;
-using MatmulFn = int (*)(void*, void*, i64, i64, i64, const void*, const void*, i64, i64, void*, const void*, i64,
-                         i64, void*, const void*, const void*, i64, i64, void*, void*, i64, i64, void*, void*,
-                         size_t, void*, size_t);
-using MatmulSizeFn = int (*)(void*, void*, i64, i64, i64, const void*, const void*, i64, i64, void*, const void*,
-                             i64, i64, void*, const void*, const void*, i64, i64, void*, void*, i64, i64, void*,
-                             size_t*, size_t*);
-
-struct Api {
-    int (*Create)(void**, void*);
-    int (*Destroy)(void*);
-    int (*SetStream)(void*, void*);
-    int (*GridCreate)(i64, i64, int, void*, void**);
-    int (*GridDestroy)(void*);
-    int (*BufferRegister)(void*, void*, size_t);
-    int (*BufferDeregister)(void*, void*);
-    int (*MatrixDescriptorCreate)(i64, i64, i64, i64, i64, i64, i64, int, void*, void**);
-    int (*MatrixDescriptorDestroy)(void*);
-    int (*MatmulDescriptorCreate)(void**, int);
-    int (*MatmulDescriptorDestroy)(void*);
-    MatmulSizeFn MatmulBufferSize;
-    MatmulFn Matmul;
-    int (*Malloc)(void*, void**, size_t);
-    int (*Free)(void*, void*);
-};
-
-const Api& api() {
-    static Api* a = nullptr;  // filled once under the GIL
-    if (a) return *a;
-    auto* t = new Api();
-    load(t->Create, kCy, "cublasMpCreate", "cublasMpStatus_t (cublasMpHandle_t *, cudaStream_t)");
-    load(t->Destroy, kCy, "cublasMpDestroy", "cublasMpStatus_t (cublasMpHandle_t)");
-    load(t->SetStream, kCy, "cublasMpSetStream", "cublasMpStatus_t (cublasMpHandle_t, cudaStream_t)");
-    load(t->GridCreate, kCy, "cublasMpGridCreate",
-         "cublasMpStatus_t (int64_t, int64_t, cublasMpGridLayout_t, ncclComm_t, cublasMpGrid_t *)");
-    load(t->GridDestroy, kCy, "cublasMpGridDestroy", "cublasMpStatus_t (cublasMpGrid_t)");
-    load(t->BufferRegister, kCy, "cublasMpBufferRegister", "cublasMpStatus_t (cublasMpGrid_t, void *, size_t)");
-    load(t->BufferDeregister, kCy, "cublasMpBufferDeregister", "cublasMpStatus_t (cublasMpGrid_t, void *)");
-    load(t->MatrixDescriptorCreate, kCy, "cublasMpMatrixDescriptorCreate",
-         "cublasMpStatus_t (int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, cudaDataType_t, "
-         "cublasMpGrid_t, cublasMpMatrixDescriptor_t *)");
-    load(t->MatrixDescriptorDestroy, kCy, "cublasMpMatrixDescriptorDestroy",
-         "cublasMpStatus_t (cublasMpMatrixDescriptor_t)");
-    load(t->MatmulDescriptorCreate, kCy, "cublasMpMatmulDescriptorCreate",
-         "cublasMpStatus_t (cublasMpMatmulDescriptor_t *, cublasComputeType_t)");
-    load(t->MatmulDescriptorDestroy, kCy, "cublasMpMatmulDescriptorDestroy",
-         "cublasMpStatus_t (cublasMpMatmulDescriptor_t)");
-    const char* operands =
-        "cublasMpHandle_t, cublasMpMatmulDescriptor_t, int64_t, int64_t, int64_t, void const *, void const *, "
-        "int64_t, int64_t, cublasMpMatrixDescriptor_t, void const *, int64_t, int64_t, "
-        "cublasMpMatrixDescriptor_t, void const *, void const *, int64_t, int64_t, cublasMpMatrixDescriptor_t, "
-        "void *, int64_t, int64_t, cublasMpMatrixDescriptor_t, ";
-    load(t->MatmulBufferSize, kCy, "cublasMpMatmul_bufferSize",
-         (std::string("cublasMpStatus_t (") + operands + "size_t *, size_t *)").c_str());
-    load(t->Matmul, kCy, "cublasMpMatmul",
-         (std::string("cublasMpStatus_t (") + operands + "void *, size_t, void *, size_t)").c_str());
-    load(t->Malloc, kCy, "cublasMpMalloc", "cublasMpStatus_t (cublasMpGrid_t, void **, size_t)");
-    load(t->Free, kCy, "cublasMpFree", "cublasMpStatus_t (cublasMpGrid_t, void *)");
-    a = t;
-    return *a;
-}
-
-void check(int status, const char* function) {
-    check_status("cublasmp", status, kSuccess, kSentinel, function);
-}
-
-template <class F, class... A>
-void call(const char* function, F f, A... args) {
-    call_checked("cublasmp", kSentinel, function, f, args...);
-}
 
 // CUDA graphs through the driver API that cuda-bindings exports (its own loader).
-struct Driver {
-    int (*StreamBeginCapture)(void*, int);
-    int (*StreamEndCapture)(void*, void**);
-    int (*GraphInstantiate)(void**, void*, unsigned long long);
-    int (*GraphLaunch)(void*, void*);
-    int (*GraphExecDestroy)(void*);
-    int (*GraphDestroy)(void*);
-};
-
-const Driver& driver() {
-    static Driver* a = nullptr;
-    if (a) return *a;
-    constexpr const char* cy = "cuda.bindings.cydriver";
-    auto* t = new Driver();
-    load(t->StreamBeginCapture, cy, "cuStreamBeginCapture", "CUresult (CUstream, CUstreamCaptureMode)");
-    load(t->StreamEndCapture, cy, "cuStreamEndCapture", "CUresult (CUstream, CUgraph *)");
-    load(t->GraphInstantiate, cy, "cuGraphInstantiate", "CUresult (CUgraphExec *, CUgraph, unsigned PY_LONG_LONG)");
-    load(t->GraphLaunch, cy, "cuGraphLaunch", "CUresult (CUgraphExec, CUstream)");
-    load(t->GraphExecDestroy, cy, "cuGraphExecDestroy", "CUresult (CUgraphExec)");
-    load(t->GraphDestroy, cy, "cuGraphDestroy", "CUresult (CUgraph)");
-    a = t;
-    return *a;
-}
-
-void check_cu(int result, const char* function) {
-    if (result == 0) return;
-    if (PyErr_Occurred()) throw nb::python_error();
-    raise_mpbind(std::string(function) + " failed with CUresult " + std::to_string(result));
-}
-
-constexpr int kCaptureThreadLocal = 1;  // CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+namespace cu = abi::cuda_driver;
 
 // --- handle ---
 
@@ -150,12 +51,12 @@ public:
 
     void set_stream(uintptr_t s) {
         if (s == stream) return;
-        call("cublasMpSetStream", api().SetStream, handle, reinterpret_cast<void*>(s));
+        call(api().cublasMpSetStream, handle, reinterpret_cast<void*>(s));
         stream = s;
     }
 
 protected:
-    void release() override { call("cublasMpDestroy", api().Destroy, handle); }
+    void release() override { call(api().cublasMpDestroy, handle); }
 };
 using Handle = Ref<HandleState>;  // cublasMpHandle_t (the library's term)
 
@@ -186,7 +87,7 @@ protected:
     void release() override {
         workspaces.clear();
         grid_cache().erase(this);
-        call("cublasMpGridDestroy", api().GridDestroy, grid);
+        call(api().cublasMpGridDestroy, grid);
     }
 };
 using Grid = Ref<GridState>;
@@ -198,7 +99,7 @@ public:
 
 protected:
     void deregister() override {
-        call("cublasMpBufferDeregister", api().BufferDeregister, grid->grid, reinterpret_cast<void*>(ptr));
+        call(api().cublasMpBufferDeregister, grid->grid, reinterpret_cast<void*>(ptr));
     }
 };
 
@@ -207,7 +108,7 @@ RegistrationRef register_on(GridState& g, uintptr_t ptr, size_t size, nb::object
     if (size == 0) raise_usage("cannot register 0 bytes");
     auto self = std::static_pointer_cast<GridState>(g.shared_from_this());
     return g.registrations.acquire(g, ptr, size, [&]() -> std::shared_ptr<RegistrationState> {
-        call("cublasMpBufferRegister", api().BufferRegister, g.grid, reinterpret_cast<void*>(ptr), size);
+        call(api().cublasMpBufferRegister, g.grid, reinterpret_cast<void*>(ptr), size);
         auto r = std::make_shared<BufferRegistration>("cublasmp.Registration", ptr, size, std::move(buffer));
         r->grid = self;
         return r;
@@ -227,7 +128,7 @@ public:
     std::shared_ptr<GridState> grid;
 
 protected:
-    void release() override { call("cublasMpMatrixDescriptorDestroy", api().MatrixDescriptorDestroy, desc); }
+    void release() override { call(api().cublasMpMatrixDescriptorDestroy, desc); }
 };
 using MatrixDescriptor = Ref<MatrixState>;
 
@@ -238,7 +139,7 @@ public:
     int compute;
 
 protected:
-    void release() override { call("cublasMpMatmulDescriptorDestroy", api().MatmulDescriptorDestroy, desc); }
+    void release() override { call(api().cublasMpMatmulDescriptorDestroy, desc); }
 };
 using MatmulDescriptor = Ref<MatmulDescState>;
 
@@ -283,7 +184,7 @@ protected:
     void release() override {
         for (auto it = served.rbegin(); it != served.rend(); ++it) it->close();
         served.clear();
-        call("cublasMpFree", api().Free, grid->grid, ptr);
+        call(api().cublasMpFree, grid->grid, ptr);
     }
 };
 using Workspace = Ref<WorkspaceState>;
@@ -292,7 +193,7 @@ std::shared_ptr<WorkspaceState> make_workspace(const std::shared_ptr<GridState>&
     g->check_open();
     if (nbytes == 0) raise_usage("workspace size must be > 0");
     void* p = nullptr;
-    call("cublasMpMalloc", api().Malloc, g->grid, &p, nbytes);
+    call(api().cublasMpMalloc, g->grid, &p, nbytes);
     auto w = std::make_shared<WorkspaceState>(p, nbytes, g, shared);
     w->depends_on(g);
     g->add_child(w);
@@ -335,26 +236,28 @@ public:
     void* graph = nullptr;  // CUgraph / CUgraphExec of the captured call, once captured
     void* graph_exec = nullptr;
 
-    // `f` (cublasMpMatmul or its _bufferSize) on this plan's operands, then `tail...`, without the GIL.
+    // `fn` (cublasMpMatmul or its _bufferSize) on this plan's operands, then `tail...`, without the
+    // GIL; raises its error unless it succeeded. The hot path of execute(): one direct call.
     template <class F, class... Tail>
-    int with_operands(F f, Tail... tail) {
+    void with_operands(const F& fn, Tail... tail) {
         auto ptr = [](const Operand& o) { return reinterpret_cast<void*>(o.ptr); };
         auto desc = [](const Operand& o) { return o.desc ? o.desc->desc : nullptr; };
-        nb::gil_scoped_release release;
-        return f(handle->handle, mm->desc, m, n, k, alpha.data(), ptr(a), a.i, a.j, desc(a), ptr(b), b.i, b.j,
-                 desc(b), beta.data(), ptr(c), c.i, c.j, desc(c), ptr(d), d.i, d.j, desc(d), tail...);
+        cublasMpStatus_t status;
+        {
+            nb::gil_scoped_release release;
+            status = fn.ptr(handle->handle, mm->desc, m, n, k, alpha.data(), ptr(a), a.i, a.j, desc(a), ptr(b), b.i,
+                            b.j, desc(b), beta.data(), ptr(c), c.i, c.j, desc(c), ptr(d), d.i, d.j, desc(d), tail...);
+        }
+        if (status != success) check(fn, capi::returned(fn, status));
     }
 
-    void size_workspaces() {
-        check(with_operands(api().MatmulBufferSize, &device_bytes, &host_bytes), "cublasMpMatmul_bufferSize");
-    }
+    void size_workspaces() { with_operands(api().cublasMpMatmul_bufferSize, &device_bytes, &host_bytes); }
 
     void call_library() {
         mm->check_open();  // a descriptor the caller kept may be closed before the plan
         void* dws = workspace ? workspace->ptr : nullptr;
         void* hws = host_workspace.empty() ? nullptr : host_workspace.data();
-        int status = with_operands(api().Matmul, dws, device_bytes, hws, host_bytes);
-        if (status != kSuccess) check(status, "cublasMpMatmul");
+        with_operands(api().cublasMpMatmul, dws, device_bytes, hws, host_bytes);
     }
 
     // Record one call into a CUDA graph on `stream`; execute() then replays it.
@@ -363,24 +266,25 @@ public:
         handle->check_open();
         if (graph_exec) raise_usage("this matmul is already captured");
         if (stream == 0) raise_usage("capture needs a stream other than the default (legacy) stream");
-        const Driver& drv = driver();
+        const cu::Api& drv = cu::api();
         handle->set_stream(stream);
         void* s = reinterpret_cast<void*>(stream);
-        check_cu(drv.StreamBeginCapture(s, kCaptureThreadLocal), "cuStreamBeginCapture");
+        call(drv.cuStreamBeginCapture, s, cu::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
         void* g = nullptr;
         try {
             call_library();
         } catch (...) {
-            drv.StreamEndCapture(s, &g);  // leave the stream usable
-            if (g) drv.GraphDestroy(g);
+            drv.cuStreamEndCapture.ptr(s, &g);  // leave the stream usable
+            if (g) drv.cuGraphDestroy.ptr(g);
             throw;
         }
-        check_cu(drv.StreamEndCapture(s, &g), "cuStreamEndCapture");
+        call(drv.cuStreamEndCapture, s, &g);
         void* exec = nullptr;
-        int r = drv.GraphInstantiate(&exec, g, 0);
-        if (r != 0) {
-            drv.GraphDestroy(g);
-            check_cu(r, "cuGraphInstantiate");
+        try {
+            call(drv.cuGraphInstantiate, &exec, g, 0);
+        } catch (...) {
+            drv.cuGraphDestroy.ptr(g);
+            throw;
         }
         graph = g;
         graph_exec = exec;
@@ -390,12 +294,7 @@ public:
         check_open();
         handle->check_open();
         if (graph_exec) {
-            int r;
-            {
-                nb::gil_scoped_release release;
-                r = driver().GraphLaunch(graph_exec, reinterpret_cast<void*>(stream));
-            }
-            check_cu(r, "cuGraphLaunch");
+            call(cu::api().cuGraphLaunch, graph_exec, reinterpret_cast<void*>(stream));
             return;
         }
         handle->set_stream(stream);
@@ -404,8 +303,8 @@ public:
 
 protected:
     void release() override {
-        if (graph_exec) driver().GraphExecDestroy(graph_exec);
-        if (graph) driver().GraphDestroy(graph);
+        if (graph_exec) cu::api().cuGraphExecDestroy.ptr(graph_exec);
+        if (graph) cu::api().cuGraphDestroy.ptr(graph);
         graph_exec = graph = nullptr;
         workspace.reset();  // a shared Workspace is released by its own owner
         host_workspace.clear();
@@ -456,7 +355,7 @@ void register_cublasmp(nb::module_& parent) {
     handle.def("__init__", [](Handle* self, nb::handle stream) {
         uintptr_t s = stream_handle(stream);
         void* h = nullptr;
-        call("cublasMpCreate", api().Create, &h, reinterpret_cast<void*>(s));
+        call(api().cublasMpCreate, &h, reinterpret_cast<void*>(s));
         new (self) Handle(std::make_shared<HandleState>(h, s));
     }, nb::arg("stream").none() = nb::none())
         .def_prop_ro("stream", [](Handle& h) { return h.get().stream; })
@@ -488,8 +387,7 @@ void register_cublasmp(nb::module_& parent) {
             }
             if (lld < 1) raise_usage("lld must be >= 1");
             void* d = nullptr;
-            call("cublasMpMatrixDescriptorCreate", api().MatrixDescriptorCreate, m_, n_, mb, nb_, rsrc, csrc, lld,
-                 dtype, gs.grid, &d);
+            call(api().cublasMpMatrixDescriptorCreate, m_, n_, mb, nb_, rsrc, csrc, lld, dtype, gs.grid, &d);
             auto s = std::make_shared<MatrixState>(d, m_, n_, mb, nb_, rsrc, csrc, lld, dtype);
             s->grid = g.state();
             s->depends_on(g.state());
@@ -511,11 +409,14 @@ void register_cublasmp(nb::module_& parent) {
             raise_usage("a " + std::to_string(nprow) + " x " + std::to_string(npcol) + " grid needs " +
                         std::to_string(nprow * npcol) + " ranks; the communicator has " + std::to_string(c.size));
         }
-        if (layout != 0 && layout != 1) raise_usage("layout must be GridLayout.COL_MAJOR (0) or ROW_MAJOR (1)");
+        if (layout != CUBLASMP_GRID_LAYOUT_COL_MAJOR && layout != CUBLASMP_GRID_LAYOUT_ROW_MAJOR) {
+            raise_usage("layout must be GridLayout.COL_MAJOR (" + std::to_string(CUBLASMP_GRID_LAYOUT_COL_MAJOR) +
+                        ") or ROW_MAJOR (" + std::to_string(CUBLASMP_GRID_LAYOUT_ROW_MAJOR) + ")");
+        }
         GridKey key{c.serial(), c.device, nprow, npcol, layout};
         return Grid(grid_cache().get(key, [&] {
             void* g = nullptr;
-            call("cublasMpGridCreate", api().GridCreate, nprow, npcol, layout, c.comm, &g);
+            call(api().cublasMpGridCreate, nprow, npcol, layout, c.comm, &g);
             auto s = std::make_shared<GridState>(g, cs, nprow, npcol, layout);
             s->depends_on(cs);
             c.add_child(s);
@@ -542,7 +443,7 @@ void register_cublasmp(nb::module_& parent) {
     auto mmd = nb::class_<MatmulDescriptor>(m, "MatmulDescriptor", "cublasMpMatmulDescriptor_t.");
     mmd.def("__init__", [](MatmulDescriptor* self, int compute) {
         void* d = nullptr;
-        call("cublasMpMatmulDescriptorCreate", api().MatmulDescriptorCreate, &d, compute);
+        call(api().cublasMpMatmulDescriptorCreate, &d, compute);
         new (self) MatmulDescriptor(std::make_shared<MatmulDescState>(d, compute));
     }, nb::arg("compute_type"))
         .def_prop_ro("compute_type", [](MatmulDescriptor& d) { return d.get().compute; });

@@ -13,6 +13,7 @@
 #include <optional>
 #include <vector>
 
+#include "abi/cufftmp.hpp"
 #include "core.hpp"
 #include "register.hpp"
 
@@ -20,139 +21,40 @@ namespace mpbind::cufftmp {
 
 namespace {
 
-constexpr const char* kCy = "mpbind.bindings.cycufftmp";
-constexpr const char* kLib = "cufftmp";
-constexpr int kSuccess = 0;
-constexpr int kSentinel = -42;  // MPBIND_CUFFTMP_LOADING_ERROR
+using namespace abi::cufftmp;
+using capi::call;
 
-// cufftType
-constexpr int kR2C = 42, kC2R = 44, kC2C = 41, kD2Z = 106, kZ2D = 108, kZ2Z = 105;
-// cufftMpCommType
-constexpr int kCommMpi = 0, kCommNone = 1;
-// cufftXtCopyType
-constexpr int kHostToDevice = 0, kDeviceToHost = 1, kDeviceToDevice = 2;
-// cufftXtSubFormat: INPUT .. DISTRIBUTED_OUTPUT are the ones a caller may ask for.
-constexpr int kSubFormatLast = 6;
-constexpr int kForward = -1, kInverse = 1;
+using XtDesc = cudaXtDesc;
+using LibXtDesc = cudaLibXtDesc;
 
-// The layouts of cufftXt.h / cudalibxt.h (checked by the generated cycufftmp too).
-struct XtDesc {
-    int version;
-    int nGPUs;
-    int GPUs[64];
-    void* data[64];
-    size_t size[64];
-    void* cudaXtState;
-};
-struct LibXtDesc {
-    int version;
-    XtDesc* descriptor;
-    int library;
-    int subFormat;
-    void* libDescriptor;
-};
-static_assert(sizeof(XtDesc) == 1296, "cudaXtDesc layout");
-static_assert(sizeof(LibXtDesc) == 32, "cudaLibXtDesc layout");
-
-struct Api {
-    int (*Create)(int*);
-    int (*Destroy)(int);
-    int (*MpAttachComm)(int, int, void*);
-    int (*SetStream)(int, void*);
-    int (*XtSetSubformatDefault)(int, int, int);
-    int (*XtSetDistribution)(int, int, const long long*, const long long*, const long long*, const long long*,
-                             const long long*, const long long*);
-    int (*MakePlan2d)(int, int, int, int, size_t*);
-    int (*MakePlan3d)(int, int, int, int, int, size_t*);
-    int (*ExecC2C)(int, void*, void*, int);
-    int (*ExecZ2Z)(int, void*, void*, int);
-    int (*ExecR2C)(int, float*, void*);
-    int (*ExecD2Z)(int, double*, void*);
-    int (*ExecC2R)(int, void*, float*);
-    int (*ExecZ2D)(int, void*, double*);
-    int (*XtMalloc)(int, LibXtDesc**, int);
-    int (*XtFree)(LibXtDesc*);
-    int (*XtMemcpy)(int, void*, void*, int);
-    int (*XtExecDescriptor)(int, LibXtDesc*, LibXtDesc*, int);
-    int (*MpCreateReshape)(void**);
-    int (*MpMakeReshape)(void*, size_t, int, const long long*, const long long*, const long long*,
-                         const long long*, const long long*, const long long*, void*, int);
-    int (*MpGetReshapeSize)(void*, size_t*);
-    int (*MpExecReshapeAsync)(void*, void*, const void*, void*, void*);
-    int (*MpDestroyReshape)(void*);
-};
-
-const Api& api() {
-    static Api* a = nullptr;  // filled once under the GIL
-    if (a) return *a;
-    auto* t = new Api();
-    load(t->Create, kCy, "cufftCreate", "cufftResult (cufftHandle *)");
-    load(t->Destroy, kCy, "cufftDestroy", "cufftResult (cufftHandle)");
-    load(t->MpAttachComm, kCy, "cufftMpAttachComm", "cufftResult (cufftHandle, cufftMpCommType, void *)");
-    load(t->SetStream, kCy, "cufftSetStream", "cufftResult (cufftHandle, cudaStream_t)");
-    load(t->XtSetSubformatDefault, kCy, "cufftXtSetSubformatDefault",
-         "cufftResult (cufftHandle, cufftXtSubFormat, cufftXtSubFormat)");
-    load(t->XtSetDistribution, kCy, "cufftXtSetDistribution",
-         "cufftResult (cufftHandle, int, PY_LONG_LONG const *, PY_LONG_LONG const *, PY_LONG_LONG const *, "
-         "PY_LONG_LONG const *, PY_LONG_LONG const *, PY_LONG_LONG const *)");
-    load(t->MakePlan2d, kCy, "cufftMakePlan2d", "cufftResult (cufftHandle, int, int, cufftType, size_t *)");
-    load(t->MakePlan3d, kCy, "cufftMakePlan3d", "cufftResult (cufftHandle, int, int, int, cufftType, size_t *)");
-    load(t->ExecC2C, kCy, "cufftExecC2C", "cufftResult (cufftHandle, void *, void *, int)");
-    load(t->ExecZ2Z, kCy, "cufftExecZ2Z", "cufftResult (cufftHandle, void *, void *, int)");
-    load(t->ExecR2C, kCy, "cufftExecR2C", "cufftResult (cufftHandle, cufftReal *, void *)");
-    load(t->ExecD2Z, kCy, "cufftExecD2Z", "cufftResult (cufftHandle, cufftDoubleReal *, void *)");
-    load(t->ExecC2R, kCy, "cufftExecC2R", "cufftResult (cufftHandle, void *, cufftReal *)");
-    load(t->ExecZ2D, kCy, "cufftExecZ2D", "cufftResult (cufftHandle, void *, cufftDoubleReal *)");
-    load(t->XtMalloc, kCy, "cufftXtMalloc", "cufftResult (cufftHandle, cudaLibXtDesc **, cufftXtSubFormat)");
-    load(t->XtFree, kCy, "cufftXtFree", "cufftResult (cudaLibXtDesc *)");
-    load(t->XtMemcpy, kCy, "cufftXtMemcpy", "cufftResult (cufftHandle, void *, void *, cufftXtCopyType)");
-    load(t->XtExecDescriptor, kCy, "cufftXtExecDescriptor",
-         "cufftResult (cufftHandle, cudaLibXtDesc *, cudaLibXtDesc *, int)");
-    load(t->MpCreateReshape, kCy, "cufftMpCreateReshape", "cufftResult (cufftReshapeHandle *)");
-    load(t->MpMakeReshape, kCy, "__cufftMpMakeReshape_11_4",
-         "cufftResult (cufftReshapeHandle, size_t, int, PY_LONG_LONG const *, PY_LONG_LONG const *, "
-         "PY_LONG_LONG const *, PY_LONG_LONG const *, PY_LONG_LONG const *, PY_LONG_LONG const *, void *, "
-         "cufftMpCommType)");
-    load(t->MpGetReshapeSize, kCy, "cufftMpGetReshapeSize", "cufftResult (cufftReshapeHandle, size_t *)");
-    load(t->MpExecReshapeAsync, kCy, "cufftMpExecReshapeAsync",
-         "cufftResult (cufftReshapeHandle, void *, void const *, void *, cudaStream_t)");
-    load(t->MpDestroyReshape, kCy, "cufftMpDestroyReshape", "cufftResult (cufftReshapeHandle)");
-    a = t;
-    return *a;
-}
-
-// Call `f(args...)` without the GIL and check its status.
-template <class F, class... A>
-void call(const char* function, F f, A... args) {
-    call_checked("cufftmp", kSentinel, function, f, args...);
-}
-
-bool known_type(int t) {
-    return t == kC2C || t == kZ2Z || t == kR2C || t == kD2Z || t == kC2R || t == kZ2D;
-}
+// The plan types, in the order messages list them.
+constexpr cufftType kTypes[] = {CUFFT_C2C, CUFFT_Z2Z, CUFFT_R2C, CUFFT_D2Z, CUFFT_C2R, CUFFT_Z2D};
 
 const char* type_name(int t) {
     switch (t) {
-        case kC2C: return "C2C";
-        case kZ2Z: return "Z2Z";
-        case kR2C: return "R2C";
-        case kD2Z: return "D2Z";
-        case kC2R: return "C2R";
-        case kZ2D: return "Z2D";
+        case CUFFT_C2C: return "C2C";
+        case CUFFT_Z2Z: return "Z2Z";
+        case CUFFT_R2C: return "R2C";
+        case CUFFT_D2Z: return "D2Z";
+        case CUFFT_C2R: return "C2R";
+        case CUFFT_Z2D: return "Z2D";
         default: return "?";
     }
 }
 
 void check_type(int t) {
-    if (!known_type(t)) {
-        raise_usage("fft_type must be a cufftmp.Type (C2C=41, Z2Z=105, R2C=42, D2Z=106, C2R=44, Z2D=108), got " +
-                    std::to_string(t));
+    std::string known;
+    for (cufftType k : kTypes) {
+        if (t == static_cast<int>(k)) return;
+        known += std::string(known.empty() ? "" : ", ") + type_name(k) + "=" + std::to_string(k);
     }
+    raise_usage("fft_type must be a cufftmp.Type (" + known + "), got " + std::to_string(t));
 }
 
 void check_direction(int d) {
-    if (d != kForward && d != kInverse) {
-        raise_usage("direction must be FORWARD (-1) or INVERSE (1), got " + std::to_string(d));
+    if (d != CUFFT_FORWARD && d != CUFFT_INVERSE) {
+        raise_usage("direction must be FORWARD (" + std::to_string(CUFFT_FORWARD) + ") or INVERSE (" +
+                    std::to_string(CUFFT_INVERSE) + "), got " + std::to_string(d));
     }
 }
 
@@ -165,12 +67,13 @@ void check_extent(const char* what, long long n) {
 // address of an MPI_Comm (MPI_Comm*, what mpi4py's MPI._addressof returns);
 // NONE takes no communicator.
 void check_comm(int comm_type, uintptr_t comm_handle) {
-    if (comm_type == kCommMpi) {
+    if (comm_type == CUFFT_COMM_MPI) {
         if (comm_handle == 0) raise_usage("CommType.MPI needs the address of an MPI_Comm, got 0");
-    } else if (comm_type == kCommNone) {
+    } else if (comm_type == CUFFT_COMM_NONE) {
         if (comm_handle != 0) raise_usage("CommType.NONE takes no communicator (comm_handle must be 0)");
     } else {
-        raise_usage("comm_type must be CommType.MPI (0) or CommType.NONE (1), got " + std::to_string(comm_type));
+        raise_usage("comm_type must be CommType.MPI (" + std::to_string(CUFFT_COMM_MPI) + ") or CommType.NONE (" +
+                    std::to_string(CUFFT_COMM_NONE) + "), got " + std::to_string(comm_type));
     }
 }
 
@@ -222,7 +125,7 @@ public:
 
 protected:
     void release() override {
-        call("cufftDestroy", api().Destroy, handle);
+        call(api().cufftDestroy, handle);
         comm = nb::object();
         stream_obj = nb::object();
     }
@@ -239,7 +142,7 @@ public:
     int format;
 
 protected:
-    void release() override { call("cufftXtFree", api().XtFree, desc); }
+    void release() override { call(api().cufftXtFree, desc); }
 };
 
 using Descriptor = Ref<DescState>;
@@ -256,7 +159,7 @@ public:
 
 protected:
     void release() override {
-        call("cufftMpDestroyReshape", api().MpDestroyReshape, handle);
+        call(api().cufftMpDestroyReshape, handle);
         comm = nb::object();
     }
 };
@@ -267,7 +170,7 @@ using Reshape = Ref<ReshapeState>;
 
 Plan create_plan() {
     int h = 0;
-    call("cufftCreate", api().Create, &h);
+    call(api().cufftCreate, &h);
     return Plan(std::make_shared<PlanState>(h));
 }
 
@@ -283,7 +186,7 @@ void attach_comm(Plan& self, int comm_type, uintptr_t comm_handle, nb::object ke
     check_comm(comm_type, comm_handle);
     check_not_made(s, "attach_comm");
     if (s.comm_type != -1) raise_usage("attach_comm: a communicator is already attached to this plan");
-    call("cufftMpAttachComm", api().MpAttachComm, s.handle, comm_type, reinterpret_cast<void*>(comm_handle));
+    call(api().cufftMpAttachComm, s.handle, comm_type, reinterpret_cast<void*>(comm_handle));
     s.comm_type = comm_type;
     s.comm_handle = comm_handle;
     s.comm = std::move(keep);
@@ -293,14 +196,16 @@ void attach_comm(Plan& self, int comm_type, uintptr_t comm_handle, nb::object ke
 void set_stream(Plan& self, nb::object stream) {
     PlanState& s = self.get();
     uintptr_t h = stream_handle(stream);
-    call("cufftSetStream", api().SetStream, s.handle, reinterpret_cast<void*>(h));
+    call(api().cufftSetStream, s.handle, reinterpret_cast<void*>(h));
     s.stream = h;
     s.stream_obj = PyLong_Check(stream.ptr()) ? nb::object() : std::move(stream);
 }
 
 void check_subformat(const char* what, int f) {
-    if (f < 0 || f > kSubFormatLast) {
-        raise_usage(std::string(what) + " must be a cufftmp.SubFormat (0..6), got " + std::to_string(f));
+    // INPUT .. DISTRIBUTED_OUTPUT are the ones a caller may ask for.
+    if (f < static_cast<int>(CUFFT_XT_FORMAT_INPUT) || f > static_cast<int>(CUFFT_XT_FORMAT_DISTRIBUTED_OUTPUT)) {
+        raise_usage(std::string(what) + " must be a cufftmp.SubFormat (" + std::to_string(CUFFT_XT_FORMAT_INPUT) +
+                    ".." + std::to_string(CUFFT_XT_FORMAT_DISTRIBUTED_OUTPUT) + "), got " + std::to_string(f));
     }
 }
 
@@ -309,7 +214,7 @@ void set_subformat_default(Plan& self, int forward, int inverse) {
     check_subformat("subformat_forward", forward);
     check_subformat("subformat_inverse", inverse);
     check_not_made(s, "set_subformat_default");
-    call("cufftXtSetSubformatDefault", api().XtSetSubformatDefault, s.handle, forward, inverse);
+    call(api().cufftXtSetSubformatDefault, s.handle, forward, inverse);
 }
 
 void set_distribution(Plan& self, const std::vector<long long>& lower_in, const std::vector<long long>& upper_in,
@@ -327,7 +232,7 @@ void set_distribution(Plan& self, const std::vector<long long>& lower_in, const 
     check_box("lower_input", lower_in, "upper_input", upper_in);
     check_box("lower_output", lower_out, "upper_output", upper_out);
     check_not_made(s, "set_distribution");
-    call("cufftXtSetDistribution", api().XtSetDistribution, s.handle, static_cast<int>(rank), lower_in.data(),
+    call(api().cufftXtSetDistribution, s.handle, static_cast<int>(rank), lower_in.data(),
          upper_in.data(), lower_out.data(), upper_out.data(), strides_in ? strides_in->data() : nullptr,
          strides_out ? strides_out->data() : nullptr);
     s.distributed = true;
@@ -341,10 +246,9 @@ size_t make_plan(Plan& self, const std::vector<long long>& n, int fft_type) {
     check_not_made(s, n.size() == 2 ? "make_plan_2d" : "make_plan_3d");
     size_t work = 0;
     if (n.size() == 2) {
-        call("cufftMakePlan2d", api().MakePlan2d, s.handle, static_cast<int>(n[0]), static_cast<int>(n[1]),
-             fft_type, &work);
+        call(api().cufftMakePlan2d, s.handle, static_cast<int>(n[0]), static_cast<int>(n[1]), fft_type, &work);
     } else {
-        call("cufftMakePlan3d", api().MakePlan3d, s.handle, static_cast<int>(n[0]), static_cast<int>(n[1]),
+        call(api().cufftMakePlan3d, s.handle, static_cast<int>(n[0]), static_cast<int>(n[1]),
              static_cast<int>(n[2]), fft_type, &work);
     }
     s.fft_type = fft_type;
@@ -370,17 +274,17 @@ void exec(Plan& self, uintptr_t in, uintptr_t out, int direction) {
     auto implied = [&](int want) {
         if (direction != want) {
             raise_usage(std::string("exec: a ") + type_name(s.fft_type) + " plan only transforms " +
-                        (want == kForward ? "FORWARD (-1)" : "INVERSE (1)") + ", got direction " +
-                        std::to_string(direction));
+                        (want == CUFFT_FORWARD ? "FORWARD (" : "INVERSE (") + std::to_string(want) +
+                        "), got direction " + std::to_string(direction));
         }
     };
     switch (s.fft_type) {
-        case kC2C: call("cufftExecC2C", a.ExecC2C, s.handle, i, o, direction); break;
-        case kZ2Z: call("cufftExecZ2Z", a.ExecZ2Z, s.handle, i, o, direction); break;
-        case kR2C: implied(kForward); call("cufftExecR2C", a.ExecR2C, s.handle, static_cast<float*>(i), o); break;
-        case kD2Z: implied(kForward); call("cufftExecD2Z", a.ExecD2Z, s.handle, static_cast<double*>(i), o); break;
-        case kC2R: implied(kInverse); call("cufftExecC2R", a.ExecC2R, s.handle, i, static_cast<float*>(o)); break;
-        case kZ2D: implied(kInverse); call("cufftExecZ2D", a.ExecZ2D, s.handle, i, static_cast<double*>(o)); break;
+        case CUFFT_C2C: call(a.cufftExecC2C, s.handle, i, o, direction); break;
+        case CUFFT_Z2Z: call(a.cufftExecZ2Z, s.handle, i, o, direction); break;
+        case CUFFT_R2C: implied(CUFFT_FORWARD); call(a.cufftExecR2C, s.handle, static_cast<float*>(i), o); break;
+        case CUFFT_D2Z: implied(CUFFT_FORWARD); call(a.cufftExecD2Z, s.handle, static_cast<double*>(i), o); break;
+        case CUFFT_C2R: implied(CUFFT_INVERSE); call(a.cufftExecC2R, s.handle, i, static_cast<float*>(o)); break;
+        case CUFFT_Z2D: implied(CUFFT_INVERSE); call(a.cufftExecZ2D, s.handle, i, static_cast<double*>(o)); break;
         default: raise_usage("exec: unknown plan type");
     }
 }
@@ -390,9 +294,9 @@ Descriptor xt_malloc(Plan& self, int format) {
     PlanState& s = made_plan(self, "malloc");
     check_subformat("format", format);
     LibXtDesc* d = nullptr;
-    call("cufftXtMalloc", api().XtMalloc, s.handle, &d, format);
+    call(api().cufftXtMalloc, s.handle, &d, format);
     if (d == nullptr) {
-        raise_library_error(kLib, "cufftXtMalloc", 5 /* CUFFT_INTERNAL_ERROR */,
+        raise_library_error(library.name, api().cufftXtMalloc.name, CUFFT_INTERNAL_ERROR,
                             "returned CUFFT_SUCCESS but a NULL descriptor");
     }
     auto ds = std::make_shared<DescState>(plan, d, format);
@@ -406,14 +310,15 @@ void exec_descriptor(Plan& self, Descriptor& input, Descriptor* output, int dire
     check_direction(direction);
     DescState& in = input.get();
     DescState& out = output != nullptr ? output->get() : in;
-    call("cufftXtExecDescriptor", api().XtExecDescriptor, s.handle, in.desc, out.desc, direction);
+    call(api().cufftXtExecDescriptor, s.handle, in.desc, out.desc, direction);
 }
 
 // --- descriptor operations ---
 
 const XtDesc& local(DescState& d) {
     if (d.desc->descriptor == nullptr) {
-        raise_library_error(kLib, "cufftXtMalloc", 5, "the descriptor has no cudaXtDesc");
+        raise_library_error(library.name, api().cufftXtMalloc.name, CUFFT_INTERNAL_ERROR,
+                            "the descriptor has no cudaXtDesc");
     }
     return *d.desc->descriptor;
 }
@@ -422,14 +327,15 @@ void memcpy_host(Descriptor& self, uintptr_t host, int copy_type) {
     DescState& d = self.get();
     if (host == 0) raise_usage("memcpy: the host pointer is NULL");
     d.plan->check_open();
-    if (copy_type == kHostToDevice) {
-        call("cufftXtMemcpy", api().XtMemcpy, d.plan->handle, static_cast<void*>(d.desc),
-             reinterpret_cast<void*>(host), copy_type);
-    } else if (copy_type == kDeviceToHost) {
-        call("cufftXtMemcpy", api().XtMemcpy, d.plan->handle, reinterpret_cast<void*>(host),
-             static_cast<void*>(d.desc), copy_type);
+    if (copy_type == CUFFT_COPY_HOST_TO_DEVICE) {
+        call(api().cufftXtMemcpy, d.plan->handle, static_cast<void*>(d.desc), reinterpret_cast<void*>(host),
+             copy_type);
+    } else if (copy_type == CUFFT_COPY_DEVICE_TO_HOST) {
+        call(api().cufftXtMemcpy, d.plan->handle, reinterpret_cast<void*>(host), static_cast<void*>(d.desc),
+             copy_type);
     } else {
-        raise_usage("copy_type must be CopyType.HOST_TO_DEVICE (0) or DEVICE_TO_HOST (1) here, got " +
+        raise_usage("copy_type must be CopyType.HOST_TO_DEVICE (" + std::to_string(CUFFT_COPY_HOST_TO_DEVICE) +
+                    ") or DEVICE_TO_HOST (" + std::to_string(CUFFT_COPY_DEVICE_TO_HOST) + ") here, got " +
                     std::to_string(copy_type) + " (use copy_from for DEVICE_TO_DEVICE)");
     }
 }
@@ -439,15 +345,15 @@ void copy_from(Descriptor& self, Descriptor& src) {
     DescState& s = src.get();
     if (&d == &s) raise_usage("copy_from: source and destination are the same descriptor");
     d.plan->check_open();
-    call("cufftXtMemcpy", api().XtMemcpy, d.plan->handle, static_cast<void*>(d.desc), static_cast<void*>(s.desc),
-         kDeviceToDevice);
+    call(api().cufftXtMemcpy, d.plan->handle, static_cast<void*>(d.desc), static_cast<void*>(s.desc),
+         CUFFT_COPY_DEVICE_TO_DEVICE);
 }
 
 // --- reshape operations ---
 
 Reshape create_reshape() {
     void* h = nullptr;
-    call("cufftMpCreateReshape", api().MpCreateReshape, &h);
+    call(api().cufftMpCreateReshape, &h);
     return Reshape(std::make_shared<ReshapeState>(h));
 }
 
@@ -474,7 +380,7 @@ void make_reshape(Reshape& self, size_t element_size, const std::vector<long lon
     check_box("lower_output", lower_out, "upper_output", upper_out);
     check_comm(comm_type, comm_handle);
     if (s.made) raise_usage("make: the reshape is already made; create a new Reshape");
-    call("__cufftMpMakeReshape_11_4", api().MpMakeReshape, s.handle, element_size, static_cast<int>(rank),
+    call(api().__cufftMpMakeReshape_11_4, s.handle, element_size, static_cast<int>(rank),
          lower_in.data(), upper_in.data(), strides_in.data(), lower_out.data(), upper_out.data(),
          strides_out.data(), reinterpret_cast<void*>(comm_handle), comm_type);
     s.made = true;
@@ -494,7 +400,7 @@ ReshapeState& made_reshape(Reshape& self, const char* what) {
 size_t reshape_workspace(Reshape& self) {
     ReshapeState& s = made_reshape(self, "workspace_size");
     size_t n = 0;
-    call("cufftMpGetReshapeSize", api().MpGetReshapeSize, s.handle, &n);
+    call(api().cufftMpGetReshapeSize, s.handle, &n);
     return n;
 }
 
@@ -503,7 +409,7 @@ void exec_reshape(Reshape& self, uintptr_t out, uintptr_t in, uintptr_t workspac
     if (s.out_elements != 0 && out == 0) raise_usage("exec: the output pointer is NULL");
     if (s.in_elements != 0 && in == 0) raise_usage("exec: the input pointer is NULL");
     uintptr_t st = stream_handle(stream);
-    call("cufftMpExecReshapeAsync", api().MpExecReshapeAsync, s.handle, reinterpret_cast<void*>(out),
+    call(api().cufftMpExecReshapeAsync, s.handle, reinterpret_cast<void*>(out),
          reinterpret_cast<const void*>(in), reinterpret_cast<void*>(workspace), reinterpret_cast<void*>(st));
 }
 
@@ -517,7 +423,7 @@ std::string plan_repr(Plan& p) {
     } else {
         r += " not made";
     }
-    r += s.comm_type == kCommMpi ? " comm=MPI" : s.comm_type == kCommNone ? " comm=NONE" : "";
+    r += s.comm_type == CUFFT_COMM_MPI ? " comm=MPI" : s.comm_type == CUFFT_COMM_NONE ? " comm=NONE" : "";
     return r + ">";
 }
 

@@ -39,4 +39,5 @@ NB_MODULE(_core, m) {
     mpbind::register_cublasmp(m);
     mpbind::register_nvshmem(m);
     mpbind::register_cufftmp(m);
+    mpbind::register_abi(m);
 }

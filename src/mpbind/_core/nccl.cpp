@@ -16,103 +16,45 @@ namespace mpbind::nccl {
 
 namespace {
 
-constexpr const char* kCy = "mpbind.bindings.cynccl";
-constexpr int kSuccess = 0;
-constexpr int kInProgress = 7;
-constexpr int kInternalError = 3;
-constexpr int kSentinel = -42;  // MPBIND_NCCL_LOADING_ERROR
-constexpr int kSplitNoColor = -1;
-
-struct Api {
-    int (*CommInitRankConfig)(void**, int, UniqueId, int, void*);
-    int (*CommSplit)(void*, int, int, void**, void*);
-    int (*CommShrink)(void*, int*, int, void**, void*, int);
-    int (*CommFinalize)(void*);
-    int (*CommDestroy)(void*);
-    int (*CommAbort)(void*);
-    int (*CommCount)(void*, int*);
-    int (*CommCuDevice)(void*, int*);
-    int (*CommUserRank)(void*, int*);
-    int (*CommGetAsyncError)(void*, int*);
-    int (*MemAlloc)(void**, size_t);
-    int (*MemFree)(void*);
-    int (*CommRegister)(void*, void*, size_t, void**);
-    int (*CommDeregister)(void*, void*);
-    int (*CommWindowRegister)(void*, void*, size_t, void**, int);
-    int (*CommWindowDeregister)(void*, void*);
-};
-
-const Api& api() {
-    static Api* a = nullptr;  // filled once under the GIL
-    if (a) return *a;
-    auto* t = new Api();
-    load(t->CommInitRankConfig, kCy, "ncclCommInitRankConfig",
-         "ncclResult_t (ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *)");
-    load(t->CommSplit, kCy, "ncclCommSplit", "ncclResult_t (ncclComm_t, int, int, ncclComm_t *, ncclConfig_t *)");
-    load(t->CommShrink, kCy, "ncclCommShrink",
-         "ncclResult_t (ncclComm_t, int *, int, ncclComm_t *, ncclConfig_t *, int)");
-    load(t->CommFinalize, kCy, "ncclCommFinalize", "ncclResult_t (ncclComm_t)");
-    load(t->CommDestroy, kCy, "ncclCommDestroy", "ncclResult_t (ncclComm_t)");
-    load(t->CommAbort, kCy, "ncclCommAbort", "ncclResult_t (ncclComm_t)");
-    load(t->CommCount, kCy, "ncclCommCount", "ncclResult_t (ncclComm_t const , int *)");
-    load(t->CommCuDevice, kCy, "ncclCommCuDevice", "ncclResult_t (ncclComm_t const , int *)");
-    load(t->CommUserRank, kCy, "ncclCommUserRank", "ncclResult_t (ncclComm_t const , int *)");
-    load(t->CommGetAsyncError, kCy, "ncclCommGetAsyncError", "ncclResult_t (ncclComm_t, ncclResult_t *)");
-    load(t->MemAlloc, kCy, "ncclMemAlloc", "ncclResult_t (void **, size_t)");
-    load(t->MemFree, kCy, "ncclMemFree", "ncclResult_t (void *)");
-    load(t->CommRegister, kCy, "ncclCommRegister", "ncclResult_t (ncclComm_t const , void *, size_t, void **)");
-    load(t->CommDeregister, kCy, "ncclCommDeregister", "ncclResult_t (ncclComm_t const , void *)");
-    load(t->CommWindowRegister, kCy, "ncclCommWindowRegister",
-         "ncclResult_t (ncclComm_t, void *, size_t, ncclWindow_t *, int)");
-    load(t->CommWindowDeregister, kCy, "ncclCommWindowDeregister", "ncclResult_t (ncclComm_t, ncclWindow_t)");
-    a = t;
-    return *a;
-}
-
-void check(int status, const char* function) {
-    check_status("nccl", status, kSuccess, kSentinel, function);
-}
-
-template <class F, class... A>
-void call(const char* function, F f, A... args) {
-    call_checked("nccl", kSentinel, function, f, args...);
-}
+using namespace abi::nccl;
+using capi::call;
+using capi::check;
+using capi::invoke;
 
 // A non-blocking communicator (config.blocking = 0) answers ncclInProgress;
 // wait until it is ready so every object of this layer is usable when returned.
+// Polled without the GIL: NCCL progresses on its own threads.
 void wait_ready(void* comm, const char* function) {
-    int state = kInProgress;
-    while (state == kInProgress) {
-        int status;
-        {
-            nb::gil_scoped_release release;
-            status = api().CommGetAsyncError(comm, &state);
-        }
-        check(status, "ncclCommGetAsyncError");
+    const auto& poll = api().ncclCommGetAsyncError;
+    ncclResult_t status = success, state = in_progress;
+    {
+        nb::gil_scoped_release release;
+        while (status == success && state == in_progress) status = poll.ptr(comm, &state);
     }
-    check(state, function);
+    check(poll, capi::returned(poll, status));
+    check(library, state, function);
 }
 
-void* config_ptr(const nb::object& config) {
+ncclConfig_t* config_ptr(const nb::object& config) {
     if (config.is_none()) return nullptr;
     if (!nb::hasattr(config, "ptr") || !nb::hasattr(config, "blocking")) {
         raise_type("config must be an mpbind.bindings.nccl.Config or None, not " +
                    nb::cast<std::string>(nb::str(config.type().attr("__name__"))));
     }
-    return reinterpret_cast<void*>(nb::cast<uintptr_t>(config.attr("ptr")));
+    return reinterpret_cast<ncclConfig_t*>(nb::cast<uintptr_t>(config.attr("ptr")));
 }
 
-std::shared_ptr<CommState> adopt(void* comm, int status, const char* function) {
-    if (status == kInProgress) {
+std::shared_ptr<CommState> adopt(void* comm, ncclResult_t status, const char* function) {
+    if (status == in_progress) {
         wait_ready(comm, function);
     } else {
-        check(status, function);
+        check(library, status, function);
     }
     auto s = std::make_shared<CommState>(comm);
     const Api& a = api();
-    check(a.CommUserRank(comm, &s->rank), "ncclCommUserRank");
-    check(a.CommCount(comm, &s->size), "ncclCommCount");
-    check(a.CommCuDevice(comm, &s->device), "ncclCommCuDevice");
+    call(a.ncclCommUserRank, comm, &s->rank);
+    call(a.ncclCommCount, comm, &s->size);
+    call(a.ncclCommCuDevice, comm, &s->device);
     return s;
 }
 
@@ -141,7 +83,7 @@ public:
     size_t size;
 
 protected:
-    void release() override { call("ncclMemFree", api().MemFree, ptr); }
+    void release() override { call(api().ncclMemFree, ptr); }
 };
 using Buffer = Ref<BufferState>;
 
@@ -160,9 +102,9 @@ protected:
         if (comm->aborting) return;
         void* h = reinterpret_cast<void*>(lib_handle);
         if (window) {
-            call("ncclCommWindowDeregister", api().CommWindowDeregister, comm->comm, h);
+            call(api().ncclCommWindowDeregister, comm->comm, h);
         } else {
-            call("ncclCommDeregister", api().CommDeregister, comm->comm, h);
+            call(api().ncclCommDeregister, comm->comm, h);
         }
     }
 };
@@ -175,20 +117,20 @@ void CommState::finalize() {
     check_open();
     if (finalized) return;
     drain_queue(this);
-    call("ncclCommFinalize", api().CommFinalize, comm);
+    call(api().ncclCommFinalize, comm);
     finalized = true;
 }
 
 void CommState::release() {
     if (aborting) {
-        call("ncclCommAbort", api().CommAbort, comm);
+        call(api().ncclCommAbort, comm);
         return;
     }
     if (!finalized) {
-        call("ncclCommFinalize", api().CommFinalize, comm);
+        call(api().ncclCommFinalize, comm);
         finalized = true;
     }
-    call("ncclCommDestroy", api().CommDestroy, comm);
+    call(api().ncclCommDestroy, comm);
 }
 
 namespace {
@@ -199,29 +141,23 @@ Communicator init(int nranks, int rank, nb::handle unique_id, nb::object config)
         raise_usage("rank must be in [0, " + std::to_string(nranks) + "), got " + std::to_string(rank));
     }
     UniqueId id = to_unique_id(unique_id);
-    void* cfg = config_ptr(config);
-    const Api& a = api();
-    void* comm = nullptr;
-    int status;
-    {
-        nb::gil_scoped_release release;
-        status = a.CommInitRankConfig(&comm, nranks, id, rank, cfg);
-    }
-    return Communicator(adopt(comm, status, "ncclCommInitRankConfig"));
+    const auto& fn = api().ncclCommInitRankConfig;
+    ncclComm_t comm = nullptr;
+    ncclResult_t status = invoke(fn, &comm, nranks, id, rank, config_ptr(config));
+    return Communicator(adopt(comm, status, fn.name));
 }
 
 std::optional<Communicator> split(Communicator& self, int color, int key, nb::object config) {
     CommState& s = self.get();
-    if (color < kSplitNoColor) raise_usage("color must be >= 0 or -1 (no color), got " + std::to_string(color));
-    void* cfg = config_ptr(config);
-    void* comm = nullptr;
-    int status;
-    {
-        nb::gil_scoped_release release;
-        status = api().CommSplit(s.comm, color, key, &comm, cfg);
+    if (color < NCCL_SPLIT_NOCOLOR) {
+        raise_usage("color must be >= 0 or " + std::to_string(NCCL_SPLIT_NOCOLOR) + " (no color), got " +
+                    std::to_string(color));
     }
-    if (status == kSuccess && comm == nullptr) return std::nullopt;  // this rank passed no color
-    return Communicator(adopt(comm, status, "ncclCommSplit"));
+    const auto& fn = api().ncclCommSplit;
+    ncclComm_t comm = nullptr;
+    ncclResult_t status = invoke(fn, s.comm, color, key, &comm, config_ptr(config));
+    if (status == success && comm == nullptr) return std::nullopt;  // this rank passed no color
+    return Communicator(adopt(comm, status, fn.name));
 }
 
 Communicator shrink(Communicator& self, std::vector<int> exclude, nb::object config, int flags) {
@@ -232,14 +168,11 @@ Communicator shrink(Communicator& self, std::vector<int> exclude, nb::object con
                         ")");
         }
     }
-    void* cfg = config_ptr(config);
-    void* comm = nullptr;
-    int status;
-    {
-        nb::gil_scoped_release release;
-        status = api().CommShrink(s.comm, exclude.data(), static_cast<int>(exclude.size()), &comm, cfg, flags);
-    }
-    return Communicator(adopt(comm, status, "ncclCommShrink"));
+    const auto& fn = api().ncclCommShrink;
+    ncclComm_t comm = nullptr;
+    ncclResult_t status = invoke(fn, s.comm, exclude.data(), static_cast<int>(exclude.size()), &comm,
+                                 config_ptr(config), flags);
+    return Communicator(adopt(comm, status, fn.name));
 }
 
 RegistrationRef do_register(Communicator& self, uintptr_t ptr, size_t size, nb::object buffer, bool window,
@@ -252,15 +185,14 @@ RegistrationRef do_register(Communicator& self, uintptr_t ptr, size_t size, nb::
     return reg.acquire(s, ptr, size, [&]() -> std::shared_ptr<RegistrationState> {
         void* h = nullptr;
         if (window) {
-            call("ncclCommWindowRegister", api().CommWindowRegister, s.comm, reinterpret_cast<void*>(ptr), size,
-                 &h, flags);
+            call(api().ncclCommWindowRegister, s.comm, reinterpret_cast<void*>(ptr), size, &h, flags);
             if (h == nullptr) {
-                raise_library_error("nccl", "ncclCommWindowRegister", kInternalError,
+                raise_library_error(library.name, api().ncclCommWindowRegister.name, ncclInternalError,
                                     "returned ncclSuccess but a NULL window (symmetric memory is not "
                                     "available for this buffer or communicator)");
             }
         } else {
-            call("ncclCommRegister", api().CommRegister, s.comm, reinterpret_cast<void*>(ptr), size, &h);
+            call(api().ncclCommRegister, s.comm, reinterpret_cast<void*>(ptr), size, &h);
         }
         auto r = std::make_shared<CommRegistration>(window, ptr, size, std::move(buffer));
         r->lib_handle = reinterpret_cast<uintptr_t>(h);
@@ -353,7 +285,7 @@ void register_nccl(nb::module_& parent) {
     m.def("mem_alloc", [](size_t nbytes) {
         if (nbytes == 0) raise_usage("nbytes must be > 0");
         void* p = nullptr;
-        call("ncclMemAlloc", api().MemAlloc, &p, nbytes);
+        call(api().ncclMemAlloc, &p, nbytes);
         return Buffer(std::make_shared<BufferState>(p, nbytes));
     }, nb::arg("nbytes"), "ncclMemAlloc: device memory suited to NCCL registration and symmetric windows.");
 }

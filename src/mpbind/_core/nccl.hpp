@@ -1,13 +1,12 @@
 // NCCL objects of the core that other parts build on (cuBLASMp grids live on a communicator).
 #pragma once
 
+#include "abi/nccl.hpp"
 #include "core.hpp"
 
 namespace mpbind::nccl {
 
-struct UniqueId {
-    char internal[128];
-};
+using UniqueId = abi::nccl::ncclUniqueId;
 
 class CommState : public State {
 public:

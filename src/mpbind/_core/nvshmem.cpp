@@ -14,8 +14,8 @@
 #include <algorithm>
 #include <map>
 #include <optional>
-#include <type_traits>
 
+#include "abi/nvshmem.hpp"
 #include "core.hpp"
 #include "register.hpp"
 
@@ -23,91 +23,14 @@ namespace mpbind::nvshmem {
 
 namespace {
 
-constexpr const char* kCy = "mpbind.bindings.cynvshmem";
-constexpr const char* kLib = "nvshmem";
-constexpr int kOutOfMemory = 2;  // NVSHMEMX_ERROR_OUT_OF_MEMORY
-constexpr int32_t kTeamInvalid = -1;
-constexpr int32_t kTeamWorld = 0, kTeamShared = 1, kTeamNode = 2;
-constexpr int kStatusInitialized = 2;  // NVSHMEM_STATUS_IS_INITIALIZED; LIMITED_MPG and FULL_MPG follow
-constexpr int kStatusLimitedMpg = 3;
+using namespace abi::nvshmem;
+using capi::call;
+using capi::invoke;
 
 const char* const kFinalizedMessage =
     "NVSHMEM was finalized in this process and cannot be used or initialised again "
     "(NVSHMEM allows one initialisation per process): keep one Runtime for the process's lifetime";
 const char* const kNotInitializedMessage = "NVSHMEM is not initialised: call mpbind.nvshmem.init() first";
-
-struct Api {
-    void* (*malloc)(size_t);
-    void* (*calloc)(size_t, size_t);
-    void* (*align)(size_t, size_t);
-    void (*free)(void*);
-    void* (*ptr)(const void*, int);
-    int (*team_my_pe)(int32_t);
-    int (*team_n_pes)(int32_t);
-    int (*team_translate_pe)(int32_t, int, int32_t);
-    int (*team_split_strided)(int32_t, int, int, int, const void*, long, int32_t*);
-    void (*team_destroy)(int32_t);
-    int (*buffer_register)(void*, size_t);
-    int (*buffer_unregister)(void*);
-    void (*hostlib_finalize)();
-    int (*init_status)();
-    int (*my_pe)();
-    int (*n_pes)();
-};
-
-const Api& api() {
-    static Api* a = nullptr;  // filled once under the GIL
-    if (a) return *a;
-    auto* t = new Api();
-    load(t->malloc, kCy, "nvshmem_malloc", "void *(size_t)");
-    load(t->calloc, kCy, "nvshmem_calloc", "void *(size_t, size_t)");
-    load(t->align, kCy, "nvshmem_align", "void *(size_t, size_t)");
-    load(t->free, kCy, "nvshmem_free", "void (void *)");
-    load(t->ptr, kCy, "nvshmem_ptr", "void *(void const *, int)");
-    load(t->team_my_pe, kCy, "nvshmem_team_my_pe", "int (nvshmem_team_t)");
-    load(t->team_n_pes, kCy, "nvshmem_team_n_pes", "int (nvshmem_team_t)");
-    load(t->team_translate_pe, kCy, "nvshmem_team_translate_pe", "int (nvshmem_team_t, int, nvshmem_team_t)");
-    load(t->team_split_strided, kCy, "nvshmem_team_split_strided",
-         "int (nvshmem_team_t, int, int, int, nvshmem_team_config_v2 const *, long, nvshmem_team_t *)");
-    load(t->team_destroy, kCy, "nvshmem_team_destroy", "void (nvshmem_team_t)");
-    load(t->buffer_register, kCy, "nvshmemx_buffer_register", "int (void *, size_t)");
-    load(t->buffer_unregister, kCy, "nvshmemx_buffer_unregister", "int (void *)");
-    load(t->hostlib_finalize, kCy, "nvshmemx_hostlib_finalize", "void (void)");
-    load(t->init_status, kCy, "nvshmemx_init_status", "int (void)");
-    load(t->my_pe, kCy, "nvshmem_my_pe", "int (void)");
-    load(t->n_pes, kCy, "nvshmem_n_pes", "int (void)");
-    a = t;
-    return *a;
-}
-
-// Call `f(args...)` without the GIL. The Cython entry points raise (library or
-// symbol missing) with the GIL they take themselves, so a pending Python error
-// after the call is theirs, whatever the return type.
-template <class R, class... P, class... A>
-R call(R (*f)(P...), A... args) {
-    if constexpr (std::is_void_v<R>) {
-        {
-            nb::gil_scoped_release release;
-            f(args...);
-        }
-        if (PyErr_Occurred()) throw nb::python_error();
-    } else {
-        R out;
-        {
-            nb::gil_scoped_release release;
-            out = f(args...);
-        }
-        if (PyErr_Occurred()) throw nb::python_error();
-        return out;
-    }
-}
-
-// A call returning an nvshmemx status.
-template <class... P, class... A>
-void call_status(const char* function, int (*f)(P...), A... args) {
-    int status = call(f, args...);
-    if (status != 0) raise_status(kLib, status, function);
-}
 
 class AllocState;
 
@@ -160,7 +83,7 @@ void RuntimeState::release() {
         Lock l = lock(g.mu);
         g.finalized = true;  // even if the call fails: NVSHMEM is unusable after an attempt
     }
-    call(api().hostlib_finalize);
+    invoke(api().nvshmemx_hostlib_finalize);
 }
 
 // The live runtime, or UsageError saying why there is none.
@@ -192,7 +115,7 @@ public:
 protected:
     void release() override {
         runtime->forget(ptr);
-        call(api().free, reinterpret_cast<void*>(ptr));
+        invoke(api().nvshmem_free, reinterpret_cast<void*>(ptr));
     }
 };
 using Allocation = Ref<AllocState>;
@@ -226,11 +149,12 @@ Allocation allocate(size_t nbytes, bool zero, size_t alignment) {
     }
     if (zero && alignment != 0) raise_usage("zeroed memory with an alignment is not available (nvshmem_calloc "
                                             "takes none); allocate with alignment and zero it");
-    const char* function = zero ? "nvshmem_calloc" : alignment ? "nvshmem_align" : "nvshmem_malloc";
-    void* p = zero ? call(api().calloc, nbytes, size_t{1})
-                   : alignment ? call(api().align, alignment, nbytes) : call(api().malloc, nbytes);
+    const Api& a = api();
+    const char* function = zero ? a.nvshmem_calloc.name : alignment ? a.nvshmem_align.name : a.nvshmem_malloc.name;
+    void* p = zero ? invoke(a.nvshmem_calloc, nbytes, size_t{1})
+                   : alignment ? invoke(a.nvshmem_align, alignment, nbytes) : invoke(a.nvshmem_malloc, nbytes);
     if (p == nullptr) {
-        raise_library_error(kLib, function, kOutOfMemory,
+        raise_library_error(library.name, function, NVSHMEMX_ERROR_OUT_OF_MEMORY,
                             "returned NULL for " + std::to_string(nbytes) +
                                 " bytes (the symmetric heap is exhausted; NVSHMEM_SYMMETRIC_SIZE sets its size)");
     }
@@ -256,7 +180,7 @@ public:
 
 protected:
     void release() override {
-        if (!predefined) call(api().team_destroy, team);
+        if (!predefined) invoke(api().nvshmem_team_destroy, team);
     }
 };
 using Team = Ref<TeamState>;
@@ -268,7 +192,7 @@ Team make_team(const std::shared_ptr<RuntimeState>& rt, int32_t id, bool predefi
     return Team(s);
 }
 
-int team_n_pes(int32_t team) { return call(api().team_n_pes, team); }
+int team_n_pes(int32_t team) { return invoke(api().nvshmem_team_n_pes, team); }
 
 std::optional<Team> split_strided(Team& parent, int start, int stride, int size) {
     TeamState& p = parent.get();
@@ -281,10 +205,9 @@ std::optional<Team> split_strided(Team& parent, int start, int stride, int size)
                     ", size=" + std::to_string(size) + " do not fit in the parent team of " + std::to_string(n) +
                     " PEs");
     }
-    int32_t team = kTeamInvalid;
-    call_status("nvshmem_team_split_strided", api().team_split_strided, p.team, start, stride, size,
-                static_cast<const void*>(nullptr), 0L, &team);
-    if (team == kTeamInvalid) return std::nullopt;  // this PE is not a member
+    nvshmem_team_t team = NVSHMEM_TEAM_INVALID;
+    call(api().nvshmem_team_split_strided, p.team, start, stride, size, nullptr, 0L, &team);
+    if (team == NVSHMEM_TEAM_INVALID) return std::nullopt;  // this PE is not a member
     return make_team(rt, team, false);
 }
 
@@ -295,7 +218,7 @@ int translate_pe(Team& self, int pe, Team& dest) {
     if (pe < 0 || pe >= n) {
         raise_usage("pe must be in [0, " + std::to_string(n) + "), got " + std::to_string(pe));
     }
-    return call(api().team_translate_pe, s.team, pe, d.team);
+    return invoke(api().nvshmem_team_translate_pe, s.team, pe, d.team);
 }
 
 // --- registrations -----------------------------------------------------------
@@ -306,7 +229,7 @@ public:
 
 protected:
     void deregister() override {
-        call_status("nvshmemx_buffer_unregister", api().buffer_unregister, reinterpret_cast<void*>(ptr));
+        call(api().nvshmemx_buffer_unregister, reinterpret_cast<void*>(ptr));
     }
 };
 
@@ -317,7 +240,7 @@ RegistrationRef do_register(RuntimeState& rt, uintptr_t ptr, size_t size, nb::ob
         raise_usage("the buffer lies in NVSHMEM's symmetric heap: it is usable without registration");
     }
     return rt.registrations.acquire(rt, ptr, size, [&]() -> std::shared_ptr<RegistrationState> {
-        call_status("nvshmemx_buffer_register", api().buffer_register, reinterpret_cast<void*>(ptr), size);
+        call(api().nvshmemx_buffer_register, reinterpret_cast<void*>(ptr), size);
         return std::make_shared<BufferRegistration>("nvshmem.Registration", ptr, size, std::move(buffer));
     });
 }
@@ -355,14 +278,14 @@ Runtime start(std::map<std::string, std::string> params, nb::callable init) {
         return Runtime(g.runtime);
     }
     const Api& a = api();
-    if (call(a.init_status) >= kStatusInitialized) {
+    if (invoke(a.nvshmemx_init_status) >= static_cast<int>(NVSHMEM_STATUS_IS_INITIALIZED)) {
         raise_usage("NVSHMEM was initialised outside mpbind.nvshmem (through mpbind.bindings.nvshmem); "
                     "mpbind.nvshmem can only use a runtime it initialised");
     }
     init();  // the flat initialisation (collective); raises the library's typed error
-    int status = call(a.init_status);
-    int pe = call(a.my_pe);
-    int npes = call(a.n_pes);
+    int status = invoke(a.nvshmemx_init_status);
+    int pe = invoke(a.nvshmem_my_pe);
+    int npes = invoke(a.nvshmem_n_pes);
     g.runtime = std::make_shared<RuntimeState>(std::move(params), pe, npes, status);
     return Runtime(g.runtime);
 }
@@ -399,7 +322,8 @@ void register_nvshmem(nb::module_& parent) {
         .def_prop_ro("n_pes", [](Runtime& r) { return open_runtime(r.state()).npes; })
         .def_prop_ro("init_status", [](Runtime& r) { return open_runtime(r.state()).status; },
                      "nvshmemx_init_status() right after initialisation (an InitStatus value).")
-        .def_prop_ro("limited_mpg", [](Runtime& r) { return open_runtime(r.state()).status == kStatusLimitedMpg; },
+        .def_prop_ro("limited_mpg",
+                     [](Runtime& r) { return open_runtime(r.state()).status == NVSHMEM_STATUS_LIMITED_MPG; },
                      "True in NVSHMEM's limited multi-PE-per-GPU mode (several PEs on one GPU without CUDA "
                      "MPS), where team creation, team barriers and collectives other than barrier_all/sync_all "
                      "are not available.")
@@ -407,15 +331,15 @@ void register_nvshmem(nb::module_& parent) {
                      "The parameters it was initialised with.")
         .def_prop_ro("team_world", [](Runtime& r) {
             open_runtime(r.state());
-            return make_team(r.state(), kTeamWorld, true);
+            return make_team(r.state(), NVSHMEM_TEAM_WORLD, true);
         })
         .def_prop_ro("team_shared", [](Runtime& r) {
             open_runtime(r.state());
-            return make_team(r.state(), kTeamShared, true);
+            return make_team(r.state(), NVSHMEM_TEAM_SHARED, true);
         })
         .def_prop_ro("team_node", [](Runtime& r) {
             open_runtime(r.state());
-            return make_team(r.state(), kTeamNode, true);
+            return make_team(r.state(), NVSHMEMX_TEAM_NODE, true);
         })
         .def("finalize", [](Runtime& r) {
             collect_garbage();
@@ -454,7 +378,7 @@ void register_nvshmem(nb::module_& parent) {
         "and drain() on every PE. Predefined teams (world, shared, node) are never destroyed.");
     team.def_prop_ro("handle", [](Team& t) { return t.get().team; }, "The nvshmem_team_t, for the flat bindings.")
         .def_prop_ro("predefined", [](Team& t) { return t.state()->predefined; })
-        .def_prop_ro("my_pe", [](Team& t) { return call(api().team_my_pe, t.get().team); })
+        .def_prop_ro("my_pe", [](Team& t) { return invoke(api().nvshmem_team_my_pe, t.get().team); })
         .def_prop_ro("n_pes", [](Team& t) { return team_n_pes(t.get().team); })
         .def("split_strided", &split_strided, nb::arg("start"), nb::arg("stride"), nb::arg("size"),
              "nvshmem_team_split_strided (collective over this team). None on PEs outside the new team.")
@@ -483,7 +407,7 @@ void register_nvshmem(nb::module_& parent) {
                 raise_usage("pe must be in [0, " + std::to_string(n) + "), got " + std::to_string(pe));
             }
             if (offset >= s.nbytes) raise_usage("offset " + std::to_string(offset) + " is past the allocation");
-            void* p = call(api().ptr, reinterpret_cast<const void*>(s.ptr + offset), pe);
+            void* p = invoke(api().nvshmem_ptr, reinterpret_cast<const void*>(s.ptr + offset), pe);
             if (p == nullptr) return std::nullopt;
             return reinterpret_cast<uintptr_t>(p);
         }, nb::arg("pe"), nb::arg("offset") = 0,

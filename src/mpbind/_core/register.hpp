@@ -13,5 +13,6 @@ void register_nccl(nanobind::module_& m);      // nccl.cpp: mpbind._core.nccl
 void register_cublasmp(nanobind::module_& m);  // cublasmp.cpp: mpbind._core.cublasmp
 void register_nvshmem(nanobind::module_& m);   // nvshmem.cpp: mpbind._core.nvshmem
 void register_cufftmp(nanobind::module_& m);   // cufftmp.cpp: mpbind._core.cufftmp
+void register_abi(nanobind::module_& m);       // capi.cpp: mpbind._core._abi, the function tables
 
 }  // namespace mpbind
