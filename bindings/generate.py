@@ -8,7 +8,7 @@
     python bindings/generate.py --lib nccl ...  restrict to some libraries
 
 Headers come from the pinned nvidia-* wheel installed in the running interpreter
-(versions in bindings/versions.toml).
+(versions in bindings/versions.toml, which --check also compares with pyproject.toml's pins).
 """
 
 from __future__ import annotations
@@ -28,17 +28,14 @@ import emit_cython  # noqa: E402
 import emit_python  # noqa: E402
 import emit_status  # noqa: E402
 import emit_stubs  # noqa: E402
+import versions  # noqa: E402
 from emit_common import Index, body_digest, seal, unseal  # noqa: E402
-from model import ROOT, Spec, build_ir, tomllib  # noqa: E402
+from model import ROOT, Spec, build_ir  # noqa: E402
 
 REPO = ROOT.parent
 SRC = REPO / "src" / "mpbind"
 STUBS = REPO / "stubs" / "mpbind"
 LIBRARIES = ["nccl", "nvshmem", "cublasmp", "cufftmp"]
-
-
-def versions() -> dict[str, Any]:
-    return tomllib.loads((ROOT / "versions.toml").read_text())
 
 
 def ir_path(lib: str) -> Path:
@@ -83,8 +80,8 @@ def exported_symbols(binary: Path) -> set[str]:
 
 def parse_lib(lib: str) -> tuple[dict[str, Any] | None, str]:
     spec = Spec.load(lib)
-    pin = versions()[lib]
-    include, why = header_dir(spec, pin["version"])
+    version = versions.load()[lib].version
+    include, why = header_dir(spec, version)
     if include is None:
         return None, why
     try:
@@ -103,7 +100,7 @@ def parse_lib(lib: str) -> tuple[dict[str, Any] | None, str]:
     parsed = parse.HeaderParser(spec, include, cuda_inc, extra).parse()
     shas = {h: parse.sha256_of(include / h) for h in spec.headers}
     binary = Path(str(md.distribution(spec.wheel).locate_file(spec.binary)))
-    ir = build_ir(spec, parsed, pin["version"], shas, exported_symbols(binary))
+    ir = build_ir(spec, parsed, version, shas, exported_symbols(binary))
     ir["headers_digest"] = headers_digest(include)
     return ir, ""
 
@@ -143,6 +140,10 @@ def check(libs: list[str]) -> int:
             problems.append(f"{rel}: edited by hand (its seal does not match its body)")
         elif on_disk != text:
             problems.append(f"{rel}: stale (the IR or the generator changed; regenerate)")
+    problems += versions.problems()
+    pins = versions.load()
+    problems += [f"bindings/ir/{lib}.json: {ir['version']}, but bindings/versions.toml pins {pins[lib].version} "
+                 "(run bindings/generate.py)" for lib, ir in irs.items() if ir["version"] != pins[lib].version]
     for lib in libs:
         fresh, why = parse_lib(lib)
         if fresh is None:

@@ -22,7 +22,7 @@ from mpbind.errors import CuFFTMpError, UsageError
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 IR: dict[str, Any] = json.loads((REPO / "bindings" / "ir" / "cufftmp.json").read_text())
-WHEEL = "nvidia-cufftmp-cu13"
+WHEEL: str = IR["wheel"]
 
 
 def _pinned_wheel() -> md.Distribution:
@@ -62,14 +62,15 @@ def test_bound_functions_are_callables_and_exclusions_have_reasons() -> None:
     assert excluded == ["cufftXtSetCallback", "cufftXtSetJITCallback"]
 
 
-def test_version_and_properties_match_the_library() -> None:
+def test_version_and_properties_match_the_library(pins: dict[str, Any]) -> None:
     _pinned_wheel()
     lib = ctypes.CDLL(_loader.load("cufftmp").path)
     version = ctypes.c_int()
     assert lib.cufftGetVersion(ctypes.byref(version)) == 0
-    assert cufftmp.get_version() == version.value == 12103
-    assert [cufftmp.get_property(i) for i in range(3)] == [12, 1, 3]
-    assert _loader.loaded_version("cufftmp") == "12.1.3"
+    major, minor, patch = pins["cufftmp"].parts[:3]  # the wheel's fourth number is its build
+    assert cufftmp.get_version() == version.value == major * 1000 + minor * 100 + patch
+    assert [cufftmp.get_property(i) for i in range(3)] == [major, minor, patch]
+    assert _loader.loaded_version("cufftmp") == f"{major}.{minor}.{patch}"
 
 
 def test_cufftmp_shares_the_process_nvshmem() -> None:
