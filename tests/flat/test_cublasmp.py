@@ -1,14 +1,14 @@
 """cuBLASMp bindings without a GPU: coverage against libcublasmp's exports, the clear error where
-there is no NVIDIA driver or the process's NCCL is too old, the stubs and the typed attributes.
+there is no NVIDIA driver or the process's NCCL is too old, and the typed attributes.
 
-(Values as the compiler sees the headers: tests/generator/test_compiler_probe.py.)"""
+(Values as the compiler sees the headers: tests/generator/test_compiler_probe.py; the stubs:
+tests/flat/test_stubs.py.)"""
 
 from __future__ import annotations
 
 import importlib.metadata as md
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -77,20 +77,6 @@ def test_an_old_nccl_gives_a_clear_error(tmp_path: Path, c_compiler: str) -> Non
 def test_logger_callback_is_checked_before_the_library() -> None:
     with pytest.raises(TypeError, match="callable"):
         cublasmp.logger_set_callback(42)  # type: ignore[arg-type]
-
-
-def test_stubtest_passes() -> None:
-    if shutil.which("true") is None:  # pragma: no cover - always present on Linux
-        pytest.skip("no shell tools")
-    allowlists = []
-    for name in ("stubtest_allowlist.txt", "stubtest_allowlist_cublasmp.txt"):
-        allowlists += ["--allowlist", str(HERE / name)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "mypy.stubtest", "mpbind.bindings.cublasmp", *allowlists,
-         "--ignore-unused-allowlist", "--ignore-disjoint-bases"],
-        capture_output=True, text=True, timeout=600, cwd=HERE,
-    )
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
 
 
 def test_attribute_types_are_those_the_header_documents() -> None:

@@ -1,7 +1,8 @@
-"""cuFFTMp bindings without a GPU: coverage against libcufftMp's exports, real version queries,
-typed failures and the stubs.
+"""cuFFTMp bindings without a GPU: coverage against libcufftMp's exports, real version queries
+and typed failures.
 
-(Values as the compiler sees the headers: tests/generator/test_compiler_probe.py.)"""
+(Values as the compiler sees the headers: tests/generator/test_compiler_probe.py; the stubs:
+tests/flat/test_stubs.py.)"""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import importlib.metadata as md
 import json
 import pickle
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -117,15 +117,3 @@ def test_descriptor_structs_expose_per_gpu_pointers() -> None:
     assert copy.data[:2] == (0x1000, 0x2000)
     lib = cufftmp.LibXtDesc(descriptor=desc.ptr)
     assert cufftmp.XtDesc.from_ptr(cufftmp.LibXtDesc.from_ptr(lib.ptr).descriptor).data[1] == 0x2000
-
-
-def test_stubtest_passes() -> None:
-    allowlists = []
-    for name in ("stubtest_allowlist.txt", "stubtest_allowlist_nvshmem.txt", "stubtest_allowlist_cufftmp.txt"):
-        allowlists += ["--allowlist", str(HERE / name)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "mypy.stubtest", "mpbind.bindings.cufftmp", *allowlists,
-         "--ignore-unused-allowlist", "--ignore-disjoint-bases"],
-        capture_output=True, text=True, timeout=600, cwd=HERE,
-    )
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
