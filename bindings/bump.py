@@ -99,10 +99,25 @@ def ir_changes(old: IR, new: IR) -> list[str]:
     out += _diff("binding of", fns_old, fns_new, lambda f: f.get("python") or f"excluded: {f.get('excluded')}",
                  presence=False)
     out += _diff("since of", fns_old, fns_new, lambda f: f.get("since"), presence=False)
-    out += _diff("enum", old["enums"], new["enums"], lambda e: [m[0::2] for m in e["members"]])
+    out += _diff("enum", old["enums"], new["enums"], lambda e: None)
+    out += [line for a, b in _pairs(old["enums"], new["enums"]) for line in _member_changes(a, b)]
     out += _diff("struct", old["structs"], new["structs"],
                  lambda s: (s.get("size"), [(x["name"], x.get("offset")) for x in s.get("fields", [])]))
     out += _diff("constant", old["constants"], new["constants"], lambda c: c["value"])
+    return out
+
+
+def _pairs(old: Iterable[IR], new: Iterable[IR]) -> list[tuple[IR, IR]]:
+    b = {e["name"]: e for e in new}
+    return [(e, b[e["name"]]) for e in old if e["name"] in b]
+
+
+def _member_changes(old: IR, new: IR) -> list[str]:
+    a = {c: v for c, _, v in old["members"]}
+    b = {c: v for c, _, v in new["members"]}
+    out = [f"enum {new['name']}: new member {c} = {b[c]}" for c in b if c not in a]
+    out += [f"enum {new['name']}: member {c} is gone" for c in a if c not in b]
+    out += [f"enum {new['name']}: {c} changed: {a[c]} -> {b[c]}" for c in a if c in b and a[c] != b[c]]
     return out
 
 
