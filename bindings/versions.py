@@ -110,5 +110,8 @@ def spec_problems(pins: dict[str, Pin]) -> list[str]:
 
 
 def problems() -> list[str]:
+    """Where pyproject.toml (when the tree has one: a copy of the generator may not) and the specs
+    disagree with versions.toml."""
     pins = load()
-    return pyproject_problems(PYPROJECT.read_text(), pins) + spec_problems(pins)
+    pyproject = pyproject_problems(PYPROJECT.read_text(), pins) if PYPROJECT.is_file() else []
+    return pyproject + spec_problems(pins)
