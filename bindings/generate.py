@@ -6,9 +6,14 @@
                                                 and (where the pinned header wheel and libclang
                                                 are installed) on an IR the headers no longer match
     python bindings/generate.py --lib nccl ...  restrict to some libraries
+    python bindings/generate.py --lib nccl --headers DIR --release 2.28.9 --out DIR
+                                                the bindings of another release, from its headers in
+                                                DIR, written under --out (not into the repository)
 
 Headers come from the pinned nvidia-* wheel installed in the running interpreter
-(versions in bindings/versions.toml).
+(versions in bindings/versions.toml, which --check also compares with pyproject.toml's pins).
+Which functions a release exports, and the release that first exported each, come from the
+symbol record bindings/symbols/<lib>.json (bindings/since.py).
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ import argparse
 import hashlib
 import importlib.metadata as md
 import json
+import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,17 +36,15 @@ import emit_cython  # noqa: E402
 import emit_python  # noqa: E402
 import emit_status  # noqa: E402
 import emit_stubs  # noqa: E402
+import since  # noqa: E402
+import versions  # noqa: E402
 from emit_common import Index, body_digest, seal, unseal  # noqa: E402
-from model import ROOT, Spec, build_ir, tomllib  # noqa: E402
+from model import ROOT, Spec, build_ir  # noqa: E402
 
 REPO = ROOT.parent
 SRC = REPO / "src" / "mpbind"
 STUBS = REPO / "stubs" / "mpbind"
 LIBRARIES = ["nccl", "nvshmem", "cublasmp", "cufftmp"]
-
-
-def versions() -> dict[str, Any]:
-    return tomllib.loads((ROOT / "versions.toml").read_text())
 
 
 def ir_path(lib: str) -> Path:
@@ -83,11 +88,21 @@ def exported_symbols(binary: Path) -> set[str]:
 
 
 def parse_lib(lib: str) -> tuple[dict[str, Any] | None, str]:
+    """The IR of the pinned release, from the wheel installed in this interpreter."""
     spec = Spec.load(lib)
-    pin = versions()[lib]
-    include, why = header_dir(spec, pin["version"])
+    version = versions.load()[lib].version
+    include, why = header_dir(spec, version)
     if include is None:
         return None, why
+    parsed, why = parse_headers(spec, include)
+    if parsed is None:
+        return None, why
+    binary = Path(str(md.distribution(spec.wheel).locate_file(spec.binary)))
+    return make_ir(spec, parsed, include, version, exported_symbols(binary)), ""
+
+
+def parse_headers(spec: Spec, include: Path) -> tuple[dict[str, Any] | None, str]:
+    """The spec's headers in `include` as parsed, or why they cannot be."""
     try:
         import parse
     except ImportError as exc:
@@ -101,12 +116,58 @@ def parse_lib(lib: str) -> tuple[dict[str, Any] | None, str]:
             extra.append(Path(str(md.distribution(wheel).locate_file(subdir))))
         except md.PackageNotFoundError:
             return None, f"{wheel} (headers {spec.name} includes) is not installed"
-    parsed = parse.HeaderParser(spec, include, cuda_inc, extra).parse()
+    return parse.HeaderParser(spec, include, cuda_inc, extra).parse(), ""
+
+
+def make_ir(spec: Spec, parsed: dict[str, Any], include: Path, version: str, exports: set[str]) -> dict[str, Any]:
+    import parse
+
     shas = {h: parse.sha256_of(include / h) for h in spec.headers}
-    binary = Path(str(md.distribution(spec.wheel).locate_file(spec.binary)))
-    ir = build_ir(spec, parsed, pin["version"], shas, exported_symbols(binary))
+    ir = build_ir(spec, parsed, version, shas, exports)
     ir["headers_digest"] = headers_digest(include)
-    return ir, ""
+    return ir
+
+
+def release_ir(lib: str, include: Path, release: str) -> tuple[dict[str, Any], list[str], list[str]]:
+    """The IR of another release from its headers in `include`: (IR, the spec's headers that
+    release lacks, the functions the spec names that its headers do not declare).
+
+    Its exports are the record's (bindings/symbols/<lib>.json). What the spec says about
+    functions of later releases is left out, not an error, so the same spec serves both."""
+    record = since.load_record(lib)
+    if release not in record.exports:
+        raise SystemExit(f"{lib} {release} is not in bindings/symbols/{lib}.json "
+                         f"(python bindings/since.py update {lib} --release {release})")
+    spec = Spec.load(lib)
+    missing = [h for h in spec.headers if not (include / h).is_file()]
+    text = "\n".join(p.read_text(errors="replace") for p in sorted(include.rglob("*.h")))
+    spec = replace(spec, headers=[h for h in spec.headers if h not in missing],
+                   initializers={s: m for s, m in spec.initializers.items()
+                                 if re.search(rf"#\s*define\s+{re.escape(m)}\b", text)})
+    parsed, why = parse_headers(spec, include)
+    if parsed is None:
+        raise SystemExit(f"{lib}: {why}")
+    declared = {f["name"] for f in parsed["functions"]}
+    absent = sorted({*spec.functions, *spec.gil_keep, *spec.inline} - declared)
+    spec = replace(spec, functions={k: v for k, v in spec.functions.items() if k in declared},
+                   gil_keep=spec.gil_keep & declared, inline={k: v for k, v in spec.inline.items() if k in declared})
+    return make_ir(spec, parsed, include, release, record.exports[release]), missing, absent
+
+
+def write_release(lib: str, include: Path, release: str, out: Path) -> int:
+    ir, missing, absent = release_ir(lib, include, release)
+    files = {ROOT / "ir" / f"{lib}.json": dump_ir(ir), **render({lib: ir})}
+    for path, text in files.items():
+        target = out / path.relative_to(REPO)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    print(f"{lib} {release}: {sum('excluded' not in f for f in ir['functions'])} bound, "
+          f"{sum('excluded' in f for f in ir['functions'])} excluded; {len(files)} files under {out}")
+    for h in missing:
+        print(f"missing header: {h}")
+    for name in absent:
+        print(f"not declared: {name}")
+    return 0
 
 
 def render(irs: dict[str, dict[str, Any]]) -> dict[Path, str]:
@@ -146,6 +207,10 @@ def check(libs: list[str]) -> int:
             problems.append(f"{rel}: edited by hand (its seal does not match its body)")
         elif on_disk != text:
             problems.append(f"{rel}: stale (the IR or the generator changed; regenerate)")
+    problems += versions.problems()
+    pins = versions.load()
+    problems += [f"bindings/ir/{lib}.json: {ir['version']}, but bindings/versions.toml pins {pins[lib].version} "
+                 "(run bindings/generate.py)" for lib, ir in irs.items() if ir["version"] != pins[lib].version]
     for lib in libs:
         fresh, why = parse_lib(lib)
         if fresh is None:
@@ -168,8 +233,15 @@ def main() -> int:
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--from-ir", action="store_true")
     ap.add_argument("--lib", action="append", choices=LIBRARIES)
+    ap.add_argument("--headers", type=Path, help="another release's include folder (with --release, --out)")
+    ap.add_argument("--release", help="the release whose headers --headers holds")
+    ap.add_argument("--out", type=Path, help="where that release's IR and bindings are written")
     a = ap.parse_args()
     libs = a.lib or LIBRARIES
+    if a.headers or a.release or a.out:
+        if not (a.headers and a.release and a.out) or len(libs) != 1:
+            ap.error("--headers, --release and --out go together, with one --lib")
+        return write_release(libs[0], a.headers, a.release, a.out)
     if a.check:
         return check(libs)
     irs = {lib: load_ir(lib) for lib in LIBRARIES if ir_path(lib).exists()}

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from since import since_table
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -153,7 +155,8 @@ class Spec:
             excluded=d.get("excluded", {}),
             enums=d.get("enums", {}),
             structs=d.get("structs", {}),
-            since=d.get("since", {}),
+            # derived from the exports of every release (bindings/symbols/<lib>.json)
+            since=since_table(lib["name"]),
             value_types=d.get("value_types", {}),
             python_prefixes=lib.get("python_prefixes", {f"{lib['prefixes'][0]}": ""}),
             family_types=d.get("families", {}).get("types", {}),

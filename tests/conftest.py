@@ -2,14 +2,46 @@
 
 Tests marked ``gpu`` are skipped, with the reason, when no CUDA GPU is visible.
 Tests import the installed ``mpbind`` (pytest runs with ``--import-mode=importlib``
-and ``src/`` is never put on ``sys.path``).
+and ``src/`` is never put on ``sys.path``). The pinned library versions tests expect
+come from ``bindings/versions.toml`` (the ``pins`` fixture), never from a literal.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+VERSIONS = Path(__file__).resolve().parents[1] / "bindings" / "versions.toml"
+
+
+@dataclass(frozen=True)
+class Pin:
+    """A pinned library wheel (bindings/versions.toml)."""
+
+    wheel: str
+    version: str
+
+    @property
+    def parts(self) -> tuple[int, ...]:
+        """The release's numbers: (2, 28, 9) for NCCL 2.28.9, (0, 9, 1, 3056) for cuBLASMp 0.9.1.3056."""
+        return tuple(int(x) for x in self.version.split("."))
+
+
+@pytest.fixture(scope="session")
+def pins() -> dict[str, Pin]:
+    """Library -> its pinned wheel and version."""
+    if not VERSIONS.is_file():
+        pytest.skip("bindings/versions.toml is not in this checkout")
+    return {lib: Pin(d["wheel"], d["version"]) for lib, d in tomllib.loads(VERSIONS.read_text()).items()}
 
 
 @functools.cache

@@ -135,7 +135,7 @@ def test_unknown_library_name() -> None:
 
 @pytest.mark.parametrize(
     ("code", "text"),
-    [(22809, "2.28.9"), (23203, "2.32.3"), (21903, "2.19.3"), (2708, "2.7.8"), (2408, "2.4.8")],
+    [(22809, "2.28.9"), (22703, "2.27.3"), (21903, "2.19.3"), (2708, "2.7.8"), (2408, "2.4.8")],
 )
 def test_format_version(code: int, text: str) -> None:
     assert _loader.format_version("nccl", code) == text

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import importlib.metadata
 import pickle
+from typing import Any
 
 import pytest
 
@@ -18,9 +19,9 @@ from mpbind.errors import NCCLError, NCCLInvalidArgumentError, UsageError
 UID_BYTES = 128
 
 
-def _wheel_version() -> str | None:
+def _installed(wheel: str) -> str | None:
     try:
-        return importlib.metadata.version("nvidia-nccl-cu13")
+        return importlib.metadata.version(wheel)
     except importlib.metadata.PackageNotFoundError:
         return None
 
@@ -38,15 +39,17 @@ def test_get_version_matches_ctypes() -> None:
     assert _loader.loaded_version("nccl") == _loader.format_version("nccl", version)
 
 
-def test_get_version_of_pinned_wheel() -> None:
-    if _wheel_version() != "2.32.3":
-        pytest.skip(f"nvidia-nccl-cu13 2.32.3 is not installed (found {_wheel_version()})")
+def test_get_version_of_pinned_wheel(pins: dict[str, Any]) -> None:
+    pin = pins["nccl"]
+    if _installed(pin.wheel) != pin.version:
+        pytest.skip(f"{pin.wheel} {pin.version} is not installed (found {_installed(pin.wheel)})")
     if not _loader.load("nccl").path.endswith("nvidia/nccl/lib/libnccl.so.2"):
         pytest.skip("libnccl is not loaded from the wheel here")
-    assert nccl.get_version() == 23203
-    assert nccl.VERSION_CODE == 23203
-    assert (nccl.MAJOR, nccl.MINOR, nccl.PATCH) == (2, 32, 3)
-    assert _loader.loaded_version("nccl") == "2.32.3"
+    major, minor, patch = pin.parts
+    assert nccl.get_version() == major * 10000 + minor * 100 + patch
+    assert nccl.VERSION_CODE == major * 10000 + minor * 100 + patch
+    assert (nccl.MAJOR, nccl.MINOR, nccl.PATCH) == pin.parts
+    assert _loader.loaded_version("nccl") == pin.version
 
 
 # --- unique id -----------------------------------------------------------------------------

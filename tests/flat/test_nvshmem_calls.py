@@ -19,6 +19,7 @@ import subprocess
 import sys
 from functools import partial
 from types import TracebackType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -36,9 +37,9 @@ V2 = 2 << 16
 _set_attr_versions = nvshmem._set_attr_versions  # type: ignore[attr-defined]
 
 
-def _wheel_version() -> str | None:
+def _installed(wheel: str) -> str | None:
     try:
-        return importlib.metadata.version("nvidia-nvshmem-cu13")
+        return importlib.metadata.version(wheel)
     except importlib.metadata.PackageNotFoundError:
         return None
 
@@ -58,13 +59,14 @@ def test_vendor_version_matches_ctypes() -> None:
     assert version == tuple(v.value for v in out)
 
 
-def test_vendor_version_of_pinned_wheel() -> None:
-    if _wheel_version() != "3.8.0":
-        pytest.skip(f"nvidia-nvshmem-cu13 3.8.0 is not installed (found {_wheel_version()})")
+def test_vendor_version_of_pinned_wheel(pins: dict[str, Any]) -> None:
+    pin = pins["nvshmem"]
+    if _installed(pin.wheel) != pin.version:
+        pytest.skip(f"{pin.wheel} {pin.version} is not installed (found {_installed(pin.wheel)})")
     if not _loader.load("nvshmem").path.endswith("nvidia/nvshmem/lib/libnvshmem_host.so.3"):
         pytest.skip("libnvshmem_host is not loaded from the wheel here")
-    assert nvshmem.vendor_get_version_info() == (3, 8, 0)
-    assert (nvshmem.VENDOR_MAJOR_VERSION, nvshmem.VENDOR_MINOR_VERSION, nvshmem.VENDOR_PATCH_VERSION) == (3, 8, 0)
+    assert nvshmem.vendor_get_version_info() == pin.parts
+    assert (nvshmem.VENDOR_MAJOR_VERSION, nvshmem.VENDOR_MINOR_VERSION, nvshmem.VENDOR_PATCH_VERSION) == pin.parts
 
 
 def test_info_get_version_is_the_openshmem_version() -> None:

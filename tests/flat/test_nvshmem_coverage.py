@@ -221,13 +221,13 @@ def test_module_callables_fold_into_operations(ir: dict[str, Any], functions: Fu
 
 # -- (d) the command line --------------------------------------------------------------------
 
-def test_cli_json_agrees(functions: Functions, tmp_path: Path) -> None:
+def test_cli_json_agrees(functions: Functions, tmp_path: Path, pins: dict[str, Any]) -> None:
     proc = subprocess.run([sys.executable, "-m", "mpbind", "coverage", "--json"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert "nvshmem" in data
-    assert data["nvshmem"]["pinned"] == _coverage.PINNED["nvshmem"] == "3.8.0"
+    assert data["nvshmem"]["pinned"] == _coverage.PINNED["nvshmem"] == pins["nvshmem"].version
     rows = {r["c_name"]: (r["python_name"], r["excluded"]) for r in data["nvshmem"]["functions"]}
     assert len(rows) == len(data["nvshmem"]["functions"])
     assert rows == {c: (f.get("python"), f.get("excluded")) for c, f in functions.items()}
