@@ -342,7 +342,7 @@ std::string describe_difference(const std::map<std::string, std::string>& live,
     return out;
 }
 
-Runtime start(std::map<std::string, std::string> params, nb::callable init) {
+Runtime start(std::map<std::string, std::string> params, nb::callable init, bool require_initialized) {
     Global& g = global();
     Lock l = lock(g.mu);
     if (g.finalized) raise_usage(kFinalizedMessage);
@@ -361,6 +361,12 @@ Runtime start(std::map<std::string, std::string> params, nb::callable init) {
     }
     init();  // the flat initialisation (collective); raises the library's typed error
     int status = call(a.init_status);
+    // A runtime is made only over a complete initialisation: a half-made one (no PEs) would let calls
+    // through that the library answers by exiting the process.
+    if (require_initialized && status < kStatusInitialized) {
+        raise_mpbind("NVSHMEM initialisation returned without initialising NVSHMEM (nvshmemx_init_status() = " +
+                     std::to_string(status) + "); no runtime was made");
+    }
     int pe = call(a.my_pe);
     int npes = call(a.n_pes);
     g.runtime = std::make_shared<RuntimeState>(std::move(params), pe, npes, status);
@@ -391,11 +397,7 @@ void register_nvshmem(nb::module_& parent) {
         m, "Runtime",
         "The NVSHMEM runtime of this process (one per process). finalize() is collective and final: "
         "NVSHMEM cannot be initialised again in the same process.");
-    rt.def_static("start", &start, nb::arg("params"), nb::arg("init"),
-                  "Run `init()` (the flat initialisation, collective) unless a runtime is live; with a live "
-                  "runtime, return it when `params` are the same and raise UsageError naming what differs "
-                  "otherwise.")
-        .def_prop_ro("my_pe", [](Runtime& r) { return open_runtime(r.state()).pe; })
+    rt.def_prop_ro("my_pe", [](Runtime& r) { return open_runtime(r.state()).pe; })
         .def_prop_ro("n_pes", [](Runtime& r) { return open_runtime(r.state()).npes; })
         .def_prop_ro("init_status", [](Runtime& r) { return open_runtime(r.state()).status; },
                      "nvshmemx_init_status() right after initialisation (an InitStatus value).")
@@ -434,12 +436,12 @@ void register_nvshmem(nb::module_& parent) {
         }, nb::arg("ptr"), nb::arg("size"), nb::arg("buffer") = nb::none(),
            "nvshmemx_buffer_register (local), reference-counted per (ptr, size).")
         .def("registrations", [](Runtime& r) { return describe(open_runtime(r.state()).registrations.live()); },
-             "Live registrations on this runtime.")
+             nb::sig("def registrations(self) -> list[dict[str, typing.Any]]"), "Live registrations on this runtime.")
         .def("allocations", [](Runtime& r) {
             nb::list out;
             for (auto& s : open_runtime(r.state()).live_allocations()) out.append(describe_allocation(*s));
             return out;
-        }, "Live symmetric allocations (also those queued for release), oldest first.")
+        }, nb::sig("def allocations(self) -> list[dict[str, int]]"), "Live symmetric allocations (also those queued for release), oldest first.")
         .def("__repr__", [](Runtime& r) {
             auto& s = *r.state();
             if (s.closed()) return std::string("<nvshmem.Runtime finalized>");
@@ -497,6 +499,13 @@ void register_nvshmem(nb::module_& parent) {
         });
     bind_lifetime(mem, "nvshmem_free (collective). Idempotent.");
 
+    m.def("start", &start, nb::arg("params"), nb::arg("init"), nb::arg("require_initialized") = true,
+          nb::sig("def start(params: collections.abc.Mapping[str, str], init: collections.abc.Callable[[], object], "
+                  "require_initialized: bool = True) -> Runtime"),
+          "Run `init()` (the flat initialisation, collective; mpbind.nvshmem.init() builds it) unless a runtime is "
+          "live, then make the runtime; with a live runtime, return it when `params` are the same and raise "
+          "UsageError naming what differs otherwise. With `require_initialized`, raise MpbindError unless NVSHMEM "
+          "is initialised after `init()` (tests adopt a no-op initialisation without it).");
     m.def("allocate", &allocate, nb::arg("nbytes"), nb::arg("zero") = false, nb::arg("alignment") = 0,
           "nvshmem_malloc, nvshmem_calloc (zero=True) or nvshmem_align (alignment > 0). Collective.");
     m.def("runtime", [] { return Runtime(current()); },
@@ -516,13 +525,13 @@ void register_nvshmem(nb::module_& parent) {
         auto s = rt->containing(ptr, nbytes == 0 ? 1 : nbytes);
         if (!s) return nb::none();
         return describe_allocation(*s);
-    }, nb::arg("ptr"), nb::arg("nbytes"),
+    }, nb::arg("ptr"), nb::arg("nbytes"), nb::sig("def containing(ptr: int, nbytes: int) -> dict[str, int] | None"),
           "The live allocation holding [ptr, ptr + nbytes) as a dict (ptr, nbytes, serial, references), or None.");
     m.def("allocations", [] {
         nb::list out;
         for (auto& s : current()->live_allocations()) out.append(describe_allocation(*s));
         return out;
-    }, "Live symmetric allocations (also those queued for release), oldest first.");
+    }, nb::sig("def allocations() -> list[dict[str, int]]"), "Live symmetric allocations (also those queued for release), oldest first.");
 }
 
 }  // namespace mpbind
