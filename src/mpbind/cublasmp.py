@@ -251,6 +251,12 @@ class _Attribute(Generic[_V]):
     Read, it is ``cublasMpMatmulDescriptorGetAttribute``; set, it checks the value (an int in the C type's
     range; for an enum, one of its members) and calls ``cublasMpMatmulDescriptorSetAttribute``."""
 
+    attr: MatmulDescriptorAttribute
+    kind: type[_V]  # its enum, or int
+    name: str
+    low: int  # the C type's range
+    high: int
+
     def __init__(self, attr: MatmulDescriptorAttribute, kind: type[_V]) -> None:
         self.attr = attr
         self.kind = kind
@@ -361,6 +367,11 @@ class Matmul(Owned):
     it). A `descriptor` passed in stays the caller's (who closes it, after the plan) unless
     ``own_descriptor=True`` hands it to the plan; :attr:`owns_descriptor` says which.
     """
+
+    m: int
+    n: int
+    k: int
+    descriptor: MatmulDescriptor
 
     def __init__(self, handle: Handle, a: Matrix, b: Matrix, d: Matrix, c: Matrix | None = None, *,
                  transa: bool = False, transb: bool = False, alpha: complex = 1.0, beta: complex = 0.0,

@@ -389,7 +389,9 @@ class SymmetricArray(Owned, _DeviceView):
         """The allocation behind it."""
         return self._core
 
-    free = Owned.close
+    def free(self) -> None:
+        """``nvshmem_free`` (collective); the same as ``close()``."""
+        self.close()
 
     def peer(self, pe: int) -> PeerArray | None:
         """A view of PE `pe`'s copy of this array through ``nvshmem_ptr``, or None when that PE's
