@@ -213,11 +213,16 @@ def test_team_split_arguments_checked() -> None:
         "w = rt.team_world\n"
         "n = w.n_pes\n"
         "msgs = []\n"
-        "for args in ((0, 1, 0), (0, 0, 1), (-1, 1, 1), (0, 1, n + 1)):\n"
+        "for args in ((0, 1, 0), (0, 0, 1), (-1, 1, 1), (0, 1, n + 1), (2**40, 1, 1)):\n"
         "    try: w.split_strided(*args); msgs.append(None)\n"
         "    except UsageError as e: msgs.append(str(e))\n"
+        "for f in (lambda: w.split_strided(True, 1, 1), lambda: w.split_strided(0, 1.0, 1),\n"
+        "          lambda: w.translate_pe(0, None), lambda: w.translate_pe('0', w)):\n"
+        "    try: f(); msgs.append(None)\n"
+        "    except TypeError as e: msgs.append(str(e))\n"
         "print(json.dumps(msgs))\n"))
     assert all(m is not None for m in out), out
+    assert [m.split(" ")[0] for m in out[5:]] == ["start", "stride", "dest_team", "pe"], out
 
 
 def test_a_failing_init_callback_leaves_no_runtime() -> None:

@@ -270,6 +270,11 @@ Team make_team(const std::shared_ptr<RuntimeState>& rt, int32_t id, bool predefi
 
 int team_n_pes(int32_t team) { return call(api().team_n_pes, team); }
 
+// A C int argument: TypeError or UsageError naming it (a bool or float is not taken for an int).
+int c_int(nb::handle value, const char* what) {
+    return static_cast<int>(int_arg(value, what, INT32_MIN, INT32_MAX));
+}
+
 std::optional<Team> split_strided(Team& parent, int start, int stride, int size) {
     TeamState& p = parent.get();
     std::shared_ptr<RuntimeState> rt = current();
@@ -458,9 +463,15 @@ void register_nvshmem(nb::module_& parent) {
         .def_prop_ro("predefined", [](Team& t) { return t.state()->predefined; })
         .def_prop_ro("my_pe", [](Team& t) { return call(api().team_my_pe, t.get().team); })
         .def_prop_ro("n_pes", [](Team& t) { return team_n_pes(t.get().team); })
-        .def("split_strided", &split_strided, nb::arg("start"), nb::arg("stride"), nb::arg("size"),
+        .def("split_strided", [](Team& t, nb::handle start, nb::handle stride, nb::handle size) {
+            return split_strided(t, c_int(start, "start"), c_int(stride, "stride"), c_int(size, "size"));
+        }, nb::arg("start").none(), nb::arg("stride").none(), nb::arg("size").none(),
+             nb::sig("def split_strided(self, start: int, stride: int, size: int) -> Team | None"),
              "nvshmem_team_split_strided (collective over this team). None on PEs outside the new team.")
-        .def("translate_pe", &translate_pe, nb::arg("pe"), nb::arg("dest_team"),
+        .def("translate_pe", [](Team& t, nb::handle pe, nb::handle dest) {
+            return translate_pe(t, c_int(pe, "pe"), object_arg<Team>(dest, "dest_team", "an nvshmem.Team"));
+        }, nb::arg("pe").none(), nb::arg("dest_team").none(),
+             nb::sig("def translate_pe(self, pe: int, dest_team: Team) -> int"),
              "The number in `dest_team` of this team's PE `pe`, or -1 when it is not a member.")
         .def("destroy", [](Team& t) { t.close(); }, "Same as close().")
         .def("__repr__", [](Team& t) {
@@ -478,7 +489,9 @@ void register_nvshmem(nb::module_& parent) {
         "or drop it and drain()/finalize() on every PE (it then warns ResourceWarning).");
     mem.def_prop_ro("ptr", [](Allocation& a) { return a.get().ptr; })
         .def_prop_ro("nbytes", [](Allocation& a) { return a.get().nbytes; })
-        .def("peer_ptr", [](Allocation& a, int pe, size_t offset) -> std::optional<uintptr_t> {
+        .def("peer_ptr", [](Allocation& a, nb::handle pe_arg, nb::handle offset_arg) -> std::optional<uintptr_t> {
+            int pe = c_int(pe_arg, "pe");
+            size_t offset = uint_arg(offset_arg, "offset");
             AllocState& s = a.get();
             int n = open_runtime(s.runtime).npes;
             if (pe < 0 || pe >= n) {
@@ -488,7 +501,8 @@ void register_nvshmem(nb::module_& parent) {
             void* p = call(api().ptr, reinterpret_cast<const void*>(s.ptr + offset), pe);
             if (p == nullptr) return std::nullopt;
             return reinterpret_cast<uintptr_t>(p);
-        }, nb::arg("pe"), nb::arg("offset") = 0,
+        }, nb::arg("pe").none(), nb::arg("offset").none() = 0,
+           nb::sig("def peer_ptr(self, pe: int, offset: int = 0) -> int | None"),
            "nvshmem_ptr: the address of this memory on PE `pe` usable from this PE, or None when that PE's "
            "memory is not directly addressable.")
         .def("free", [](Allocation& a) { a.close(); }, "Same as close().")
