@@ -122,8 +122,9 @@ def _resolve_comm(comm: Any) -> tuple[CommType, int, Any]:
 
 
 def _check_placement(comm: Any) -> None:
-    """Before a plan is made over an mpi4py communicator (cuFFTMp initialises NVSHMEM then, if it is not
-    yet), the PEs compare their GPUs over it: PlacementError on every PE where NVSHMEM would hang."""
+    """Before a plan or a reshape is made over an mpi4py communicator (cuFFTMp initialises NVSHMEM then,
+    if it is not yet), the PEs compare their GPUs over it: PlacementError on every PE where NVSHMEM
+    would hang."""
     if comm is not None and not isinstance(comm, int):
         _placement.check(comm.allgather, None, "cuFFTMp (through NVSHMEM)")
 
@@ -607,6 +608,7 @@ class Reshape(Owned):
         lo_in, up_in, st_in, lo_out, up_out, st_out = _boxes(input_box, output_box, ndim, input_strides,
                                                              output_strides)
         comm_type, address, keep = _resolve_comm(comm)
+        _check_placement(keep)
         self._core.make(element_size, lo_in, up_in, st_in, lo_out, up_out, st_out, comm_type, address, keep)
 
     @property
