@@ -75,6 +75,26 @@ def _broadcaster(via: Any, rank: int | None) -> tuple[Broadcast, int]:
     )
 
 
+def allgatherer(via: Any) -> Callable[[Any], list[Any]]:
+    """An allgather of one picklable object per rank over `via` (an mpi4py communicator, a
+    torch.distributed process group or the torch.distributed module, or a callable
+    ``allgather(obj) -> list`` returning every rank's object in rank order). Collective."""
+    if hasattr(via, "Get_rank") and hasattr(via, "allgather"):  # an mpi4py communicator
+        return lambda obj: list(via.allgather(obj))
+    dist, group = _torch_group(via)
+    if dist is not None:
+        def torch_allgather(obj: Any) -> list[Any]:
+            out: list[Any] = [None] * int(dist.get_world_size(group))
+            dist.all_gather_object(out, obj, group=group)
+            return out
+
+        return torch_allgather
+    if callable(via):
+        return lambda obj: list(via(obj))
+    raise TypeError("via must be an mpi4py communicator, a torch.distributed process group, or an allgather "
+                    f"callable, not {type(via).__name__}")
+
+
 def _torch_group(via: Any) -> tuple[Any, Any]:
     """(torch.distributed, group or None) when `via` is torch.distributed or one of its groups."""
     module = type(via).__module__ or ""

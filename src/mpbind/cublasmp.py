@@ -25,11 +25,14 @@ unless ``own_descriptor=True``.
 from __future__ import annotations
 
 import ctypes
+import numbers
 import struct
-from typing import TYPE_CHECKING, Any, cast
+from enum import IntEnum
+from typing import Any, Generic, TypeVar, cast, overload
 
-from mpbind import _core, _interop
+from mpbind import _args, _core, _interop
 from mpbind._owned import Owned
+from mpbind._typing import Array, Stream
 from mpbind.bindings import cublasmp as _flat
 from mpbind.bindings.cublasmp import (
     CublasComputeType,
@@ -39,14 +42,16 @@ from mpbind.bindings.cublasmp import (
     MatmulAlgoType,
     MatmulDescriptorAttribute,
     MatmulEpilogue,
+    MatmulMatrixScale,
+    ResultScheme,
 )
 from mpbind.errors import UsageError
 from mpbind.nccl import Communicator
 
 __all__ = [
     "CublasComputeType", "CublasOperation", "CudaDataType", "Grid", "GridLayout", "Handle", "Matmul",
-    "MatmulAlgoType", "MatmulDescriptor", "MatmulDescriptorAttribute", "MatmulEpilogue", "Matrix",
-    "MatrixDescriptor", "Workspace", "gemm", "grid", "grid_cache_info", "matmul",
+    "MatmulAlgoType", "MatmulDescriptor", "MatmulDescriptorAttribute", "MatmulEpilogue", "MatmulMatrixScale", "Matrix",
+    "MatrixDescriptor", "ResultScheme", "Workspace", "gemm", "grid", "grid_cache_info", "matmul",
 ]
 
 Handle = _core.cublasmp.Handle
@@ -62,12 +67,51 @@ _CUDA_TYPES: dict[str, CudaDataType] = {
 }
 
 
-def grid(comm: Any, nprow: int, npcol: int, layout: GridLayout | int = GridLayout.COL_MAJOR) -> Grid:
+_MAX_I64 = 2**63 - 1
+
+
+def grid(comm: Communicator, nprow: int, npcol: int, layout: GridLayout | int = GridLayout.COL_MAJOR) -> Grid:
     """The cached grid of `comm` (an :class:`mpbind.nccl.Communicator`); created collectively on a miss."""
     core = comm._core if isinstance(comm, Communicator) else comm
     if not isinstance(core, _core.nccl.Communicator):
         raise TypeError(f"comm must be an mpbind.nccl.Communicator, not {type(comm).__name__}")
-    return _core.cublasmp.grid(core, nprow, npcol, int(layout))
+    nprow = _args.integer(nprow, "nprow", minimum=1, maximum=_MAX_I64)
+    npcol = _args.integer(npcol, "npcol", minimum=1, maximum=_MAX_I64)
+    return _core.cublasmp.grid(core, nprow, npcol, int(_member(layout, "layout", GridLayout)))
+
+
+_E = TypeVar("_E", bound=IntEnum)
+
+
+def _member(value: Any, name: str, enum: type[_E]) -> _E:
+    """`value` (a member of `enum` or its int value) as the member, or TypeError/UsageError naming `name`."""
+    v = _args.integer(value, name)
+    try:
+        return enum(v)
+    except ValueError:
+        raise UsageError(f"{name} must be a {enum.__name__} ({', '.join(m.name for m in enum)}), got {v}") from None
+
+
+def _pair(value: Any, name: str, minimum: int) -> tuple[int, int]:
+    """A pair of ints >= `minimum` (a shape, a block, a process coordinate)."""
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"{name} must be a pair of ints, not {value!r}")
+    return (_args.integer(value[0], f"{name}[0]", minimum=minimum, maximum=_MAX_I64),
+            _args.integer(value[1], f"{name}[1]", minimum=minimum, maximum=_MAX_I64))
+
+
+def _number(value: Any, name: str) -> complex:
+    if isinstance(value, bool) or not isinstance(value, numbers.Number):
+        raise TypeError(f"{name} must be a number, not {type(value).__name__}")
+    return complex(cast("complex", value))  # int, float, complex, NumPy scalars
+
+
+def _matrix(value: Any, name: str) -> Matrix:
+    return _args.instance(value, name, Matrix, "a cublasmp.Matrix")
+
+
+def _compute_type(value: Any, dtype: str) -> int:
+    return int(_compute_for(dtype) if value is None else _member(value, "compute_type", CublasComputeType))
 
 
 def grid_cache_info() -> dict[str, int]:
@@ -113,9 +157,21 @@ class Matrix(Owned):
 
     __slots__ = ("grid", "array", "info", "shape", "block", "_core")
     _core: MatrixDescriptor
+    grid: Grid
+    array: Array
+    info: _interop.ArrayInfo
+    shape: tuple[int, int]
+    block: tuple[int, int]
 
-    def __init__(self, grid: Grid, local: Any, shape: tuple[int, int] | None = None,
+    def __init__(self, grid: Grid, local: Array, shape: tuple[int, int] | None = None,
                  block: tuple[int, int] | None = None, src: tuple[int, int] = (0, 0)) -> None:
+        _args.instance(grid, "grid", Grid, "a cublasmp.Grid (from cublasmp.grid())")
+        if not (hasattr(local, "__cuda_array_interface__") or hasattr(local, "__dlpack__")):
+            raise TypeError(f"local must be a device array (__cuda_array_interface__ or DLPack), "
+                            f"not {type(local).__name__}")
+        shape = None if shape is None else _pair(shape, "shape", 0)
+        block = None if block is None else _pair(block, "block", 1)
+        src = _pair(src, "src", 0)
         info = _interop.device_array(local, "local matrix", contiguous=False)
         if len(info.shape) != 2:
             raise UsageError(f"a local matrix is 2-D, got shape {info.shape}")
@@ -183,14 +239,50 @@ class Matrix(Owned):
         return f"local {self.info.shape[0]}x{self.info.shape[1]} {self.dtype}"
 
 
-def _attribute_property(attr: MatmulDescriptorAttribute) -> property:
-    def get(self: MatmulDescriptor) -> Any:
-        return _flat.matmul_descriptor_get(self.ptr, attr)
+_V = TypeVar("_V", bound=int)
 
-    def set_(self: MatmulDescriptor, value: Any) -> None:
-        _flat.matmul_descriptor_set(self.ptr, attr, value)
+# The C value range of each attribute (struct format of its C type in the flat bindings' table).
+_RANGES = {"i": (-(2**31), 2**31 - 1), "q": (-(2**63), 2**63 - 1), "Q": (0, 2**64 - 1)}
 
-    return property(get, set_, doc=f"CUBLASMP_MATMUL_DESCRIPTOR_ATTRIBUTE_{attr.name} (typed as in cublasmp.h).")
+
+class _Attribute(Generic[_V]):
+    """One attribute of a matmul descriptor, typed as in cublasmp.h: an enum member or an int.
+
+    Read, it is ``cublasMpMatmulDescriptorGetAttribute``; set, it checks the value (an int in the C type's
+    range; for an enum, one of its members) and calls ``cublasMpMatmulDescriptorSetAttribute``."""
+
+    attr: MatmulDescriptorAttribute
+    kind: type[_V]  # its enum, or int
+    name: str
+    low: int  # the C type's range
+    high: int
+
+    def __init__(self, attr: MatmulDescriptorAttribute, kind: type[_V]) -> None:
+        self.attr = attr
+        self.kind = kind
+        self.name = attr.name.lower()
+        self.low, self.high = _RANGES[_flat.MATMUL_DESCRIPTOR_ATTRIBUTE_TYPES[attr][1]]
+        self.__doc__ = f"CUBLASMP_MATMUL_DESCRIPTOR_ATTRIBUTE_{attr.name} ({kind.__name__})."
+
+    @overload
+    def __get__(self, obj: None, owner: type[MatmulDescriptor]) -> _Attribute[_V]: ...
+    @overload
+    def __get__(self, obj: MatmulDescriptor, owner: type[MatmulDescriptor]) -> _V: ...
+
+    def __get__(self, obj: MatmulDescriptor | None, owner: type[MatmulDescriptor]) -> _Attribute[_V] | _V:
+        if obj is None:
+            return self
+        return cast("_V", _flat.matmul_descriptor_get(obj.ptr, self.attr))
+
+    def __set__(self, obj: MatmulDescriptor, value: _V | int) -> None:
+        if issubclass(self.kind, IntEnum):
+            value = _member(value, self.name, self.kind)
+        else:
+            value = _args.integer(value, self.name, minimum=self.low, maximum=self.high)
+        _flat.matmul_descriptor_set(obj.ptr, self.attr, value)
+
+
+_A = MatmulDescriptorAttribute
 
 
 class MatmulDescriptor(Owned):
@@ -200,16 +292,50 @@ class MatmulDescriptor(Owned):
     Keyword arguments of the constructor set attributes by those names.
     """
 
-    def __init__(self, compute_type: CublasComputeType | int = CublasComputeType.COMPUTE_32F, **attributes: Any):
-        self._core = _core.cublasmp.MatmulDescriptor(int(compute_type))
-        for name, value in attributes.items():
-            if name.upper() not in MatmulDescriptorAttribute.__members__:
-                raise TypeError(f"MatmulDescriptor has no attribute {name!r}")
-            setattr(self, name, value)
+    _core: _core.cublasmp.MatmulDescriptor
 
-    if TYPE_CHECKING:  # the attribute properties are added below, one per MatmulDescriptorAttribute
-        def __getattr__(self, name: str) -> Any: ...
-        def __setattr__(self, name: str, value: Any) -> None: ...
+    # One per MatmulDescriptorAttribute, typed as cublasmp.h types it (a test checks them against the
+    # flat bindings' MATMUL_DESCRIPTOR_ATTRIBUTE_TYPES).
+    transa: _Attribute[CublasOperation] = _Attribute(_A.TRANSA, CublasOperation)
+    transb: _Attribute[CublasOperation] = _Attribute(_A.TRANSB, CublasOperation)
+    compute_type: _Attribute[CublasComputeType] = _Attribute(_A.COMPUTE_TYPE, CublasComputeType)
+    algo_type: _Attribute[MatmulAlgoType] = _Attribute(_A.ALGO_TYPE, MatmulAlgoType)
+    communication_sm_count: _Attribute[int] = _Attribute(_A.COMMUNICATION_SM_COUNT, int)
+    epilogue: _Attribute[MatmulEpilogue] = _Attribute(_A.EPILOGUE, MatmulEpilogue)
+    bias_pointer: _Attribute[int] = _Attribute(_A.BIAS_POINTER, int)
+    bias_batch_stride: _Attribute[int] = _Attribute(_A.BIAS_BATCH_STRIDE, int)
+    bias_data_type: _Attribute[CudaDataType] = _Attribute(_A.BIAS_DATA_TYPE, CudaDataType)
+    epilogue_aux_pointer: _Attribute[int] = _Attribute(_A.EPILOGUE_AUX_POINTER, int)
+    epilogue_aux_ld: _Attribute[int] = _Attribute(_A.EPILOGUE_AUX_LD, int)
+    epilogue_aux_batch_stride: _Attribute[int] = _Attribute(_A.EPILOGUE_AUX_BATCH_STRIDE, int)
+    epilogue_aux_data_type: _Attribute[CudaDataType] = _Attribute(_A.EPILOGUE_AUX_DATA_TYPE, CudaDataType)
+    epilogue_aux_scale_pointer: _Attribute[int] = _Attribute(_A.EPILOGUE_AUX_SCALE_POINTER, int)
+    epilogue_aux_amax_pointer: _Attribute[int] = _Attribute(_A.EPILOGUE_AUX_AMAX_POINTER, int)
+    epilogue_aux_scale_mode: _Attribute[MatmulMatrixScale] = _Attribute(_A.EPILOGUE_AUX_SCALE_MODE,
+                                                                        MatmulMatrixScale)
+    a_scale_pointer: _Attribute[int] = _Attribute(_A.A_SCALE_POINTER, int)
+    a_scale_mode: _Attribute[MatmulMatrixScale] = _Attribute(_A.A_SCALE_MODE, MatmulMatrixScale)
+    b_scale_pointer: _Attribute[int] = _Attribute(_A.B_SCALE_POINTER, int)
+    b_scale_mode: _Attribute[MatmulMatrixScale] = _Attribute(_A.B_SCALE_MODE, MatmulMatrixScale)
+    c_scale_pointer: _Attribute[int] = _Attribute(_A.C_SCALE_POINTER, int)
+    c_scale_mode: _Attribute[MatmulMatrixScale] = _Attribute(_A.C_SCALE_MODE, MatmulMatrixScale)
+    d_scale_pointer: _Attribute[int] = _Attribute(_A.D_SCALE_POINTER, int)
+    d_scale_mode: _Attribute[MatmulMatrixScale] = _Attribute(_A.D_SCALE_MODE, MatmulMatrixScale)
+    amax_d_pointer: _Attribute[int] = _Attribute(_A.AMAX_D_POINTER, int)
+    d_out_scale_pointer: _Attribute[int] = _Attribute(_A.D_OUT_SCALE_POINTER, int)
+    d_out_scale_mode: _Attribute[MatmulMatrixScale] = _Attribute(_A.D_OUT_SCALE_MODE, MatmulMatrixScale)
+    communication_type: _Attribute[CudaDataType] = _Attribute(_A.COMMUNICATION_TYPE, CudaDataType)
+    bias_result_scheme: _Attribute[ResultScheme] = _Attribute(_A.BIAS_RESULT_SCHEME, ResultScheme)
+
+    def __init__(self, compute_type: CublasComputeType | int = CublasComputeType.COMPUTE_32F,
+                 **attributes: int) -> None:
+        compute = _member(compute_type, "compute_type", CublasComputeType)
+        for name in attributes:
+            if not isinstance(getattr(type(self), name, None), _Attribute):
+                raise TypeError(f"MatmulDescriptor has no attribute {name!r}")
+        self._core = _core.cublasmp.MatmulDescriptor(int(compute))
+        for name, value in attributes.items():
+            setattr(self, name, value)
 
     @property
     def ptr(self) -> _flat.MatmulDescriptor:
@@ -219,9 +345,15 @@ class MatmulDescriptor(Owned):
     handle = ptr  # its earlier name
 
 
-for _attr in MatmulDescriptorAttribute:
-    setattr(MatmulDescriptor, _attr.name.lower(), _attribute_property(_attr))
-del _attr
+def _check_operands(handle: Any, transa: Any, transb: Any, alpha: Any, beta: Any, **matrices: Any) -> None:
+    """The arguments a matmul and a gemm share, checked for their types (their shapes come next)."""
+    _args.instance(handle, "handle", Handle, "a cublasmp.Handle")
+    for name, value in matrices.items():
+        _matrix(value, name)
+    _args.boolean(transa, "transa")
+    _args.boolean(transb, "transb")
+    _number(alpha, "alpha")
+    _number(beta, "beta")
 
 
 class Matmul(Owned):
@@ -236,10 +368,23 @@ class Matmul(Owned):
     ``own_descriptor=True`` hands it to the plan; :attr:`owns_descriptor` says which.
     """
 
+    m: int
+    n: int
+    k: int
+    descriptor: MatmulDescriptor
+
     def __init__(self, handle: Handle, a: Matrix, b: Matrix, d: Matrix, c: Matrix | None = None, *,
                  transa: bool = False, transb: bool = False, alpha: complex = 1.0, beta: complex = 0.0,
                  compute_type: CublasComputeType | int | None = None, descriptor: MatmulDescriptor | None = None,
                  own_descriptor: bool = False, workspace: Workspace | None = None) -> None:
+        _check_operands(handle, transa, transb, alpha, beta, a=a, b=b, d=d)
+        if c is not None:
+            _matrix(c, "c")
+        if descriptor is not None:
+            _args.instance(descriptor, "descriptor", MatmulDescriptor, "a cublasmp.MatmulDescriptor or None")
+        _args.boolean(own_descriptor, "own_descriptor")
+        if workspace is not None:
+            _args.instance(workspace, "workspace", Workspace, "a cublasmp.Workspace or None")
         m, n = d.shape
         ka = a.shape[0] if transa else a.shape[1]
         a_rows = a.shape[1] if transa else a.shape[0]
@@ -255,7 +400,7 @@ class Matmul(Owned):
         if a.dtype != b.dtype:
             raise UsageError(f"A is {a.dtype} but B is {b.dtype}")
         if descriptor is None:
-            compute = int(compute_type) if compute_type is not None else int(_compute_for(a.dtype))
+            compute = _compute_type(compute_type, a.dtype)
             descriptor = MatmulDescriptor(compute)
             descriptor.transa = CublasOperation.T if transa else CublasOperation.N
             descriptor.transb = CublasOperation.T if transb else CublasOperation.N
@@ -272,13 +417,13 @@ class Matmul(Owned):
         # The bound method itself: no Python frame between the caller and the library call.
         self.execute = self._core.execute  # type: ignore[method-assign]
 
-    def execute(self, stream: Any = None) -> None:  # replaced per instance in __init__
+    def execute(self, stream: Stream = None) -> None:  # replaced per instance in __init__
         """``cublasMpMatmul`` on `stream` (default: the handle's)."""
         self._core.execute(stream)
 
     __call__ = execute
 
-    def capture(self, stream: Any = None) -> Matmul:
+    def capture(self, stream: Stream = None) -> Matmul:
         """Record the call into a CUDA graph on `stream` (default: the handle's; not the legacy
         default stream). ``execute()`` then replays it with one ``cuGraphLaunch``, a few
         microseconds of host time instead of the library's own planning per call. The plan is
@@ -301,7 +446,7 @@ class Matmul(Owned):
         return bool(self._core.owns_descriptor)
 
 
-def matmul(handle: Handle, a: Matrix, b: Matrix, d: Matrix, c: Matrix | None = None, *, stream: Any = None,
+def matmul(handle: Handle, a: Matrix, b: Matrix, d: Matrix, c: Matrix | None = None, *, stream: Stream = None,
            **options: Any) -> None:
     """Plan and run one matmul (see :class:`Matmul`); the grid's workspace is reused across calls."""
     with Matmul(handle, a, b, d, c, **options) as plan:
@@ -310,15 +455,16 @@ def matmul(handle: Handle, a: Matrix, b: Matrix, d: Matrix, c: Matrix | None = N
 
 def gemm(handle: Handle, a: Matrix, b: Matrix, c: Matrix, *, transa: bool = False, transb: bool = False,
          alpha: complex = 1.0, beta: complex = 0.0, compute_type: CublasComputeType | int | None = None,
-         stream: Any = None) -> None:
+         stream: Stream = None) -> None:
     """``C = alpha op(A) op(B) + beta C`` with ``cublasMpGemm``, in place in `c`; the workspace is the
     grid's shared one, registered on every grid involved."""
+    _check_operands(handle, transa, transb, alpha, beta, a=a, b=b, c=c)
     m, n = c.shape
     ka = a.shape[0] if transa else a.shape[1]
     kb = b.shape[1] if transb else b.shape[0]
     if (a.shape[1] if transa else a.shape[0]) != m or (b.shape[0] if transb else b.shape[1]) != n or ka != kb:
         raise UsageError(f"op(A) x op(B) does not give C's {m} x {n}")
-    compute = int(compute_type) if compute_type is not None else int(_compute_for(a.dtype))
+    compute = _compute_type(compute_type, a.dtype)
     is_complex = a.dtype.startswith("complex")
     alpha_b = ctypes.create_string_buffer(_scalar(alpha, compute, is_complex), 16)
     beta_b = ctypes.create_string_buffer(_scalar(beta, compute, is_complex), 16)

@@ -30,8 +30,9 @@ from typing import Any
 import numpy as np
 
 # drain, queued: process-wide (mpbind.drain(), mpbind.queued()), kept here as aliases.
-from mpbind import _core, _interop, drain, queued
+from mpbind import _args, _core, _interop, _placement, drain, queued
 from mpbind._owned import Owned
+from mpbind._typing import Array, DTypeLike, Stream
 from mpbind.bindings.cufftmp import (
     FORWARD,
     INVERSE,
@@ -111,13 +112,44 @@ def _resolve_comm(comm: Any) -> tuple[CommType, int, Any]:
         from mpi4py import MPI
     except ImportError:
         raise TypeError(f"comm must be an MPI_Comm address (int) or None, not {type(comm).__name__} "
-                        "(mpi4py is not installed)") from None
+                        "(mpi4py is not installed: pip install 'mpbind[mpi]')") from None
     if not isinstance(comm, MPI.Comm):
         raise TypeError(f"comm must be an mpi4py communicator, an MPI_Comm address (int) or None, "
                         f"not {type(comm).__name__}")
     if comm == MPI.COMM_NULL:
         raise UsageError("comm is MPI.COMM_NULL")
     return CommType.MPI, int(MPI._addressof(comm)), comm
+
+
+def _check_placement(comm: Any) -> None:
+    """Before a plan or a reshape is made over an mpi4py communicator (cuFFTMp initialises NVSHMEM then,
+    if it is not yet), the PEs compare their GPUs over it: PlacementError on every PE where NVSHMEM
+    would hang."""
+    if comm is not None and not isinstance(comm, int):
+        _placement.check(comm.allgather, None, "cuFFTMp (through NVSHMEM)")
+
+
+def _subformat(value: Any, name: str) -> int:
+    v = _args.integer(value, name)
+    try:
+        return int(SubFormat(v))
+    except ValueError:
+        raise UsageError(f"{name} must be a cufftmp.SubFormat ({', '.join(f.name for f in SubFormat)}), "
+                         f"got {v}") from None
+
+
+def _ints(values: Sequence[int], name: str) -> list[int]:
+    return [_args.integer(v, f"{name}[{i}]") for i, v in enumerate(_sequence(values, name))]
+
+
+def _sequence(values: Any, name: str) -> tuple[Any, ...]:
+    """`values` (any iterable but a string) as a tuple, or TypeError naming `name`."""
+    if not isinstance(values, (str, bytes)):
+        try:
+            return tuple(values)
+        except TypeError:
+            pass
+    raise TypeError(f"{name} must be a sequence of ints, not {type(values).__name__}")
 
 
 def _rank_size(comm: Any) -> tuple[int, int] | None:
@@ -142,6 +174,11 @@ def _shape(shape: Sequence[int], ndim: int) -> Shape:
     return tuple(int(n) for n in dims)
 
 
+def _ndim(values: Any, name: str) -> int:
+    """How many extents or coordinates `values` holds (a sequence of ints)."""
+    return len(_sequence(values, name))
+
+
 def _split(n: int, parts: int, k: int) -> tuple[int, int]:
     """cuFFTMp's slab split: the first ``n % parts`` parts get one more."""
     base, extra = divmod(n, parts)
@@ -154,7 +191,7 @@ def _box(box: Box, ndim: int, what: str) -> tuple[list[int], list[int]]:
         lower, upper = box
     except (TypeError, ValueError):
         raise TypeError(f"{what} must be a (lower, upper) pair of corners") from None
-    lo, up = [int(v) for v in lower], [int(v) for v in upper]
+    lo, up = _ints(lower, f"{what} lower corner"), _ints(upper, f"{what} upper corner")
     if len(lo) != ndim or len(up) != ndim:
         raise UsageError(f"{what} corners must have {ndim} coordinates, got {lo} and {up}")
     if any(a < 0 or b < a for a, b in zip(lo, up, strict=True)):
@@ -172,8 +209,8 @@ def _boxes(input_box: Box, output_box: Box, ndim: int, input_strides: Sequence[i
     """(lower, upper, strides) of the input box, then of the output box; strides default to row-major."""
     lo_in, up_in = _box(input_box, ndim, "input_box")
     lo_out, up_out = _box(output_box, ndim, "output_box")
-    st_in = list(input_strides) if input_strides is not None else _box_strides(lo_in, up_in)
-    st_out = list(output_strides) if output_strides is not None else _box_strides(lo_out, up_out)
+    st_in = _ints(input_strides, "input_strides") if input_strides is not None else _box_strides(lo_in, up_in)
+    st_out = _ints(output_strides, "output_strides") if output_strides is not None else _box_strides(lo_out, up_out)
     return lo_in, up_in, st_in, lo_out, up_out, st_out
 
 
@@ -212,13 +249,13 @@ class Plan(Owned):
     # --- one-call construction ---
 
     @classmethod
-    def create_2d(cls, comm: Any, shape: Sequence[int], fft_type: int, *, stream: Any = None) -> Plan:
+    def create_2d(cls, comm: Any, shape: Sequence[int], fft_type: int, *, stream: Stream = None) -> Plan:
         """A 2-D plan on the built-in slabs: attach ``comm`` (mpi4py communicator, MPI_Comm
         address, or None for NVSHMEM's world), set the stream, make it (collective)."""
         return cls._made(comm, _shape(shape, 2), _fft_type(fft_type), stream, None)
 
     @classmethod
-    def create_3d(cls, comm: Any, shape: Sequence[int], fft_type: int, *, stream: Any = None) -> Plan:
+    def create_3d(cls, comm: Any, shape: Sequence[int], fft_type: int, *, stream: Stream = None) -> Plan:
         """A 3-D plan on the built-in slabs: attach ``comm`` (mpi4py communicator, MPI_Comm
         address, or None for NVSHMEM's world), set the stream, make it (collective)."""
         return cls._made(comm, _shape(shape, 3), _fft_type(fft_type), stream, None)
@@ -226,12 +263,12 @@ class Plan(Owned):
     @classmethod
     def create_decomposition(cls, comm: Any, shape: Sequence[int], fft_type: int, input_box: Box,
                              output_box: Box, *, input_strides: Sequence[int] | None = None,
-                             output_strides: Sequence[int] | None = None, stream: Any = None) -> Plan:
+                             output_strides: Sequence[int] | None = None, stream: Stream = None) -> Plan:
         """A 2-D or 3-D plan whose forward transform goes from this PE's ``input_box`` to its
         ``output_box`` (``[lower, upper)`` global corners; the inverse goes back). Strides
         default to row-major boxes. (cufftMpMakePlanDecomposition.)"""
         t = _fft_type(fft_type)
-        ndim = len(tuple(shape))
+        ndim = _ndim(shape, "shape")
         if ndim not in (2, 3):
             raise UsageError(f"cuFFTMp plans are 2-D or 3-D, got shape {tuple(shape)}")
         dims = _shape(shape, ndim)
@@ -239,7 +276,7 @@ class Plan(Owned):
         return cls._made(comm, dims, t, stream, boxes)
 
     @classmethod
-    def _made(cls, comm: Any, dims: Shape, t: Type, stream: Any, boxes: tuple[list[int], ...] | None) -> Plan:
+    def _made(cls, comm: Any, dims: Shape, t: Type, stream: Stream, boxes: tuple[list[int], ...] | None) -> Plan:
         """Attach `comm`, set `stream`, set the layout (`boxes`: lower, upper, strides of the input
         box, then of the output box; None: the built-in slabs) and make the plan, all collective.
 
@@ -247,6 +284,7 @@ class Plan(Owned):
         lifetime row applies: with a communicator attached its release waits for drain() on every
         PE (the other PEs may not have failed), without one it is released at once."""
         comm_type, address, keep = _resolve_comm(comm)
+        _check_placement(keep)
         core = _cf.Plan()
         try:
             core.attach_comm(comm_type, address, keep)
@@ -280,25 +318,26 @@ class Plan(Owned):
         self._core.attach_comm(comm_type, address, keep)
         self._comm = comm
 
-    def set_stream(self, stream: Any) -> None:
+    def set_stream(self, stream: Stream) -> None:
         """cufftSetStream: an int, None (the default stream), or a CuPy/PyTorch/``__cuda_stream__`` stream."""
         self._core.set_stream(stream)
 
     def set_subformat_default(self, forward: int, inverse: int) -> None:
         """cufftXtSetSubformatDefault (before the plan is made)."""
-        self._core.set_subformat_default(int(forward), int(inverse))
+        formats = _subformat(forward, "forward"), _subformat(inverse, "inverse")
+        self._core.set_subformat_default(*formats)
 
     def set_distribution(self, lower_input: Sequence[int], upper_input: Sequence[int],
                          lower_output: Sequence[int], upper_output: Sequence[int],
                          strides_input: Sequence[int] | None = None,
                          strides_output: Sequence[int] | None = None) -> None:
         """cufftXtSetDistribution: this PE's input and output boxes (before the plan is made)."""
-        self._core.set_distribution([int(v) for v in lower_input], [int(v) for v in upper_input],
-                                    [int(v) for v in lower_output], [int(v) for v in upper_output],
-                                    None if strides_input is None else [int(v) for v in strides_input],
-                                    None if strides_output is None else [int(v) for v in strides_output])
-        self._distribution = ([int(v) for v in lower_input], [int(v) for v in upper_input],
-                              [int(v) for v in lower_output], [int(v) for v in upper_output])
+        corners = (_ints(lower_input, "lower_input"), _ints(upper_input, "upper_input"),
+                   _ints(lower_output, "lower_output"), _ints(upper_output, "upper_output"))
+        self._core.set_distribution(*corners,
+                                    None if strides_input is None else _ints(strides_input, "strides_input"),
+                                    None if strides_output is None else _ints(strides_output, "strides_output"))
+        self._distribution = corners
 
     def make_plan_2d(self, nx: int, ny: int, fft_type: int) -> int:
         """cufftMakePlan2d (collective with a communicator); returns the work size in bytes."""
@@ -309,6 +348,7 @@ class Plan(Owned):
         return self._make(_shape((nx, ny, nz), 3), _fft_type(fft_type))
 
     def _make(self, dims: Shape, t: Type) -> int:
+        _check_placement(self._comm)
         if len(dims) == 2:
             work = int(self._core.make_plan_2d(dims[0], dims[1], t))
         else:
@@ -412,7 +452,7 @@ class Plan(Owned):
 
     # --- execution ---
 
-    def exec(self, input: Any, output: Any = None, direction: int | None = None) -> None:
+    def exec(self, input: Array | int, output: Array | int | None = None, direction: int | None = None) -> None:
         """Transform ``input`` into ``output`` (None: in place) on the plan's stream.
 
         Arrays (CuPy, PyTorch, anything with ``__cuda_array_interface__`` or DLPack) must be
@@ -444,7 +484,7 @@ class Plan(Owned):
     def malloc(self, format: int = SubFormat.XT_FORMAT_INPLACE) -> Descriptor:
         """cufftXtMalloc (collective): this PE's part of the distributed data, in ``format``
         (XT_FORMAT_INPLACE for slabs, XT_FORMAT_DISTRIBUTED_INPUT for boxes)."""
-        return Descriptor._over(self._live.malloc(int(format)))
+        return Descriptor._over(self._live.malloc(_subformat(format, "format")))
 
     def exec_descriptor(self, input: Descriptor, output: Descriptor | None = None,
                         direction: int | None = None) -> None:
@@ -466,7 +506,9 @@ class Plan(Owned):
             raise UsageError("cufftmp.Plan is closed")
         return self._core
 
-    destroy = Owned.close
+    def destroy(self) -> None:
+        """Same as ``close()``."""
+        self.close()
 
 
 class Descriptor(Owned):
@@ -543,7 +585,7 @@ class Reshape(Owned):
         self._core = _cf.Reshape()
 
     @classmethod
-    def create(cls, comm: Any, dtype: Any, input_box: Box, output_box: Box, *,
+    def create(cls, comm: Any, dtype: DTypeLike | int, input_box: Box, output_box: Box, *,
                input_strides: Sequence[int] | None = None,
                output_strides: Sequence[int] | None = None) -> Reshape:
         """A made reshape of elements of ``dtype`` (a dtype, or an element size in bytes) from this
@@ -553,7 +595,7 @@ class Reshape(Owned):
         r.make(comm, dtype, input_box, output_box, input_strides=input_strides, output_strides=output_strides)
         return r
 
-    def make(self, comm: Any, dtype: Any, input_box: Box, output_box: Box, *,
+    def make(self, comm: Any, dtype: DTypeLike | int, input_box: Box, output_box: Box, *,
              input_strides: Sequence[int] | None = None, output_strides: Sequence[int] | None = None) -> None:
         """cufftMpMakeReshape (collective); see :meth:`create`."""
         if isinstance(dtype, bool):
@@ -561,9 +603,12 @@ class Reshape(Owned):
         element_size = int(dtype) if isinstance(dtype, int) else _interop.itemsize(dtype)
         if element_size < 1:
             raise UsageError(f"element size must be >= 1 byte, got {element_size}")
-        lo_in, up_in, st_in, lo_out, up_out, st_out = _boxes(input_box, output_box, len(tuple(input_box[0])),
-                                                             input_strides, output_strides)
+        ndim = _ndim(input_box[0] if isinstance(input_box, (tuple, list)) and input_box else None,
+                     "input_box's lower corner")
+        lo_in, up_in, st_in, lo_out, up_out, st_out = _boxes(input_box, output_box, ndim, input_strides,
+                                                             output_strides)
         comm_type, address, keep = _resolve_comm(comm)
+        _check_placement(keep)
         self._core.make(element_size, lo_in, up_in, st_in, lo_out, up_out, st_out, comm_type, address, keep)
 
     @property
@@ -575,7 +620,8 @@ class Reshape(Owned):
         """cufftMpGetReshapeSize: bytes of NVSHMEM workspace :meth:`exec` needs."""
         return int(self._core.workspace_size())
 
-    def exec(self, output: Any, input: Any, workspace: Any = None, stream: Any = None) -> None:
+    def exec(self, output: Array | int, input: Array | int, workspace: Array | int | None = None,
+             stream: Stream = None) -> None:
         """cufftMpExecReshapeAsync (collective) on ``stream``: ``input`` and ``output`` are NVSHMEM
         device arrays (checked to hold this PE's boxes) or int pointers; ``workspace`` (NVSHMEM,
         :attr:`workspace_size` bytes) is required when that size is not 0."""
@@ -603,4 +649,6 @@ class Reshape(Owned):
             raise UsageError(f"{what} holds {info.nbytes} bytes; this PE's box needs {need}")
         return info.ptr
 
-    destroy = Owned.close
+    def destroy(self) -> None:
+        """Same as ``close()``."""
+        self.close()

@@ -2,6 +2,7 @@
 
     MpbindError
     ├─ LibraryNotFoundError   (also ImportError)
+    ├─ MissingDependencyError (also ImportError): an optional package; names the extra to install
     ├─ FunctionNotFoundError  (also NotImplementedError)
     ├─ LibraryError           (also RuntimeError): .library .function .status
     │  ├─ NCCLError      ─ one subclass per ncclResult_t value
@@ -9,6 +10,7 @@
     │  ├─ CuBLASMpError  ─ …
     │  └─ CuFFTMpError   ─ …
     └─ UsageError             (also ValueError): misuse caught before any C call
+       └─ PlacementError      processes placed on GPUs where the library cannot initialise
 
 The per-status subclasses are generated into mpbind._status and re-exported here.
 """
@@ -24,6 +26,20 @@ class MpbindError(Exception):
 
 class LibraryNotFoundError(MpbindError, ImportError):
     """A shared library could not be loaded; the message lists what was tried."""
+
+
+class MissingDependencyError(MpbindError, ImportError):
+    """An optional package a call needs is not installed; the message names the extra that installs it
+    (``pip install 'mpbind[torch]'``). ``name`` is the missing module, ``extra`` the extra."""
+
+    def __init__(self, module: str, extra: str, needed_by: str) -> None:
+        self.extra = extra
+        self.needed_by = needed_by
+        super().__init__(f"{needed_by} needs {module}, which is not installed: pip install 'mpbind[{extra}]'",
+                         name=module)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.name, self.extra, self.needed_by))
 
 
 class FunctionNotFoundError(MpbindError, NotImplementedError):
@@ -60,6 +76,11 @@ class UsageError(MpbindError, ValueError):
     """Bad input or misuse, caught before any library call."""
 
 
+class PlacementError(UsageError):
+    """The processes are placed on GPUs in a way the library cannot initialise with (it would hang or
+    exit the process), found before its initialisation; every process raises it with the same message."""
+
+
 class LibraryError(MpbindError, RuntimeError):
     """A library call returned an error status.
 
@@ -82,7 +103,7 @@ class LibraryError(MpbindError, RuntimeError):
         hint: str | None = None,
     ) -> None:
         self.function = function
-        self.status = int(status)
+        self.status: int = int(status)
         self.status_name = status_name
         self.description = description
         self.last_error = last_error
@@ -138,8 +159,10 @@ LIBRARY_ERRORS: dict[str, type[LibraryError]] = {
 _BASE_NAMES = [
     "MpbindError",
     "LibraryNotFoundError",
+    "MissingDependencyError",
     "FunctionNotFoundError",
     "UsageError",
+    "PlacementError",
     "LibraryError",
     "NCCLError",
     "NVSHMEMError",

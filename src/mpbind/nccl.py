@@ -22,9 +22,12 @@ from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 # drain, queued, registrations: process-wide (mpbind.drain() ...), kept here as aliases.
-from mpbind import _core, _interop, drain, queued, registrations
+from mpbind import _args, _core, _interop, drain, queued, registrations
 from mpbind._core import nccl as _core_nccl
+from mpbind._optional import require
 from mpbind._owned import Owned
+from mpbind._typing import Buffer as BufferLike
+from mpbind._typing import Operand, Stream
 from mpbind.bindings import nccl as _flat
 from mpbind.bindings.nccl import Config, DataType, RedOp, UniqueId, get_unique_id, get_version
 from mpbind.errors import UsageError
@@ -43,13 +46,15 @@ _DTYPES: dict[str, DataType] = {
     "float32": DataType.FLOAT32, "float64": DataType.FLOAT64, "bfloat16": DataType.BFLOAT16,
     "float8_e4m3fn": DataType.FLOAT8E4M3, "float8_e5m2": DataType.FLOAT8E5M2,
 }
+_MAX_SIZE = 2**64 - 1  # size_t
+_MAX_INT = 2**31 - 1  # C int
 _OPS: dict[str, RedOp] = {"sum": RedOp.SUM, "prod": RedOp.PROD, "max": RedOp.MAX, "min": RedOp.MIN,
                           "avg": RedOp.AVG}
 
 
 def mem_alloc(nbytes: int) -> Buffer:
     """``ncclMemAlloc``: memory suited to registration and windows; freed when released or collected."""
-    return _core.nccl.mem_alloc(nbytes)
+    return _core.nccl.mem_alloc(_args.integer(nbytes, "nbytes", minimum=1, maximum=_MAX_SIZE))
 
 
 @contextlib.contextmanager
@@ -68,7 +73,11 @@ def _op(op: str | int) -> int:
             return int(_OPS[op.lower()])
         except KeyError:
             raise UsageError(f"unknown reduction {op!r} (use one of {', '.join(_OPS)} or a RedOp)") from None
-    return int(op)
+    return _args.integer(op, "op", minimum=0, maximum=_MAX_INT)
+
+
+def _config(config: Config | None) -> Config | None:
+    return None if config is None else _args.instance(config, "config", Config, "an mpbind.nccl.Config or None")
 
 
 class _Operand:
@@ -122,35 +131,50 @@ class Communicator(Owned):
     @classmethod
     def init(cls, nranks: int, rank: int, unique_id: UniqueId | bytes, config: Config | None = None) -> Communicator:
         """``ncclCommInitRankConfig`` (collective over the `nranks` ranks sharing `unique_id`)."""
-        return cls(_core.nccl.Communicator.init(nranks, rank, unique_id, config))
+        nranks = _args.integer(nranks, "nranks", minimum=1, maximum=_MAX_INT)
+        rank = _args.integer(rank, "rank", minimum=0, maximum=nranks - 1)
+        if not isinstance(unique_id, (UniqueId, bytes, bytearray, memoryview)):
+            raise TypeError(f"unique_id must be an mpbind.nccl.UniqueId or 128 bytes, not {type(unique_id).__name__}")
+        return cls(_core.nccl.Communicator.init(nranks, rank, unique_id, _config(config)))
 
     @classmethod
     def from_mpi(cls, comm: Any, config: Config | None = None) -> Communicator:
         """One NCCL rank per rank of the mpi4py communicator `comm` (its unique id sent over MPI)."""
         from mpbind.bootstrap import share_unique_id
 
+        if not (hasattr(comm, "Get_rank") and hasattr(comm, "Get_size") and hasattr(comm, "bcast")):
+            raise TypeError(f"comm must be an mpi4py communicator, not {type(comm).__name__}")
+        _config(config)
         uid = share_unique_id("nccl", comm)
         return cls.init(int(comm.Get_size()), int(comm.Get_rank()), uid, config)
 
     @classmethod
     def from_torch(cls, group: Any = None, config: Config | None = None) -> Communicator:
         """One NCCL rank per rank of a torch.distributed process group (None: the default group)."""
-        import torch.distributed as dist
-
+        dist = require("torch.distributed", "Communicator.from_torch")
         from mpbind.bootstrap import share_unique_id
 
+        if group is not None and not isinstance(group, dist.ProcessGroup):
+            raise TypeError(f"group must be a torch.distributed.ProcessGroup or None, not {type(group).__name__}")
+        _config(config)
         via = dist if group is None else group
         uid = share_unique_id("nccl", via)
         return cls.init(int(dist.get_world_size(group)), int(dist.get_rank(group)), uid, config)
 
     def split(self, color: int, key: int, config: Config | None = None) -> Communicator | None:
         """``ncclCommSplit`` (collective); None on ranks passing ``color=-1``."""
-        core = self._core.split(color, key, config)
+        color = _args.integer(color, "color", minimum=-1, maximum=_MAX_INT)
+        key = _args.integer(key, "key", minimum=-_MAX_INT - 1, maximum=_MAX_INT)
+        core = self._core.split(color, key, _config(config))
         return None if core is None else Communicator(core)
 
     def shrink(self, exclude_ranks: Sequence[int], config: Config | None = None, flags: int = 0) -> Communicator:
         """``ncclCommShrink`` (collective over the remaining ranks)."""
-        return Communicator(self._core.shrink(list(exclude_ranks), config, flags))
+        if isinstance(exclude_ranks, (str, bytes)) or not isinstance(exclude_ranks, Sequence):
+            raise TypeError(f"exclude_ranks must be a sequence of ranks, not {type(exclude_ranks).__name__}")
+        ranks = [_args.integer(r, "exclude_ranks[]") for r in exclude_ranks]
+        flags = _args.integer(flags, "flags", minimum=0, maximum=_MAX_INT)
+        return Communicator(self._core.shrink(ranks, _config(config), flags))
 
     # --- properties and lifetime -------------------------------------------
 
@@ -177,7 +201,9 @@ class Communicator(Owned):
         """Drain what is queued under this communicator, then ``ncclCommFinalize`` (collective)."""
         self._core.finalize()
 
-    destroy = Owned.close
+    def destroy(self) -> None:
+        """Same as ``close()``."""
+        self.close()
 
     def abort(self) -> None:
         """``ncclCommAbort`` (local): dependents are dropped without further NCCL calls."""
@@ -189,13 +215,14 @@ class Communicator(Owned):
 
     # --- registration ------------------------------------------------------
 
-    def register(self, buffer: Any) -> Registration:
+    def register(self, buffer: BufferLike) -> Registration:
         """``ncclCommRegister`` of `buffer` (an array, :class:`Buffer` or ``(ptr, nbytes)``), refcounted."""
         ptr, nbytes, owner = _interop.device_span(buffer)
         return self._core.register(ptr, nbytes, owner)
 
-    def register_window(self, buffer: Any, flags: int = 0) -> Registration:
+    def register_window(self, buffer: BufferLike, flags: int = 0) -> Registration:
         """``ncclCommWindowRegister`` (collective), refcounted; ``.handle`` is the ``ncclWindow_t``."""
+        flags = _args.integer(flags, "flags", minimum=0, maximum=_MAX_INT)
         ptr, nbytes, owner = _interop.device_span(buffer)
         return self._core.register_window(ptr, nbytes, flags, owner)
 
@@ -205,7 +232,7 @@ class Communicator(Owned):
 
     # --- collectives ---------------------------------------------------------
 
-    def _pair(self, send: Any, recv: Any, send_per_recv: float) -> tuple[_Operand, _Operand]:
+    def _pair(self, send: Operand, recv: Operand, send_per_recv: float) -> tuple[_Operand, _Operand]:
         dev = self.device
         s = _Operand(send, "sendbuf", dev, writable=False)
         r = _Operand(recv, "recvbuf", dev, writable=True)
@@ -218,36 +245,39 @@ class Communicator(Owned):
             )
         return s, r
 
-    def all_reduce(self, sendbuf: Any, recvbuf: Any, op: str | int = "sum", stream: Any = None) -> None:
+    def all_reduce(self, sendbuf: Operand, recvbuf: Operand, op: str | RedOp | int = "sum",
+                   stream: Stream = None) -> None:
         """``ncclAllReduce``; `sendbuf` may be `recvbuf` (in place)."""
         s, r = self._pair(sendbuf, recvbuf, 1)
         _flat.all_reduce(s.ptr, r.ptr, r.count, r.nccl_dtype, _op(op), self.ptr, _interop.stream_handle(stream))
 
-    def reduce(self, sendbuf: Any, recvbuf: Any, root: int, op: str | int = "sum", stream: Any = None) -> None:
+    def reduce(self, sendbuf: Operand, recvbuf: Operand, root: int, op: str | RedOp | int = "sum",
+               stream: Stream = None) -> None:
         """``ncclReduce`` to `root`."""
         s, r = self._pair(sendbuf, recvbuf, 1)
         self._check_rank(root, "root")
         _flat.reduce(s.ptr, r.ptr, r.count, r.nccl_dtype, _op(op), root, self.ptr,
                      _interop.stream_handle(stream))
 
-    def broadcast(self, sendbuf: Any, recvbuf: Any, root: int, stream: Any = None) -> None:
+    def broadcast(self, sendbuf: Operand, recvbuf: Operand, root: int, stream: Stream = None) -> None:
         """``ncclBroadcast`` from `root`."""
         s, r = self._pair(sendbuf, recvbuf, 1)
         self._check_rank(root, "root")
         _flat.broadcast(s.ptr, r.ptr, r.count, r.nccl_dtype, root, self.ptr, _interop.stream_handle(stream))
 
-    def all_gather(self, sendbuf: Any, recvbuf: Any, stream: Any = None) -> None:
+    def all_gather(self, sendbuf: Operand, recvbuf: Operand, stream: Stream = None) -> None:
         """``ncclAllGather``: `recvbuf` holds ``size`` x `sendbuf`."""
         s, r = self._pair(sendbuf, recvbuf, 1 / self.size)
         _flat.all_gather(s.ptr, r.ptr, s.count, s.nccl_dtype, self.ptr, _interop.stream_handle(stream))
 
-    def reduce_scatter(self, sendbuf: Any, recvbuf: Any, op: str | int = "sum", stream: Any = None) -> None:
+    def reduce_scatter(self, sendbuf: Operand, recvbuf: Operand, op: str | RedOp | int = "sum",
+                       stream: Stream = None) -> None:
         """``ncclReduceScatter``: `sendbuf` holds ``size`` x `recvbuf`."""
         s, r = self._pair(sendbuf, recvbuf, self.size)
         _flat.reduce_scatter(s.ptr, r.ptr, r.count, r.nccl_dtype, _op(op), self.ptr,
                              _interop.stream_handle(stream))
 
-    def all_to_all(self, sendbuf: Any, recvbuf: Any, stream: Any = None) -> None:
+    def all_to_all(self, sendbuf: Operand, recvbuf: Operand, stream: Stream = None) -> None:
         """``ncclAlltoAll``: both hold ``size`` blocks; block j of `sendbuf` goes to rank j."""
         s, r = self._pair(sendbuf, recvbuf, 1)
         if s.count % self.size:
@@ -255,13 +285,13 @@ class Communicator(Owned):
         _flat.all_to_all(s.ptr, r.ptr, s.count // self.size, s.nccl_dtype, self.ptr,
                          _interop.stream_handle(stream))
 
-    def send(self, sendbuf: Any, peer: int, stream: Any = None) -> None:
+    def send(self, sendbuf: Operand, peer: int, stream: Stream = None) -> None:
         """``ncclSend`` to `peer` (pair with :meth:`recv`; wrap several in :func:`group`)."""
         s = _Operand(sendbuf, "sendbuf", self.device, writable=False)
         self._check_rank(peer, "peer")
         _flat.send(s.ptr, s.count, s.nccl_dtype, peer, self.ptr, _interop.stream_handle(stream))
 
-    def recv(self, recvbuf: Any, peer: int, stream: Any = None) -> None:
+    def recv(self, recvbuf: Operand, peer: int, stream: Stream = None) -> None:
         """``ncclRecv`` from `peer`."""
         r = _Operand(recvbuf, "recvbuf", self.device, writable=True)
         self._check_rank(peer, "peer")

@@ -28,13 +28,16 @@ library exits the process on the others, so they raise ``UsageError`` here inste
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+import sys
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from mpbind import _core
+from mpbind import _args, _core, _placement
 from mpbind._interop import (
     ArrayInfo,
     c_strides,
@@ -46,6 +49,8 @@ from mpbind._interop import (
     stream_handle,
 )
 from mpbind._owned import Owned
+from mpbind._typing import Array, Stream
+from mpbind._typing import Buffer as BufferLike
 from mpbind.errors import MpbindError, UsageError
 
 __all__ = [
@@ -106,7 +111,8 @@ def _flat() -> Any:
 
 
 def init(unique_id: Any = None, rank: int | None = None, nranks: int | None = None, *,
-         mpi_comm: Any = None, bootstrap: str | None = None, device: int | None = None) -> Runtime:
+         mpi_comm: Any = None, bootstrap: str | None = None, device: int | None = None,
+         placement_via: Any = None, notice_after: float | None = 60.0) -> Runtime:
     """Initialise NVSHMEM (collective) and return the process's runtime.
 
     Either ``unique_id`` (a ``UniqueId`` or 128 bytes that every rank received, see
@@ -115,36 +121,55 @@ def init(unique_id: Any = None, rank: int | None = None, nranks: int | None = No
     NVSHMEM bootstraps over MPI, with ``bootstrap="uid"`` rank 0's unique id is shared over it.
     ``device`` (a CUDA ordinal) is made current first; by default the current device is used.
 
+    Before NVSHMEM initialises, the PEs compare their GPUs (host and device UUID) and raise
+    :class:`~mpbind.errors.PlacementError` on every PE when NVSHMEM could not initialise with
+    that placement (a different number of PEs on each GPU hangs it). They do so over
+    ``mpi_comm``, or over ``placement_via`` (an mpi4py communicator, a torch.distributed group or
+    an ``allgather(obj) -> list`` callable) with a unique id; without either nothing is checked.
+
+    NVSHMEM's initialisation has no timeout: it waits until every PE has called it. A PE still
+    waiting after ``notice_after`` seconds says so on stderr (None: never); Ctrl-C interrupts it.
+
     Calling it again with the same bootstrap, rank, size and device returns the live runtime
     (the unique id is only a rendezvous token and is not compared); with others it raises
     ``UsageError``. After ``finalize()`` NVSHMEM cannot be initialised again in the process.
     """
-    if device is not None and (not isinstance(device, int) or isinstance(device, bool) or device < 0):
-        raise UsageError(f"device must be a CUDA device ordinal (an int >= 0), not {device!r}")
+    if device is not None:
+        device = _args.integer(device, "device", minimum=0)
+    if notice_after is not None and (isinstance(notice_after, bool) or not isinstance(notice_after, (int, float))
+                                     or notice_after <= 0):
+        raise UsageError(f"notice_after must be a number of seconds > 0 or None, not {notice_after!r}")
     if bootstrap not in (None, "uid", "mpi"):
         raise UsageError(f"bootstrap must be 'uid' or 'mpi', not {bootstrap!r}")
     if mpi_comm is not None:
         if unique_id is not None or rank is not None or nranks is not None:
             raise UsageError("pass either mpi_comm= or unique_id= with rank= and nranks=, not both")
-        if not (hasattr(mpi_comm, "Get_rank") and hasattr(mpi_comm, "Get_size")):
-            raise UsageError(f"mpi_comm must be an mpi4py communicator, not {type(mpi_comm).__name__}")
+        if not (hasattr(mpi_comm, "Get_rank") and hasattr(mpi_comm, "Get_size") and hasattr(mpi_comm, "allgather")):
+            raise TypeError(f"mpi_comm must be an mpi4py communicator, not {type(mpi_comm).__name__}")
         method = bootstrap or "mpi"
         rank, nranks = int(mpi_comm.Get_rank()), int(mpi_comm.Get_size())
     elif unique_id is not None:
         if bootstrap not in (None, "uid"):
             raise UsageError("a unique_id bootstraps with bootstrap='uid'")
         method = "uid"
-        if not isinstance(nranks, int) or isinstance(nranks, bool) or nranks < 1:
-            raise UsageError(f"nranks must be an int >= 1, not {nranks!r}")
-        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < nranks:
-            raise UsageError(f"rank must be an int in [0, {nranks}), not {rank!r}")
+        if nranks is None or rank is None:
+            raise UsageError("with unique_id=, pass this process's rank= and the job's nranks=")
+        nranks = _args.integer(nranks, "nranks", minimum=1)
+        rank = _args.integer(rank, "rank", minimum=0, maximum=nranks - 1)
     else:
         raise UsageError("init() needs unique_id= with rank= and nranks=, or mpi_comm=")
+    gather = None
+    if placement_via is not None:
+        from mpbind.bootstrap import allgatherer
+
+        gather = allgatherer(placement_via)
+    elif mpi_comm is not None:
+        gather = mpi_comm.allgather
 
     params = {"bootstrap": method, "rank": str(rank), "nranks": str(nranks),
               "device": "current" if device is None else str(device)}
     if _nv.is_initialized() or _nv.is_finalized():  # the core decides, before any bootstrap traffic
-        return Runtime.start(params, _never)
+        return _nv.start(params, _never)
 
     flat = _flat()
     attr = flat.InitAttr()
@@ -165,11 +190,37 @@ def init(unique_id: Any = None, rank: int | None = None, nranks: int | None = No
         flat.set_attr_mpi_comm_args(mpi_comm, attr)
         flags = flat.InitFlags.WITH_MPI_COMM
 
+    if gather is not None:
+        _placement.check(gather, device)  # collective; the same PlacementError on every PE
+
     def run_init() -> None:
         _select_device(device)
-        flat.init_attr(flags, attr)
+        with _waiting_notice(notice_after, f"nvshmem.init (rank {rank} of {nranks}, {method} bootstrap)"):
+            flat.init_attr(flags, attr)
 
-    return Runtime.start(params, run_init)
+    return _nv.start(params, run_init)
+
+
+@contextlib.contextmanager
+def _waiting_notice(after: float | None, what: str) -> Iterator[None]:
+    """Say on stderr when the block (a wait for the other PEs, GIL released) lasts `after` seconds."""
+    if after is None:
+        yield
+        return
+
+    def notice() -> None:
+        sys.stderr.write(f"mpbind: {what} has waited {after:g} s for the other PEs. NVSHMEM's initialisation has "
+                         "no timeout: it returns once every PE has called init() (the same unique id and nranks); "
+                         "Ctrl-C interrupts it\n")
+        sys.stderr.flush()
+
+    timer = threading.Timer(after, notice)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def _never() -> None:
@@ -317,11 +368,16 @@ class SymmetricArray(Owned, _DeviceView):
     __slots__ = ("_core", "_shape", "_dtype", "_device")
     _core: SymmetricMemory
 
-    def __init__(self, mem: SymmetricMemory, shape: tuple[int, ...], dtype: str, device: int) -> None:
-        self._core = mem
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("symmetric arrays come from mpbind.nvshmem.empty() or zeros()")
+
+    @classmethod
+    def _new(cls, mem: SymmetricMemory, shape: tuple[int, ...], dtype: str, device: int) -> SymmetricArray:
+        self = cls._over(mem)
         self._shape = shape
         self._dtype = dtype
         self._device = device
+        return self
 
     @property
     def ptr(self) -> int:
@@ -333,7 +389,9 @@ class SymmetricArray(Owned, _DeviceView):
         """The allocation behind it."""
         return self._core
 
-    free = Owned.close
+    def free(self) -> None:
+        """``nvshmem_free`` (collective); the same as ``close()``."""
+        self.close()
 
     def peer(self, pe: int) -> PeerArray | None:
         """A view of PE `pe`'s copy of this array through ``nvshmem_ptr``, or None when that PE's
@@ -341,7 +399,7 @@ class SymmetricArray(Owned, _DeviceView):
         address = self._core.peer_ptr(_check_pe(pe, "pe"))
         if address is None:
             return None
-        return PeerArray(self, int(address), pe)
+        return PeerArray._new(self, int(address), pe)
 
     def _described(self) -> str:
         return f"shape={self._shape} dtype={self._dtype}"
@@ -352,14 +410,23 @@ class PeerArray(_DeviceView):
     or within one GPU). Not symmetric memory itself: pass the SymmetricArray to RMA calls."""
 
     __slots__ = ("_base", "_address", "_pe", "_shape", "_dtype", "_device")
+    _base: SymmetricArray
+    _address: int
+    _pe: int
 
-    def __init__(self, base: SymmetricArray, address: int, pe: int) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("peer views come from SymmetricArray.peer()")
+
+    @classmethod
+    def _new(cls, base: SymmetricArray, address: int, pe: int) -> PeerArray:
+        self = cls.__new__(cls)
         self._base = base
         self._address = address
         self._pe = pe
         self._shape = base.shape
         self._dtype = base.dtype
         self._device = base.device
+        return self
 
     @property
     def ptr(self) -> int:
@@ -397,7 +464,7 @@ def _allocate(shape: int | Sequence[int], dtype: Any, zero: bool, alignment: int
         raise UsageError(f"alignment must be 0 or a power of two, not {alignment!r}")
     nbytes = math.prod(dims) * itemsize(name)
     device = _device()  # also UsageError before init / after finalize
-    return SymmetricArray(_nv.allocate(nbytes, zero, alignment), dims, name, device)
+    return SymmetricArray._new(_nv.allocate(nbytes, zero, alignment), dims, name, device)
 
 
 def empty(shape: int | Sequence[int], dtype: Any = "float32", *, alignment: int = 0) -> SymmetricArray:
@@ -411,7 +478,7 @@ def zeros(shape: int | Sequence[int], dtype: Any = "float32") -> SymmetricArray:
     return _allocate(shape, dtype, True, 0)
 
 
-def register(buffer: Any) -> Registration:
+def register(buffer: BufferLike) -> Registration:
     """Register local device memory (``nvshmemx_buffer_register``) so that it can be the local side
     of RMA on remote transports. ``buffer`` is a C-contiguous device array or ``(ptr, nbytes)``.
     Registering the same range again returns another reference; the last one closed unregisters."""
@@ -477,7 +544,7 @@ def _full_mode(what: str) -> None:
 # --- RMA and synchronisation -----------------------------------------------------------------
 
 
-def put(dest: Any, src: Any, pe: int, stream: Any = None) -> None:
+def put(dest: Array, src: Array, pe: int, stream: Stream = None) -> None:
     """Copy local `src` into symmetric `dest` on PE `pe`, on `stream` (``nvshmemx_putmem_on_stream``).
     Complete it with :func:`quiet`; make it visible to `pe` with a barrier."""
     _nv.runtime()  # UsageError before init() or after finalize(), before anything else
@@ -486,7 +553,7 @@ def put(dest: Any, src: Any, pe: int, stream: Any = None) -> None:
     _flat().putmem_on_stream(d.ptr, s.ptr, d.nbytes, _check_pe(pe, "pe"), stream_handle(stream))
 
 
-def get(dest: Any, src: Any, pe: int, stream: Any = None) -> None:
+def get(dest: Array, src: Array, pe: int, stream: Stream = None) -> None:
     """Copy symmetric `src` from PE `pe` into local `dest`, on `stream` (``nvshmemx_getmem_on_stream``)."""
     _nv.runtime()  # UsageError before init() or after finalize(), before anything else
     s, d = _symmetric(src, "src"), _local(dest, "dest")
@@ -494,25 +561,25 @@ def get(dest: Any, src: Any, pe: int, stream: Any = None) -> None:
     _flat().getmem_on_stream(d.ptr, s.ptr, d.nbytes, _check_pe(pe, "pe"), stream_handle(stream))
 
 
-def quiet(stream: Any = None) -> None:
+def quiet(stream: Stream = None) -> None:
     """Complete this PE's outstanding RMA on `stream` (``nvshmemx_quiet_on_stream``)."""
     _nv.runtime()
     _flat().quiet_on_stream(stream_handle(stream))
 
 
-def barrier_all(stream: Any = None) -> None:
+def barrier_all(stream: Stream = None) -> None:
     """Barrier over all PEs with completion of their RMA, on `stream` (collective)."""
     _nv.runtime()
     _flat().barrier_all_on_stream(stream_handle(stream))
 
 
-def sync_all(stream: Any = None) -> None:
+def sync_all(stream: Stream = None) -> None:
     """Barrier over all PEs without completing RMA, on `stream` (collective)."""
     _nv.runtime()
     _flat().sync_all_on_stream(stream_handle(stream))
 
 
-def barrier(team: Team | None = None, stream: Any = None) -> None:
+def barrier(team: Team | None = None, stream: Stream = None) -> None:
     """Barrier over `team` with completion of RMA, on `stream` (collective over the team)."""
     _nv.runtime()  # UsageError before init() or after finalize(), before anything else
     handle, _ = _team(team)
@@ -523,7 +590,7 @@ def barrier(team: Team | None = None, stream: Any = None) -> None:
 # --- collectives -----------------------------------------------------------------------------
 
 
-def broadcast(dest: Any, src: Any, root: int, team: Team | None = None, stream: Any = None) -> None:
+def broadcast(dest: Array, src: Array, root: int, team: Team | None = None, stream: Stream = None) -> None:
     """Copy `src` of the team's PE `root` into `dest` on every member (collective over `team`)."""
     _nv.runtime()  # UsageError before init() or after finalize(), before anything else
     handle, n = _team(team)
@@ -534,7 +601,7 @@ def broadcast(dest: Any, src: Any, root: int, team: Team | None = None, stream: 
     _flat().broadcastmem_on_stream(handle, d.ptr, s.ptr, d.nbytes, root, stream_handle(stream))
 
 
-def fcollect(dest: Any, src: Any, team: Team | None = None, stream: Any = None) -> None:
+def fcollect(dest: Array, src: Array, team: Team | None = None, stream: Stream = None) -> None:
     """Concatenate every member's `src` into `dest`, in team order (collective over `team`).
     `dest` holds team-size times `src`'s elements."""
     _nv.runtime()  # UsageError before init() or after finalize(), before anything else
@@ -548,7 +615,7 @@ def fcollect(dest: Any, src: Any, team: Team | None = None, stream: Any = None) 
     _flat().fcollectmem_on_stream(handle, d.ptr, s.ptr, s.nbytes, stream_handle(stream))
 
 
-def alltoall(dest: Any, src: Any, team: Team | None = None, stream: Any = None) -> None:
+def alltoall(dest: Array, src: Array, team: Team | None = None, stream: Stream = None) -> None:
     """Block j of `src` goes to member j, into block i of its `dest` (i: this PE); both hold
     team-size equal blocks (collective over `team`)."""
     _nv.runtime()  # UsageError before init() or after finalize(), before anything else
@@ -561,7 +628,7 @@ def alltoall(dest: Any, src: Any, team: Team | None = None, stream: Any = None) 
     _flat().alltoallmem_on_stream(handle, d.ptr, s.ptr, s.nbytes // n, stream_handle(stream))
 
 
-def reduce(op: str, dest: Any, src: Any, team: Team | None = None, stream: Any = None) -> None:
+def reduce(op: str, dest: Array, src: Array, team: Team | None = None, stream: Stream = None) -> None:
     """Element-wise reduction of every member's `src` into `dest` on all members (collective over
     `team`). `op`: sum, prod, min, max for integer and float dtypes; and, or, xor for integers."""
     if op not in _ARITH_OPS + _BITWISE_OPS:

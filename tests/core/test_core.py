@@ -257,11 +257,37 @@ def test_exit_with_live_and_queued_objects_is_clean() -> None:
         "    del lost\n"
         "print('bye')\n"
     )
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
+    p = _exit_of(code)
     assert p.stdout.strip() == "bye"  # nothing collective ran at exit
     assert "1 collective release(s) still queued at exit were skipped" in p.stderr
+    # What is still referenced: one line per kind, with its serials (the owner releases nothing).
+    lines = [line for line in p.stderr.splitlines() if "still open at exit" in line]
+    assert lines == [
+        "mpbind: 1 testing.CollectiveRegistration still open at exit (serial 2), not released: nothing "
+        "collective runs at exit",
+        "mpbind: 1 testing.CollectiveResource still open at exit (serial 3), not released: nothing collective "
+        "runs at exit",
+    ], p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_exit_report_counts_each_kind_once() -> None:
+    code = (
+        "from mpbind import _core\n"
+        "o = _core._testing.Owner()\n"
+        "kept = [o.add(False) for _ in range(12)]\n"
+        "freed = o.add(False); freed.close()\n"
+    )
+    assert _exit_of(code).stderr.splitlines() == [
+        "mpbind: 12 testing.Resource still open at exit (serials 2, 3, 4, 5, 6, 7, 8, 9, ...), not released: "
+        "nothing collective runs at exit"]
+
+
+def _exit_of(code: str) -> subprocess.CompletedProcess[str]:
+    """`code` run in a fresh interpreter, which exits cleanly."""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return p
 
 
 # --- interop -----------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """mpbind.nvshmem without a GPU: argument checks and lifecycle errors, all before any C call.
 
 NVSHMEM is never initialised in this process. Lifecycle checks that need a runtime run in
-child processes, where ``Runtime.start`` adopts a no-op initialisation (so the bookkeeping
+child processes, where ``mpbind._core.nvshmem.start`` adopts a no-op initialisation (so the bookkeeping
 runs against the real libnvshmem_host, whose getters and finalize are harmless before init),
 or where a real initialisation fails because no GPU is visible.
 """
@@ -112,26 +112,29 @@ def test_bad_alignment_is_rejected(alignment: Any) -> None:
         nv.empty(4, "float32", alignment=alignment)
 
 
-INIT_ERRORS: dict[str, tuple[dict[str, Any], str]] = {
-    "nothing": ({}, "needs unique_id"),
-    "nranks_zero": ({"unique_id": b"\0" * 128, "rank": 0, "nranks": 0}, "nranks"),
-    "nranks_missing": ({"unique_id": b"\0" * 128, "rank": 0}, "nranks"),
-    "rank_too_big": ({"unique_id": b"\0" * 128, "rank": 2, "nranks": 2}, "rank"),
-    "rank_negative": ({"unique_id": b"\0" * 128, "rank": -1, "nranks": 2}, "rank"),
-    "rank_bool": ({"unique_id": b"\0" * 128, "rank": True, "nranks": 2}, "rank"),
-    "device_negative": ({"unique_id": b"\0" * 128, "rank": 0, "nranks": 1, "device": -1}, "device"),
-    "device_str": ({"unique_id": b"\0" * 128, "rank": 0, "nranks": 1, "device": "cuda:0"}, "device"),
-    "bad_bootstrap": ({"unique_id": b"\0" * 128, "rank": 0, "nranks": 1, "bootstrap": "pmi"}, "bootstrap"),
-    "uid_with_mpi_bootstrap": ({"unique_id": b"\0" * 128, "rank": 0, "nranks": 1, "bootstrap": "mpi"}, "uid"),
-    "comm_and_uid": ({"unique_id": b"\0" * 128, "mpi_comm": object()}, "not both"),
-    "not_a_comm": ({"mpi_comm": object()}, "mpi4py communicator"),
+INIT_ERRORS: dict[str, tuple[dict[str, Any], type[Exception], str]] = {
+    "nothing": ({}, UsageError, "needs unique_id"),
+    "nranks_zero": ({"unique_id": b"\0" * 128, "rank": 0, "nranks": 0}, UsageError, "nranks"),
+    "nranks_missing": ({"unique_id": b"\0" * 128, "rank": 0}, UsageError, "nranks"),
+    "rank_too_big": ({"unique_id": b"\0" * 128, "rank": 2, "nranks": 2}, UsageError, "rank"),
+    "rank_negative": ({"unique_id": b"\0" * 128, "rank": -1, "nranks": 2}, UsageError, "rank"),
+    "device_negative": ({"unique_id": b"\0" * 128, "rank": 0, "nranks": 1, "device": -1}, UsageError, "device"),
+    "bad_bootstrap": ({"unique_id": b"\0" * 128, "rank": 0, "nranks": 1, "bootstrap": "pmi"}, UsageError,
+                      "bootstrap"),
+    "uid_with_mpi_bootstrap": ({"unique_id": b"\0" * 128, "rank": 0, "nranks": 1, "bootstrap": "mpi"}, UsageError,
+                               "uid"),
+    "comm_and_uid": ({"unique_id": b"\0" * 128, "mpi_comm": object()}, UsageError, "not both"),
+    # Arguments of the wrong kind (not of a wrong value) are TypeErrors, named like the others.
+    "rank_bool": ({"unique_id": b"\0" * 128, "rank": True, "nranks": 2}, TypeError, "rank"),
+    "device_str": ({"unique_id": b"\0" * 128, "rank": 0, "nranks": 1, "device": "cuda:0"}, TypeError, "device"),
+    "not_a_comm": ({"mpi_comm": object()}, TypeError, "mpi4py communicator"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(INIT_ERRORS))
 def test_init_argument_errors(case: str) -> None:
-    kwargs, match = INIT_ERRORS[case]
-    with pytest.raises(UsageError, match=match):
+    kwargs, error, match = INIT_ERRORS[case]
+    with pytest.raises(error, match=match):
         nv.init(**kwargs)
     assert not nv.is_initialized() and not nv.is_finalized()
 
@@ -152,7 +155,7 @@ def test_public_api() -> None:
 
 # A runtime over a no-op initialisation: the bookkeeping is real, the library is not initialised.
 ADOPT = ("P = {'bootstrap': 'uid', 'rank': '0', 'nranks': '1', 'device': 'current'}\n"
-         "rt = nv.Runtime.start(P, lambda: None)\n")
+         "rt = _core.nvshmem.start(P, lambda: None, require_initialized=False)\n")
 
 
 def test_second_init_with_other_parameters_names_them() -> None:
@@ -210,17 +213,22 @@ def test_team_split_arguments_checked() -> None:
         "w = rt.team_world\n"
         "n = w.n_pes\n"
         "msgs = []\n"
-        "for args in ((0, 1, 0), (0, 0, 1), (-1, 1, 1), (0, 1, n + 1)):\n"
+        "for args in ((0, 1, 0), (0, 0, 1), (-1, 1, 1), (0, 1, n + 1), (2**40, 1, 1)):\n"
         "    try: w.split_strided(*args); msgs.append(None)\n"
         "    except UsageError as e: msgs.append(str(e))\n"
+        "for f in (lambda: w.split_strided(True, 1, 1), lambda: w.split_strided(0, 1.0, 1),\n"
+        "          lambda: w.translate_pe(0, None), lambda: w.translate_pe('0', w)):\n"
+        "    try: f(); msgs.append(None)\n"
+        "    except TypeError as e: msgs.append(str(e))\n"
         "print(json.dumps(msgs))\n"))
     assert all(m is not None for m in out), out
+    assert [m.split(" ")[0] for m in out[5:]] == ["start", "stride", "dest_team", "pe"], out
 
 
 def test_a_failing_init_callback_leaves_no_runtime() -> None:
     out = _child(
         "def boom(): raise RuntimeError('bootstrap failed')\n"
-        "try: nv.Runtime.start({'bootstrap': 'uid'}, boom)\n"
+        "try: _core.nvshmem.start({'bootstrap': 'uid'}, boom)\n"
         "except RuntimeError as e: msg = str(e)\n"
         "print(json.dumps([msg, nv.is_initialized(), nv.is_finalized()]))\n")
     assert out == ["bootstrap failed", False, False]

@@ -9,6 +9,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <stdexcept>
 
 namespace mpbind {
 
@@ -144,12 +147,48 @@ std::vector<std::pair<std::string, uint64_t>> queued() {
 }
 
 // ---------------------------------------------------------------------------
+// Every state not yet released, for alive() and the report at exit
+// ---------------------------------------------------------------------------
+
+namespace {
+
+struct AliveStates {
+    std::mutex mu;  // never held while calling Python or waiting for the GIL
+    std::map<uint64_t, const char*> kinds;  // serial -> kind (a string of the lifetime table)
+};
+
+AliveStates& alive_states() {
+    static AliveStates* a = new AliveStates();  // never destroyed: used at exit
+    return *a;
+}
+
+void forget_alive(uint64_t serial) {
+    AliveStates& a = alive_states();
+    std::lock_guard<std::mutex> g(a.mu);
+    a.kinds.erase(serial);
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, uint64_t>> alive() {
+    AliveStates& a = alive_states();
+    std::lock_guard<std::mutex> g(a.mu);
+    std::vector<std::pair<std::string, uint64_t>> out;
+    for (auto& [serial, kind] : a.kinds) out.emplace_back(kind, serial);
+    return out;
+}
+
+// ---------------------------------------------------------------------------
 // State
 // ---------------------------------------------------------------------------
 
-State::State(const char* kind) : lifetime_(mpbind::lifetime(kind)), serial_(++g_serial) {}
+State::State(const char* kind) : lifetime_(mpbind::lifetime(kind)), serial_(++g_serial) {
+    AliveStates& a = alive_states();
+    std::lock_guard<std::mutex> g(a.mu);
+    a.kinds[serial_] = lifetime_.kind;
+}
 
-State::~State() = default;
+State::~State() { forget_alive(serial_); }
 
 bool State::closed() {
     Lock l = lock(mu_);
@@ -233,6 +272,7 @@ void State::close() {
         closed_ = true;
         closing_ = false;
     }
+    forget_alive(serial_);
     if (first_error.is_valid()) {
         PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(first_error.ptr())), first_error.ptr());
         throw nb::python_error();
@@ -403,21 +443,64 @@ nb::dict describe(const CacheInfo& info) {
 }
 
 // ---------------------------------------------------------------------------
+// Arguments
+// ---------------------------------------------------------------------------
+
+std::string py_type_name(nb::handle value) {
+    return nb::cast<std::string>(nb::str(value.type().attr("__name__")));
+}
+
+namespace {
+
+void require_int(nb::handle value, const char* what) {
+    if (!PyLong_Check(value.ptr()) || PyBool_Check(value.ptr())) {
+        raise_type(std::string(what) + " must be an int, not " + py_type_name(value));
+    }
+}
+
+std::string py_repr(nb::handle value) { return nb::cast<std::string>(nb::repr(value)); }
+
+}  // namespace
+
+long long int_arg(nb::handle value, const char* what, long long lo, long long hi) {
+    require_int(value, what);
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
+    if (overflow == 0 && v == -1 && PyErr_Occurred()) throw nb::python_error();
+    if (overflow != 0 || v < lo || v > hi) {
+        raise_usage(std::string(what) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                    "], got " + py_repr(value));
+    }
+    return v;
+}
+
+uint64_t uint_arg(nb::handle value, const char* what, uint64_t lo) {
+    require_int(value, what);
+    unsigned long long v = PyLong_AsUnsignedLongLong(value.ptr());
+    if (v == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {  // negative or >= 2**64
+        PyErr_Clear();
+        raise_usage(std::string(what) + " must be in [" + std::to_string(lo) + ", 2**64), got " + py_repr(value));
+    }
+    if (v < lo) raise_usage(std::string(what) + " must be >= " + std::to_string(lo) + ", got " + py_repr(value));
+    return v;
+}
+
+// ---------------------------------------------------------------------------
 // Streams
 // ---------------------------------------------------------------------------
 
 uintptr_t stream_handle(nb::handle obj) {
     if (obj.is_none()) return 0;
-    if (PyLong_Check(obj.ptr())) return nb::cast<uintptr_t>(obj);
+    if (PyLong_Check(obj.ptr())) return uint_arg(obj, "stream");
     if (nb::hasattr(obj, "__cuda_stream__")) {
         nb::object info = obj.attr("__cuda_stream__")();
         if (!nb::isinstance<nb::tuple>(info) || nb::len(info) != 2) {
             raise_type("__cuda_stream__() must return a (version, handle) tuple");
         }
-        return nb::cast<uintptr_t>(nb::borrow<nb::tuple>(info)[1]);
+        return uint_arg(nb::borrow<nb::tuple>(info)[1], "stream.__cuda_stream__()[1]");
     }
-    if (nb::hasattr(obj, "cuda_stream")) return nb::cast<uintptr_t>(obj.attr("cuda_stream"));  // PyTorch
-    if (nb::hasattr(obj, "ptr")) return nb::cast<uintptr_t>(obj.attr("ptr"));                  // CuPy
+    if (nb::hasattr(obj, "cuda_stream")) return uint_arg(obj.attr("cuda_stream"), "stream.cuda_stream");  // PyTorch
+    if (nb::hasattr(obj, "ptr")) return uint_arg(obj.attr("ptr"), "stream.ptr");                          // CuPy
     raise_type(std::string("stream must be an int, None, or an object with __cuda_stream__, "
                            ".cuda_stream or .ptr, not ") +
                nb::cast<std::string>(nb::str(obj.type().attr("__name__"))));

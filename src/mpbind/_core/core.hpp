@@ -184,6 +184,8 @@ size_t drain_queue(const State* owner);
 void collect_garbage();
 // Python-facing description of what is queued: [(kind, serial)].
 std::vector<std::pair<std::string, uint64_t>> queued();
+// Every state not yet released (referenced or queued): (kind, serial), oldest first.
+std::vector<std::pair<std::string, uint64_t>> alive();
 
 // One Python object's reference on a state: what nanobind binds as each library object.
 template <class S>
@@ -210,6 +212,10 @@ private:
     std::shared_ptr<S> state_;
 };
 
+// The stub signatures of every core context manager (nanobind would leave `*args` untyped).
+inline constexpr const char* kEnterSig = "def __enter__(self) -> typing_extensions.Self";
+inline constexpr const char* kExitSig = "def __exit__(self, *args: object) -> None";
+
 // __enter__/__exit__/close/closed/serial on a bound Ref class.
 template <class R, class... Extra>
 void bind_lifetime(nb::class_<R, Extra...>& cls, const char* close_doc) {
@@ -217,8 +223,8 @@ void bind_lifetime(nb::class_<R, Extra...>& cls, const char* close_doc) {
         .def_prop_ro("closed", [](R& r) { return r.closed(); }, "True once released.")
         .def_prop_ro("serial", [](R& r) { return r.state()->serial(); },
                      "Creation order in this process; the teardown queue runs newest first.")
-        .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
-        .def("__exit__", [](R& r, nb::args) { r.close(); });
+        .def("__enter__", [](nb::handle self) { return nb::borrow(self); }, nb::sig(kEnterSig))
+        .def("__exit__", [](R& r, nb::args) { r.close(); }, nb::sig(kExitSig));
 }
 
 // A read-only `ptr` (the library's C object as an int, for the flat bindings) and `handle`,
@@ -364,6 +370,26 @@ private:
     std::map<Key, std::shared_ptr<S>> map_;
     size_t hits_ = 0, misses_ = 0;
 };
+
+// ---------------------------------------------------------------------------
+// Arguments of public bindings: a wrong one is a TypeError or UsageError naming it
+// ---------------------------------------------------------------------------
+
+// The Python type name of `value`, for messages.
+std::string py_type_name(nb::handle value);
+// An int (not a bool) in [lo, hi]: TypeError naming `what` otherwise, UsageError when out of range.
+long long int_arg(nb::handle value, const char* what, long long lo, long long hi);
+// An int (not a bool) in [lo, 2**64): a size or a handle.
+uint64_t uint_arg(nb::handle value, const char* what, uint64_t lo = 0);
+// `value` as a bound object of type T (a Ref), or TypeError naming `what` and `expected`.
+template <class T>
+T& object_arg(nb::handle value, const char* what, const char* expected) {
+    T* p = nullptr;
+    if (!nb::try_cast<T*>(value, p) || p == nullptr) {
+        raise_type(std::string(what) + " must be " + expected + ", not " + py_type_name(value));
+    }
+    return *p;
+}
 
 // ---------------------------------------------------------------------------
 // Pointers and streams from Python objects

@@ -357,10 +357,11 @@ void register_cublasmp(nb::module_& parent) {
         void* h = nullptr;
         call(api().cublasMpCreate, &h, reinterpret_cast<void*>(s));
         new (self) Handle(std::make_shared<HandleState>(h, s));
-    }, nb::arg("stream").none() = nb::none())
+    }, nb::arg("stream").none() = nb::none(),
+       nb::sig("def __init__(self, stream: mpbind._typing.Stream = None) -> None"))
         .def_prop_ro("stream", [](Handle& h) { return h.get().stream; })
         .def("set_stream", [](Handle& h, nb::handle s) { h.get().set_stream(stream_handle(s)); },
-             nb::arg("stream").none())
+             nb::arg("stream").none(), nb::sig("def set_stream(self, stream: mpbind._typing.Stream) -> None"))
         .def("host_workspace", [](Handle& h, size_t nbytes) {
             return reinterpret_cast<uintptr_t>(h.get().host_workspace(nbytes));
         }, nb::arg("nbytes"), "A host workspace of at least `nbytes` that lives as long as the handle.");
@@ -396,7 +397,7 @@ void register_cublasmp(nb::module_& parent) {
         }, nb::arg("m"), nb::arg("n"), nb::arg("mb"), nb::arg("nb"), nb::arg("rsrc"), nb::arg("csrc"),
            nb::arg("lld"), nb::arg("dtype"), "cublasMpMatrixDescriptorCreate on this grid.")
         .def("registrations", [](Grid& g) { return describe(g.get().registrations.live()); },
-             "Live registrations on this grid.");
+             nb::sig("def registrations(self) -> list[dict[str, typing.Any]]"), "Live registrations on this grid.");
     bind_c_pointer(grid, [](Grid& g) { return g.get().grid; }, "The cublasMpGrid_t, for the flat bindings.");
     bind_lifetime(grid, "cublasMpGridDestroy (collective) and drop it from the cache. Its communicator's close "
                         "does this for every grid on it.");
@@ -424,7 +425,8 @@ void register_cublasmp(nb::module_& parent) {
         }));
     }, nb::arg("comm"), nb::arg("nprow"), nb::arg("npcol"), nb::arg("layout") = 0,
        "The cached grid for (communicator, device, nprow, npcol, layout); created (collectively) on a miss.");
-    m.def("grid_cache_info", [] { return describe(grid_cache().info()); }, "Grid cache statistics: entries, hits, misses.");
+    m.def("grid_cache_info", [] { return describe(grid_cache().info()); },
+          nb::sig("def grid_cache_info() -> dict[str, int]"), "Grid cache statistics: entries, hits, misses.");
 
     auto md = nb::class_<MatrixDescriptor>(m, "MatrixDescriptor", "A distributed matrix layout on a grid.");
     md.def_prop_ro("shape", [](MatrixDescriptor& d) { return std::make_tuple(d.get().m, d.get().n); })
@@ -453,10 +455,12 @@ void register_cublasmp(nb::module_& parent) {
 
     auto ws = nb::class_<Workspace>(m, "Workspace", "Device memory from cublasMpMalloc on a grid, registered on "
                                                     "every other grid it serves.");
-    ws.def("__init__", [](Workspace* self, Grid& g, size_t nbytes) {
+    ws.def("__init__", [](Workspace* self, nb::handle grid, nb::handle nbytes) {
+        Grid& g = object_arg<Grid>(grid, "grid", "a cublasmp.Grid");
+        size_t n = uint_arg(nbytes, "nbytes", 1);
         g.get();
-        new (self) Workspace(make_workspace(g.state(), nbytes, false));
-    }, nb::arg("grid"), nb::arg("nbytes"))
+        new (self) Workspace(make_workspace(g.state(), n, false));
+    }, nb::arg("grid").none(), nb::arg("nbytes").none(), nb::sig("def __init__(self, grid: Grid, nbytes: int) -> None"))
         .def_prop_ro("ptr", [](Workspace& w) { return reinterpret_cast<uintptr_t>(w.get().ptr); })
         .def_prop_ro("nbytes", [](Workspace& w) { return w.get().size; })
         .def("serve", [](Workspace& w, std::vector<Grid*> grids) {

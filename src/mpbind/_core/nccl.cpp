@@ -260,7 +260,8 @@ void register_nccl(nb::module_& parent) {
             return do_register(c, ptr, size, std::move(buffer), true, flags);
         }, nb::arg("ptr"), nb::arg("size"), nb::arg("flags") = 0, nb::arg("buffer") = nb::none(),
            "ncclCommWindowRegister (collective), reference-counted per (ptr, size).")
-        .def("registrations", &list_registrations, "Live registrations and windows on this communicator.")
+        .def("registrations", &list_registrations, nb::sig("def registrations(self) -> list[dict[str, typing.Any]]"),
+             "Live registrations and windows on this communicator.")
         .def("__repr__", [](Communicator& c) {
             auto& s = *c.state();
             if (s.closed()) return std::string("<nccl.Communicator closed>");

@@ -194,6 +194,11 @@ Team make_team(const std::shared_ptr<RuntimeState>& rt, int32_t id, bool predefi
 
 int team_n_pes(int32_t team) { return invoke(api().nvshmem_team_n_pes, team); }
 
+// A C int argument: TypeError or UsageError naming it (a bool or float is not taken for an int).
+int c_int(nb::handle value, const char* what) {
+    return static_cast<int>(int_arg(value, what, INT32_MIN, INT32_MAX));
+}
+
 std::optional<Team> split_strided(Team& parent, int start, int stride, int size) {
     TeamState& p = parent.get();
     std::shared_ptr<RuntimeState> rt = current();
@@ -265,7 +270,7 @@ std::string describe_difference(const std::map<std::string, std::string>& live,
     return out;
 }
 
-Runtime start(std::map<std::string, std::string> params, nb::callable init) {
+Runtime start(std::map<std::string, std::string> params, nb::callable init, bool require_initialized) {
     Global& g = global();
     Lock l = lock(g.mu);
     if (g.finalized) raise_usage(kFinalizedMessage);
@@ -284,6 +289,12 @@ Runtime start(std::map<std::string, std::string> params, nb::callable init) {
     }
     init();  // the flat initialisation (collective); raises the library's typed error
     int status = invoke(a.nvshmemx_init_status);
+    // A runtime is made only over a complete initialisation: a half-made one (no PEs) would let calls
+    // through that the library answers by exiting the process.
+    if (require_initialized && status < NVSHMEM_STATUS_IS_INITIALIZED) {
+        raise_mpbind("NVSHMEM initialisation returned without initialising NVSHMEM (nvshmemx_init_status() = " +
+                     std::to_string(status) + "); no runtime was made");
+    }
     int pe = invoke(a.nvshmem_my_pe);
     int npes = invoke(a.nvshmem_n_pes);
     g.runtime = std::make_shared<RuntimeState>(std::move(params), pe, npes, status);
@@ -314,11 +325,7 @@ void register_nvshmem(nb::module_& parent) {
         m, "Runtime",
         "The NVSHMEM runtime of this process (one per process). finalize() is collective and final: "
         "NVSHMEM cannot be initialised again in the same process.");
-    rt.def_static("start", &start, nb::arg("params"), nb::arg("init"),
-                  "Run `init()` (the flat initialisation, collective) unless a runtime is live; with a live "
-                  "runtime, return it when `params` are the same and raise UsageError naming what differs "
-                  "otherwise.")
-        .def_prop_ro("my_pe", [](Runtime& r) { return open_runtime(r.state()).pe; })
+    rt.def_prop_ro("my_pe", [](Runtime& r) { return open_runtime(r.state()).pe; })
         .def_prop_ro("n_pes", [](Runtime& r) { return open_runtime(r.state()).npes; })
         .def_prop_ro("init_status", [](Runtime& r) { return open_runtime(r.state()).status; },
                      "nvshmemx_init_status() right after initialisation (an InitStatus value).")
@@ -358,12 +365,12 @@ void register_nvshmem(nb::module_& parent) {
         }, nb::arg("ptr"), nb::arg("size"), nb::arg("buffer") = nb::none(),
            "nvshmemx_buffer_register (local), reference-counted per (ptr, size).")
         .def("registrations", [](Runtime& r) { return describe(open_runtime(r.state()).registrations.live()); },
-             "Live registrations on this runtime.")
+             nb::sig("def registrations(self) -> list[dict[str, typing.Any]]"), "Live registrations on this runtime.")
         .def("allocations", [](Runtime& r) {
             nb::list out;
             for (auto& s : open_runtime(r.state()).live_allocations()) out.append(describe_allocation(*s));
             return out;
-        }, "Live symmetric allocations (also those queued for release), oldest first.")
+        }, nb::sig("def allocations(self) -> list[dict[str, int]]"), "Live symmetric allocations (also those queued for release), oldest first.")
         .def("__repr__", [](Runtime& r) {
             auto& s = *r.state();
             if (s.closed()) return std::string("<nvshmem.Runtime finalized>");
@@ -380,9 +387,15 @@ void register_nvshmem(nb::module_& parent) {
         .def_prop_ro("predefined", [](Team& t) { return t.state()->predefined; })
         .def_prop_ro("my_pe", [](Team& t) { return invoke(api().nvshmem_team_my_pe, t.get().team); })
         .def_prop_ro("n_pes", [](Team& t) { return team_n_pes(t.get().team); })
-        .def("split_strided", &split_strided, nb::arg("start"), nb::arg("stride"), nb::arg("size"),
+        .def("split_strided", [](Team& t, nb::handle start, nb::handle stride, nb::handle size) {
+            return split_strided(t, c_int(start, "start"), c_int(stride, "stride"), c_int(size, "size"));
+        }, nb::arg("start").none(), nb::arg("stride").none(), nb::arg("size").none(),
+             nb::sig("def split_strided(self, start: int, stride: int, size: int) -> Team | None"),
              "nvshmem_team_split_strided (collective over this team). None on PEs outside the new team.")
-        .def("translate_pe", &translate_pe, nb::arg("pe"), nb::arg("dest_team"),
+        .def("translate_pe", [](Team& t, nb::handle pe, nb::handle dest) {
+            return translate_pe(t, c_int(pe, "pe"), object_arg<Team>(dest, "dest_team", "an nvshmem.Team"));
+        }, nb::arg("pe").none(), nb::arg("dest_team").none(),
+             nb::sig("def translate_pe(self, pe: int, dest_team: Team) -> int"),
              "The number in `dest_team` of this team's PE `pe`, or -1 when it is not a member.")
         .def("destroy", [](Team& t) { t.close(); }, "Same as close().")
         .def("__repr__", [](Team& t) {
@@ -400,7 +413,9 @@ void register_nvshmem(nb::module_& parent) {
         "or drop it and drain()/finalize() on every PE (it then warns ResourceWarning).");
     mem.def_prop_ro("ptr", [](Allocation& a) { return a.get().ptr; })
         .def_prop_ro("nbytes", [](Allocation& a) { return a.get().nbytes; })
-        .def("peer_ptr", [](Allocation& a, int pe, size_t offset) -> std::optional<uintptr_t> {
+        .def("peer_ptr", [](Allocation& a, nb::handle pe_arg, nb::handle offset_arg) -> std::optional<uintptr_t> {
+            int pe = c_int(pe_arg, "pe");
+            size_t offset = uint_arg(offset_arg, "offset");
             AllocState& s = a.get();
             int n = open_runtime(s.runtime).npes;
             if (pe < 0 || pe >= n) {
@@ -410,7 +425,8 @@ void register_nvshmem(nb::module_& parent) {
             void* p = invoke(api().nvshmem_ptr, reinterpret_cast<const void*>(s.ptr + offset), pe);
             if (p == nullptr) return std::nullopt;
             return reinterpret_cast<uintptr_t>(p);
-        }, nb::arg("pe"), nb::arg("offset") = 0,
+        }, nb::arg("pe").none(), nb::arg("offset").none() = 0,
+           nb::sig("def peer_ptr(self, pe: int, offset: int = 0) -> int | None"),
            "nvshmem_ptr: the address of this memory on PE `pe` usable from this PE, or None when that PE's "
            "memory is not directly addressable.")
         .def("free", [](Allocation& a) { a.close(); }, "Same as close().")
@@ -421,6 +437,13 @@ void register_nvshmem(nb::module_& parent) {
         });
     bind_lifetime(mem, "nvshmem_free (collective). Idempotent.");
 
+    m.def("start", &start, nb::arg("params"), nb::arg("init"), nb::arg("require_initialized") = true,
+          nb::sig("def start(params: collections.abc.Mapping[str, str], init: collections.abc.Callable[[], object], "
+                  "require_initialized: bool = True) -> Runtime"),
+          "Run `init()` (the flat initialisation, collective; mpbind.nvshmem.init() builds it) unless a runtime is "
+          "live, then make the runtime; with a live runtime, return it when `params` are the same and raise "
+          "UsageError naming what differs otherwise. With `require_initialized`, raise MpbindError unless NVSHMEM "
+          "is initialised after `init()` (tests adopt a no-op initialisation without it).");
     m.def("allocate", &allocate, nb::arg("nbytes"), nb::arg("zero") = false, nb::arg("alignment") = 0,
           "nvshmem_malloc, nvshmem_calloc (zero=True) or nvshmem_align (alignment > 0). Collective.");
     m.def("runtime", [] { return Runtime(current()); },
@@ -440,13 +463,13 @@ void register_nvshmem(nb::module_& parent) {
         auto s = rt->containing(ptr, nbytes == 0 ? 1 : nbytes);
         if (!s) return nb::none();
         return describe_allocation(*s);
-    }, nb::arg("ptr"), nb::arg("nbytes"),
+    }, nb::arg("ptr"), nb::arg("nbytes"), nb::sig("def containing(ptr: int, nbytes: int) -> dict[str, int] | None"),
           "The live allocation holding [ptr, ptr + nbytes) as a dict (ptr, nbytes, serial, references), or None.");
     m.def("allocations", [] {
         nb::list out;
         for (auto& s : current()->live_allocations()) out.append(describe_allocation(*s));
         return out;
-    }, "Live symmetric allocations (also those queued for release), oldest first.");
+    }, nb::sig("def allocations() -> list[dict[str, int]]"), "Live symmetric allocations (also those queued for release), oldest first.");
 }
 
 }  // namespace mpbind

@@ -7,10 +7,62 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <map>
+#include <string>
+
 #include "core.hpp"
 #include "register.hpp"
 
 namespace mpbind {
+
+namespace {
+
+// At interpreter exit: from now on no release runs (a collective one would hang the other ranks, which
+// may be exiting too). Say on stderr what was dropped and queued, then, one line per kind, what is
+// still referenced; the process's end reclaims both.
+void report_at_exit() {
+    auto pending = queued();
+    auto open = alive();
+    mark_exiting();
+    std::string out;
+    if (!pending.empty()) {
+        std::string which;
+        for (auto& [kind, serial] : pending) {
+            which += (which.empty() ? "" : ", ") + kind + " (serial " + std::to_string(serial) + ")";
+        }
+        out += "mpbind: " + std::to_string(pending.size()) +
+               " collective release(s) still queued at exit were skipped: " + which +
+               " (call drain() or finalize() on every rank before exiting)\n";
+    }
+    std::map<std::string, std::vector<uint64_t>> by_kind;  // referenced, not queued
+    for (auto& [kind, serial] : open) {
+        bool waiting = false;
+        for (auto& q : pending) waiting = waiting || q.second == serial;
+        // Predefined NVSHMEM teams and the like have nothing to release.
+        if (!waiting && std::string(lifetime(kind.c_str()).release).rfind("nothing", 0) != 0) {
+            by_kind[kind].push_back(serial);
+        }
+    }
+    constexpr size_t kShown = 8;
+    for (auto& [kind, serials] : by_kind) {
+        std::string list;
+        for (size_t i = 0; i < serials.size() && i < kShown; ++i) {
+            list += (i ? ", " : "") + std::to_string(serials[i]);
+        }
+        if (serials.size() > kShown) list += ", ...";
+        out += "mpbind: " + std::to_string(serials.size()) + " " + kind + " still open at exit (serial" +
+               (serials.size() > 1 ? "s " : " ") + list + "), not released: nothing collective runs at exit\n";
+    }
+    if (out.empty()) return;
+    // Not PySys_WriteStderr: it cuts its output at 1000 bytes.
+    nb::object err = nb::module_::import_("sys").attr("stderr");
+    if (!err.is_none()) {
+        err.attr("write")(out);
+        err.attr("flush")();
+    }
+}
+
+}  // namespace
 
 void register_shared(nb::module_& m) {
     nb::set_leak_warnings(false);  // objects alive at exit are left to the OS on purpose
@@ -33,8 +85,8 @@ void register_shared(nb::module_& m) {
                      "Open references on this registration.")
         .def_prop_ro("buffer", [](RegistrationRef& r) { return r.get().buffer; },
                      "The object kept alive while registered.")
-        .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
-        .def("__exit__", [](RegistrationRef& r, nb::args) { r.close(); })
+        .def("__enter__", [](nb::handle self) { return nb::borrow(self); }, nb::sig(kEnterSig))
+        .def("__exit__", [](RegistrationRef& r, nb::args) { r.close(); }, nb::sig(kExitSig))
         .def("__repr__", [](RegistrationRef& r) {
             auto& s = *r.state();
             return nb::str("<{} ptr=0x{:x} size={} references={}{}>")
@@ -42,6 +94,7 @@ void register_shared(nb::module_& m) {
         });
 
     m.def("registrations", [] { return describe(all_registrations()); },
+          nb::sig("def registrations() -> list[dict[str, typing.Any]]"),
           "Every live registration in this process: library, kind, owner serial, ptr, size, references.");
     m.def("drain", [] {
         collect_garbage();
@@ -49,6 +102,8 @@ void register_shared(nb::module_& m) {
     }, "Collect garbage (objects in reference cycles are dropped now, not at a different moment on each "
        "rank), then run the queued collective releases, newest first. Collective: call on every rank.");
     m.def("queued", &queued, "What waits in the teardown queue: (kind, serial), newest first.");
+    m.def("alive", &alive,
+          "Every object not yet released (still referenced, or queued): (kind, serial), oldest first.");
     m.def("lifetimes", [] {
         nb::list out;
         for (const Lifetime& row : lifetimes()) {
@@ -61,7 +116,7 @@ void register_shared(nb::module_& m) {
             out.append(d);
         }
         return out;
-    }, "The lifetime table, one dict per object kind: kind; drop (what happens when the last reference "
+    }, nb::sig("def lifetimes() -> list[dict[str, typing.Any]]"), "The lifetime table, one dict per object kind: kind; drop (what happens when the last reference "
        "goes without close(): at_once, queued, queued_once_collective, by_owner, never); collective (its "
        "release is); parent (the kind whose close() releases it first, or None); release (what releases it).");
     m.def("stream_handle", [](nb::handle s) { return stream_handle(s); }, nb::arg("stream").none(),
@@ -76,6 +131,8 @@ void register_shared(nb::module_& m) {
         return nb::make_tuple(reinterpret_cast<uintptr_t>(a.data()), nb::tuple(shape), nb::tuple(strides),
                               dt.code, dt.bits, dt.lanes, a.device_type(), a.device_id());
     }, nb::arg("array"),
+          nb::sig("def dlpack_info(array: object) -> tuple[int, tuple[int, ...], tuple[int, ...], int, int, int, "
+                  "int, int]"),
           "Import `array` through DLPack: (ptr, shape, strides in elements, dtype code, bits, lanes, "
           "device type, device id). The pointer is valid while `array` lives.");
     m.def("dlpack_view", [](uintptr_t ptr, std::vector<size_t> shape, uint8_t code, uint8_t bits,
@@ -86,20 +143,8 @@ void register_shared(nb::module_& m) {
     }, nb::arg("ptr"), nb::arg("shape"), nb::arg("code"), nb::arg("bits"), nb::arg("device_id"),
           nb::arg("owner"),
           "A C-contiguous CUDA array over `ptr` that exports DLPack and keeps `owner` alive.");
-    m.def("_at_exit", [] {
-        auto pending = queued();
-        mark_exiting();
-        if (!pending.empty()) {
-            std::string which;
-            for (auto& [kind, serial] : pending) {
-                which += (which.empty() ? "" : ", ") + kind + " (serial " + std::to_string(serial) + ")";
-            }
-            std::string msg = "mpbind: " + std::to_string(pending.size()) +
-                              " collective release(s) still queued at exit were skipped: " + which +
-                              " (call drain() or finalize() on every rank before exiting)\n";
-            PySys_WriteStderr("%s", msg.c_str());
-        }
-    });
+    m.def("_at_exit", &report_at_exit,
+          "Stop every release (nothing collective runs at exit) and say on stderr what is left.");
     nb::module_::import_("atexit").attr("register")(m.attr("_at_exit"));
 }
 

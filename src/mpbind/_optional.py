@@ -1,0 +1,24 @@
+"""Optional dependencies (the extras of pyproject.toml): imported when a call needs one, or an error
+that names the extra installing it."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from mpbind.errors import MissingDependencyError
+
+# The module each extra provides.
+_EXTRAS = {"torch": "torch", "mpi4py": "mpi"}
+
+
+def require(module: str, needed_by: str) -> ModuleType:
+    """``import module``, or :class:`MissingDependencyError` saying that `needed_by` needs it and which
+    extra installs it. A module that is installed but fails to import raises its own error."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        top = module.split(".", 1)[0]
+        if exc.name is None or exc.name.split(".", 1)[0] != top:
+            raise
+        raise MissingDependencyError(top, _EXTRAS[top], needed_by) from None

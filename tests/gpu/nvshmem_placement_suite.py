@@ -1,0 +1,73 @@
+"""NVSHMEM's initialisation with PEs placed on GPUs as asked, under mpirun.
+
+    mpirun -np N python tests/gpu/nvshmem_placement_suite.py --gpus 0,0,1 [--init mpi|uid|uid_via]
+
+PE k runs on GPU ``gpus[k]``. When mpbind's placement check (mpbind._placement.problem) refuses the
+placement, every PE must raise the same PlacementError before NVSHMEM is entered; otherwise every
+PE must initialise (and finalize). ``--expect refused|initialised`` says which the test wants; a PE
+that neither raises nor returns within the suite's own deadline is reported by mpirun's timeout.
+``uid_via`` bootstraps from a unique id and checks the placement over ``placement_via=comm``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
+                      ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")):
+    os.environ.setdefault(_name, _value)
+
+from mpi4py import MPI  # noqa: E402
+from suite_report import Report, expect  # noqa: E402
+
+from mpbind import _placement  # noqa: E402
+from mpbind import nvshmem as nv  # noqa: E402
+from mpbind.bootstrap import share_unique_id  # noqa: E402
+from mpbind.errors import PlacementError  # noqa: E402
+
+
+def init(args: argparse.Namespace, comm: MPI.Comm, device: int) -> nv.Runtime:
+    if args.init == "mpi":
+        return nv.init(mpi_comm=comm, device=device)
+    uid = share_unique_id("nvshmem", comm)
+    via = comm if args.init == "uid_via" else None
+    return nv.init(uid, comm.Get_rank(), comm.Get_size(), device=device, placement_via=via, notice_after=20)
+
+
+def check(args: argparse.Namespace, comm: MPI.Comm, report: Report, device: int) -> str:
+    gpus = comm.allgather(_placement.this_gpu(device))
+    report.info("placement", f"device {device}; problem(): {_placement.problem(gpus)}")
+    start = time.monotonic()
+    try:
+        rt = init(args, comm, device)
+    except PlacementError as exc:
+        messages = comm.allgather(str(exc))
+        expect(args.expect == "refused", f"refused, but the test expected an initialisation: {exc}")
+        expect(len(set(messages)) == 1, f"the PEs raised different messages: {messages}")
+        return f"PlacementError after {time.monotonic() - start:.2f} s: {exc}"
+    expect(args.expect == "initialised", "initialised, but the test expected a PlacementError")
+    note = f"initialised in {time.monotonic() - start:.2f} s: pe {rt.my_pe} of {rt.n_pes}, limited_mpg={rt.limited_mpg}"
+    rt.finalize()
+    return note
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--gpus", required=True, help="GPU of each PE, e.g. 0,0,1")
+    parser.add_argument("--init", choices=("mpi", "uid", "uid_via"), default="mpi")
+    parser.add_argument("--expect", choices=("refused", "initialised"), required=True)
+    args = parser.parse_args()
+    comm = MPI.COMM_WORLD
+    gpus = [int(g) for g in args.gpus.split(",")]
+    if len(gpus) != comm.Get_size():
+        raise SystemExit(f"--gpus names {len(gpus)} GPUs for {comm.Get_size()} processes")
+    report = Report(index=comm.Get_rank())
+    report.check(f"init.{args.init}", lambda: check(args, comm, report, gpus[comm.Get_rank()]))
+    print(report.summary(), flush=True)
+    return 1 if report.failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
