@@ -402,25 +402,4 @@ nb::dict describe(const CacheInfo& info) {
     return d;
 }
 
-// ---------------------------------------------------------------------------
-// Streams
-// ---------------------------------------------------------------------------
-
-uintptr_t stream_handle(nb::handle obj) {
-    if (obj.is_none()) return 0;
-    if (PyLong_Check(obj.ptr())) return nb::cast<uintptr_t>(obj);
-    if (nb::hasattr(obj, "__cuda_stream__")) {
-        nb::object info = obj.attr("__cuda_stream__")();
-        if (!nb::isinstance<nb::tuple>(info) || nb::len(info) != 2) {
-            raise_type("__cuda_stream__() must return a (version, handle) tuple");
-        }
-        return nb::cast<uintptr_t>(nb::borrow<nb::tuple>(info)[1]);
-    }
-    if (nb::hasattr(obj, "cuda_stream")) return nb::cast<uintptr_t>(obj.attr("cuda_stream"));  // PyTorch
-    if (nb::hasattr(obj, "ptr")) return nb::cast<uintptr_t>(obj.attr("ptr"));                  // CuPy
-    raise_type(std::string("stream must be an int, None, or an object with __cuda_stream__, "
-                           ".cuda_stream or .ptr, not ") +
-               nb::cast<std::string>(nb::str(obj.type().attr("__name__"))));
-}
-
 }  // namespace mpbind
