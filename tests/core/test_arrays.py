@@ -323,3 +323,11 @@ def test_streams_beyond_the_basic_kinds() -> None:
     for bad in (-1, 2**64):
         with pytest.raises(UsageError, match="cudaStream_t"):
             _interop.stream_handle(bad)
+
+
+def test_forcing_a_path_of_our_own_types_is_refused() -> None:
+    for source in ("symmetric", "peer", "buffer"):
+        with pytest.raises(UsageError, match=f"is not read as {source}"):
+            _core.array_info(InterfaceArray((2,)), source=source)
+    with pytest.raises(UsageError, match="no DLPack C exchange API"):
+        _core.array_info(InterfaceArray((2,)), source="exchange")

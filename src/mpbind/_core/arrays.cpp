@@ -840,10 +840,14 @@ Array describe(nb::handle obj, const char* what, bool tuples) {
 
 Array describe_via(nb::handle obj, const char* what, Source source) {
     Array a;
-    Path p = classify(Py_TYPE(obj.ptr()));
+    Path scratch;
+    Path p = path_of(Py_TYPE(obj.ptr()), scratch);  // the type's cached facts, another path
     if (source == Source::kExchange && p.exchange == nullptr) {
         raise_usage(typename_of(obj) + " has no DLPack C exchange API");
     }
+    bool ours = source == Source::kTuple || source == Source::kSymmetric || source == Source::kPeer ||
+                source == Source::kBuffer;
+    if (ours && p.source != source) raise_usage(typename_of(obj) + " is not read as " + source_name(source));
     p.source = source;
     run(obj, p, a, what);
     return a;
