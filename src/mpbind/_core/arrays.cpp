@@ -230,6 +230,27 @@ bool as_address(PyObject* v, uintptr_t& out) {
     return true;
 }
 
+// An int a producer gave (a device ordinal): TypeError naming it otherwise.
+int int_field(nb::handle v, const char* what, const char* field) {
+    if (!PyLong_Check(v.ptr())) {
+        raise_type(std::string(what) + ": " + field + " must be an int, not " + typename_of(v));
+    }
+    long long x = to_long(v, what, field);
+    if (x < INT32_MIN || x > INT32_MAX) {
+        raise_usage(std::string(what) + ": " + field + " " + std::to_string(x) + " is out of range");
+    }
+    return static_cast<int>(x);
+}
+
+// A pointer a producer gave: UsageError naming it unless an address.
+uintptr_t address_field(nb::handle v, const char* what, const char* field) {
+    uintptr_t out = 0;
+    if (!PyLong_Check(v.ptr()) || !as_address(v.ptr(), out)) {
+        raise_usage(std::string(what) + ": " + field + " must be an address in [0, 2**64), got " + repr_of(v));
+    }
+    return out;
+}
+
 std::string format_dims(const Dims& d) {
     std::string out = "(";
     for (size_t i = 0; i < d.size(); ++i) out += (i ? ", " : "") + std::to_string(d[i]);
@@ -439,7 +460,9 @@ int interface_device(nb::handle obj) {
             nb::object r = nb::steal(PyObject_CallNoArgs(method.ptr()));
             if (r.is_valid() && PyTuple_Check(r.ptr()) && PyTuple_GET_SIZE(r.ptr()) == 2) {
                 int kind = nb::cast<int>(nb::handle(PyTuple_GET_ITEM(r.ptr(), 0)));
-                if (kind == kDLCUDA || kind == kDLCUDAManaged) return nb::cast<int>(nb::handle(PyTuple_GET_ITEM(r.ptr(), 1)));
+                if (kind == kDLCUDA || kind == kDLCUDAManaged) {
+                    return nb::cast<int>(nb::handle(PyTuple_GET_ITEM(r.ptr(), 1)));
+                }
             }
             PyErr_Clear();
         }
@@ -549,8 +572,8 @@ void via_torch(nb::handle obj, Array& a, const char* what) {
     read_shape(attr(obj, n.shape), a, what);
     read_strides(call_method(obj, n.stride), a, what, 1);
     finish(a);
-    a.ptr = static_cast<uintptr_t>(nb::cast<unsigned long long>(call_method(obj, n.data_ptr)));
-    a.device = nb::cast<int>(call_method(obj, n.get_device));  // -1 on the CPU
+    a.ptr = address_field(call_method(obj, n.data_ptr), what, "data_ptr()");
+    a.device = int_field(call_method(obj, n.get_device), what, "get_device()");  // -1 on the CPU
     a.source = Source::kTorch;
 }
 
@@ -561,8 +584,8 @@ void via_cupy(nb::handle obj, Array& a, const char* what) {
     read_strides(attr(obj, n.strides), a, what, a.itemsize());
     finish(a);
     nb::object memptr = attr(obj, n.data);
-    a.ptr = static_cast<uintptr_t>(nb::cast<unsigned long long>(attr(memptr, n.ptr)));
-    a.device = nb::cast<int>(attr(memptr, n.device_id));
+    a.ptr = address_field(attr(memptr, n.ptr), what, "data.ptr");
+    a.device = int_field(attr(memptr, n.device_id), what, "data.device_id");
     a.source = Source::kCupy;
 }
 
@@ -603,7 +626,7 @@ void from_view(nb::handle obj, const OurSlots& s, Array& a, const char* what) {
     nb::object dt = s.dtype.get(obj);
     const Dtype* known = dtype_cache().find(dt.ptr());
     a.dtype = known ? *known : dtype_of(dt);
-    a.device = nb::cast<int>(s.device.get(obj));
+    a.device = int_field(s.device.get(obj), what, "_device");
 }
 
 void via_symmetric(nb::handle obj, const OurSlots& s, Array& a, const char* what) {
@@ -617,7 +640,7 @@ void via_symmetric(nb::handle obj, const OurSlots& s, Array& a, const char* what
 void via_peer(nb::handle obj, const OurSlots& s, Array& a, const char* what) {
     nvshmem::allocation_of(s.core.get(s.base.get(obj)));  // UsageError once its array is freed
     from_view(obj, s, a, what);
-    a.ptr = static_cast<uintptr_t>(nb::cast<unsigned long long>(s.address.get(obj)));
+    a.ptr = address_field(s.address.get(obj), what, "_address");
     a.source = Source::kPeer;
 }
 
@@ -790,7 +813,9 @@ Dtype dtype_of(nb::handle dtype) {
         }
     }
     Dtype d = by_name(name);
-    if (d == Dtype::kInvalid) raise_usage("unsupported dtype " + repr_of(dtype) + " (supported: " + supported_names() + ")");
+    if (d == Dtype::kInvalid) {
+        raise_usage("unsupported dtype " + repr_of(dtype) + " (supported: " + supported_names() + ")");
+    }
     cache.add(dtype.ptr(), d);
     return d;
 }
@@ -830,7 +855,9 @@ bool c_contiguous(const Dims& shape, const Dims& strides) {
 Array describe(nb::handle obj, const char* what, bool tuples) {
     Array a;
     Path scratch;
-    const Path& p = path_of(Py_TYPE(obj.ptr()), scratch);
+    // A copy: Python code run while describing (a property, __dlpack__) may describe other arrays
+    // and grow the cache under a reference.
+    const Path p = path_of(Py_TYPE(obj.ptr()), scratch);
     if (p.source == Source::kTuple && !tuples) {
         raise_type(std::string(what) + ": expected an array with __cuda_array_interface__ or __dlpack__, not a tuple");
     }
@@ -940,7 +967,8 @@ uintptr_t stream_value(nb::handle v, const char* from) {
     }
     uintptr_t h = 0;
     if (!arrays::as_address(v.ptr(), h)) {
-        raise_usage(std::string("stream: ") + from + " must be a cudaStream_t in [0, 2**64), got " + arrays::repr_of(v));
+        raise_usage(std::string("stream: ") + from + " must be a cudaStream_t in [0, 2**64), got " +
+                    arrays::repr_of(v));
     }
     return h;
 }
@@ -1003,8 +1031,8 @@ nb::tuple described(const arrays::Array& a) {
 
 void register_arrays(nb::module_& m) {
     m.def("array_info", [](nb::handle obj, const char* what, nb::handle source, bool tuples) {
-        return described(source.is_none() ? arrays::describe(obj, what, tuples)
-                                           : arrays::describe_via(obj, what, source_named(nb::cast<std::string>(source))));
+        if (source.is_none()) return described(arrays::describe(obj, what, tuples));
+        return described(arrays::describe_via(obj, what, source_named(nb::cast<std::string>(source))));
     }, nb::arg("array").none(), nb::arg("what") = "array", nb::arg("source").none() = nb::none(),
        nb::arg("tuples") = false,
        "Describe an array as the hot calls do: (ptr, shape, strides in elements, dtype name, device (-1: host, "
@@ -1022,8 +1050,8 @@ void register_arrays(nb::module_& m) {
         const arrays::DtypeInfo& i = arrays::info(arrays::dtype_of(dtype));
         return nb::make_tuple(i.name, i.itemsize, i.dl_code, i.dl_bits, i.typestr ? nb::object(nb::str(i.typestr))
                                                                                     : nb::none());
-    }, nb::arg("dtype").none(), "(name, itemsize, DLPack code, DLPack bits, typestr or None) of a dtype; UsageError for "
-                         "unsupported ones.");
+    }, nb::arg("dtype").none(),
+       "(name, itemsize, DLPack code, DLPack bits, typestr or None) of a dtype; UsageError for unsupported ones.");
     m.def("stream_handle", [](nb::handle s) { return stream_handle(s); }, nb::arg("stream").none(),
           "The cudaStream_t of an int, None, or a __cuda_stream__/CuPy/PyTorch stream.");
 

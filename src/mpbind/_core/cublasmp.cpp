@@ -412,8 +412,8 @@ uintptr_t new_operand(nb::handle obj, const char* what, const Piece& p, bool wri
     }
     i64 lld = std::max<i64>(1, p.cols > 1 ? a.strides[1] : p.rows);
     if (lld != p.lld) {
-        raise_usage(std::string(what) + " has leading dimension " + std::to_string(lld) + "; the plan's descriptor has " +
-                    std::to_string(p.lld));
+        raise_usage(std::string(what) + " has leading dimension " + std::to_string(lld) +
+                    "; the plan's descriptor has " + std::to_string(p.lld));
     }
     if (a.ptr == 0 && a.size > 0) raise_usage(std::string(what) + " is a NULL pointer");
     return a.ptr;
@@ -655,10 +655,11 @@ void register_cublasmp(nb::module_& parent) {
 
     nb::module_ testing = nb::borrow<nb::module_>(parent.attr("_testing"));
     testing.def("cublasmp_local_shape", &local_shape, nb::arg("m"), nb::arg("n"), nb::arg("mb"), nb::arg("nb"),
-                nb::arg("rsrc"), nb::arg("csrc"), nb::arg("nprow"), nb::arg("npcol"), nb::arg("layout"), nb::arg("rank"),
+                nb::arg("rsrc"), nb::arg("csrc"), nb::arg("nprow"), nb::arg("npcol"), nb::arg("layout"),
+                nb::arg("rank"),
                 "(rows, columns) of the local piece MatmulPlan.execute expects of a new operand.");
-    testing.def("cublasmp_operand", [](nb::handle array, const char* what, i64 rows, i64 cols, i64 lld, nb::handle dtype,
-                                       bool writable) {
+    testing.def("cublasmp_operand", [](nb::handle array, const char* what, i64 rows, i64 cols, i64 lld,
+                                       nb::handle dtype, bool writable) {
         return new_operand(array, what, {rows, cols, lld, arrays::dtype_of(dtype)}, writable);
     }, nb::arg("array").none(), nb::arg("what"), nb::arg("rows"), nb::arg("cols"), nb::arg("lld"), nb::arg("dtype"),
        nb::arg("writable") = false,

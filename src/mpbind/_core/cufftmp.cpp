@@ -290,8 +290,12 @@ int exec_direction(int fft_type, nb::handle given) {
     if (d != CUFFT_FORWARD && d != CUFFT_INVERSE) {
         raise_usage("direction must be FORWARD (-1) or INVERSE (1), got " + std::to_string(d));
     }
-    if (real_input(fft_type) && d != CUFFT_FORWARD) raise_usage(std::string("a ") + t + " plan only transforms FORWARD");
-    if (real_output(fft_type) && d != CUFFT_INVERSE) raise_usage(std::string("a ") + t + " plan only transforms INVERSE");
+    if (real_input(fft_type) && d != CUFFT_FORWARD) {
+        raise_usage(std::string("a ") + t + " plan only transforms FORWARD");
+    }
+    if (real_output(fft_type) && d != CUFFT_INVERSE) {
+        raise_usage(std::string("a ") + t + " plan only transforms INVERSE");
+    }
     return static_cast<int>(d);
 }
 

@@ -248,7 +248,9 @@ Operand checked(const arrays::Array& a, const char* what, int device) {
         raise_usage(std::string(what) + " is on device " + std::to_string(a.device) +
                     " but the communicator uses device " + std::to_string(device));
     }
-    if (arrays::info(a.dtype).nccl < 0) raise_usage(std::string(what) + ": NCCL has no " + arrays::name(a.dtype) + " type");
+    if (arrays::info(a.dtype).nccl < 0) {
+        raise_usage(std::string(what) + ": NCCL has no " + arrays::name(a.dtype) + " type");
+    }
     return {a.ptr, a.size, a.dtype};
 }
 
@@ -361,7 +363,9 @@ void issue(Coll kind, const Call& k, void* comm) {
         case Coll::kReduce: enqueue(a.ncclReduce, send, recv, k.count, k.dtype, k.op, k.peer, comm, stream); break;
         case Coll::kBroadcast: enqueue(a.ncclBroadcast, send, recv, k.count, k.dtype, k.peer, comm, stream); break;
         case Coll::kAllGather: enqueue(a.ncclAllGather, send, recv, k.count, k.dtype, comm, stream); break;
-        case Coll::kReduceScatter: enqueue(a.ncclReduceScatter, send, recv, k.count, k.dtype, k.op, comm, stream); break;
+        case Coll::kReduceScatter:
+            enqueue(a.ncclReduceScatter, send, recv, k.count, k.dtype, k.op, comm, stream);
+            break;
         case Coll::kAllToAll: enqueue(a.ncclAlltoAll, send, recv, k.count, k.dtype, comm, stream); break;
         case Coll::kSend: enqueue(a.ncclSend, send, k.count, k.dtype, k.peer, comm, stream); break;
         case Coll::kRecv: enqueue(a.ncclRecv, recv, k.count, k.dtype, k.peer, comm, stream); break;

@@ -486,7 +486,8 @@ Step plan_collective(Rma kind, const Heap& heap, int op, nb::handle dest, nb::ha
             break;
         default: {  // reduce
             if (nvshmem_type(d.dtype) == nullptr || (op >= kArithmeticOps && !is_integer(d.dtype))) {
-                raise_usage(std::string("reduce: ") + kReduceOps[op] + " is not available for " + arrays::name(d.dtype));
+                raise_usage(std::string("reduce: ") + kReduceOps[op] + " is not available for " +
+                            arrays::name(d.dtype));
             }
             k.dtype = d.dtype;
             k.op = op;
@@ -597,7 +598,12 @@ nb::dict describe_allocation(const AllocState& s) {
 }  // namespace
 
 std::pair<uintptr_t, size_t> allocation_of(nb::handle memory) {
-    AllocState& s = nb::cast<Allocation&>(memory).get();
+    Allocation* a = nullptr;
+    if (!nb::try_cast<Allocation*>(memory, a) || a == nullptr) {
+        raise_type("a symmetric array's memory must be an mpbind.nvshmem.SymmetricMemory, not " +
+                   arrays::typename_of(memory));
+    }
+    AllocState& s = a->get();
     return {s.ptr, s.nbytes};
 }
 
