@@ -119,3 +119,37 @@ def test_jax_arrays_as_sources(comm: nccl.Communicator) -> None:
     empty = jax.device_put(jnp.zeros((4, 0), jnp.bfloat16), gpu[0])
     comm.all_reduce(empty, torch.zeros(4, 0, device="cuda", dtype=torch.bfloat16))
     torch.cuda.synchronize()
+
+
+def test_matmul_on_new_operands(comm: nccl.Communicator) -> None:
+    """A planned matmul runs again on new arrays of the planned shapes; others are refused first."""
+    from mpbind import _loader, cublasmp
+    from mpbind.errors import LibraryNotFoundError
+
+    try:
+        _loader.load("cublasmp")
+    except LibraryNotFoundError as exc:
+        pytest.skip(f"the cuBLASMp library is not available: {exc}")
+    m, n, k = 128, 96, 64
+    a, b, d = torch.rand(m, k, device="cuda"), torch.rand(k, n, device="cuda"), torch.zeros(m, n, device="cuda")
+    a2, b2, d2 = torch.rand(m, k, device="cuda"), torch.rand(k, n, device="cuda"), torch.zeros(m, n, device="cuda")
+    s = torch.cuda.Stream()
+    handle = cublasmp.Handle(s)
+    grid = cublasmp.grid(comm, 1, 1)
+    # Row-major tensors as column-major matrices: D^T = B^T A^T.
+    with cublasmp.Matmul(handle, cublasmp.Matrix(grid, b.T), cublasmp.Matrix(grid, a.T),
+                         cublasmp.Matrix(grid, d.T)) as plan:
+        plan.execute()
+        plan.execute(a=b2.T, b=a2.T, d=d2.T)
+        s.synchronize()
+        assert float((d - a @ b).abs().max()) < 1e-3
+        assert float((d2 - a2 @ b2).abs().max()) < 1e-3
+        with pytest.raises(UsageError, match="the plan's local piece is"):
+            plan.execute(a=torch.zeros(n + 1, k, device="cuda").T)
+        with pytest.raises(UsageError, match="dtype float64, expected float32"):
+            plan.execute(d=d2.double().T)
+        with pytest.raises(UsageError, match="must be column-major"):
+            plan.execute(d=d2.T.contiguous())  # the planned shape, row-major
+        with pytest.raises(UsageError, match="the plan was made without c"):
+            plan.execute(c=d2.T)
+    handle.close()
