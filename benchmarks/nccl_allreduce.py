@@ -26,7 +26,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from mpi4py import MPI  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _results  # noqa: E402
+from _timing import host_times  # noqa: E402
 
 from mpbind import _loader, nccl  # noqa: E402
 from mpbind.bindings import nccl as flat  # noqa: E402
@@ -71,16 +71,6 @@ def setup(world: Any) -> tuple[nccl.Communicator, int]:
 def calls_for(nbytes: int, calls: int) -> int:
     """Fewer calls where the queued GPU work (~nbytes / 100 GB/s each) would exceed ~0.5 s."""
     return max(20, min(calls, int(0.5 / max(nbytes / 100e9, 1e-6))))
-
-
-def host_times(fn: Callable[[], Any], n: int) -> list[float]:
-    out = []
-    clock = time.perf_counter_ns
-    for _ in range(n):
-        t0 = clock()
-        fn()
-        out.append((clock() - t0) / 1e3)
-    return out
 
 
 def device_time(fn: Callable[[], Any], iters: int) -> float:

@@ -1,20 +1,29 @@
-"""Host-side latency of NVSHMEM on-stream RMA through mpbind and through nvshmem4py, in one run.
+"""NVSHMEM ``put`` + ``quiet`` on a stream through mpbind's layer, mpbind's flat binding and
+nvshmem4py's, in one run on the same libnvshmem_host.
 
-    mpirun -np 2 python benchmarks/nvshmem_latency.py [--nbytes B] [--iters N] [--repeat R] [--json]
+    mpirun -np 2 python benchmarks/nvshmem_latency.py [--placement per-gpu|shared] [--min 8]
+        [--max 1073741824] [--calls 1000] [--iters 50] [--batches 5] [--out DIR]
 
-Both PEs share GPU 0; each targets the other. Measured per binding, interleaved batch by batch:
+Each PE puts to the next one (``(pe + 1) % n_pes``). ``--placement per-gpu`` (the default when there
+are as many GPUs as PEs) puts one PE on each GPU; ``shared`` puts every PE on GPU 0 (NVSHMEM's
+limited multi-PE-per-GPU mode without MPS, where RMA still works).
 
-- ``my_pe()``: ns per call (the median over R batches of N calls);
-- enqueue: ``putmem_on_stream`` + ``quiet_on_stream``, host time per pair without any
-  synchronisation (the median over R batches of N pairs; the stream is drained between batches);
-- round trip: ``putmem_on_stream`` + ``quiet_on_stream`` + ``cudaStreamSynchronize`` of B bytes,
-  host time per iteration until the put is complete (the median of R x N samples).
+For each message size (bytes, from ``--min`` to ``--max``, x4 steps), interleaved batch by batch
+so that the three see the same machine state:
 
-nvshmem4py (``pip install nvshmem4py-cu13``) resolves its symbols in the library already in the
-process, so mpbind initialises NVSHMEM once and both bindings call the same libnvshmem_host; the
-script checks that both see the same function addresses and says which file they come from. If
-they did not, it would measure mpbind, finalise, then initialise nvshmem4py on its own library.
-Without nvshmem4py only mpbind's column is printed.
+* host time per call: ``perf_counter_ns`` around one ``put`` + ``quiet`` pair, nothing
+  synchronised in the loop, the median over every pair (fewer pairs at large sizes);
+* bandwidth: CUDA events around ``--iters`` back-to-back pairs on the stream, bytes / time, the
+  median over batches;
+* round trip: a pair and the stream's synchronisation, host time until the put is complete.
+
+The layer is called as a user writes it: ``nvshmem.put(dst, src, peer, stream)`` and
+``nvshmem.quiet(stream)`` with symmetric arrays and a CuPy stream; the flat calls and nvshmem4py's
+(``nvshmem.bindings``, 0.4.1) get pointers and the stream handle. nvshmem4py resolves its symbols in
+the library already in the process; the script checks that both bindings call the same
+``nvshmemx_putmem_on_stream`` (else it measures nvshmem4py in a second phase on its own library).
+``my_pe()`` is timed too (ns per call). PE 0 prints the table and writes ``nvshmem_put.csv`` (and
+``.png`` where matplotlib is installed) under ``--out``; the ratios of the other PEs are printed.
 """
 
 from __future__ import annotations
@@ -22,12 +31,11 @@ from __future__ import annotations
 import argparse
 import ctypes
 import importlib
-import json
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 # Before anything loads CUDA, NCCL or NVSHMEM in this process.
@@ -39,10 +47,14 @@ import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-from mpbind import _loader  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parent))
+import _results  # noqa: E402
+from _timing import host_times, ns_per_call  # noqa: E402
+
+from mpbind import _loader, nvshmem  # noqa: E402
 from mpbind.bindings import nvshmem as nv  # noqa: E402
 
-DEVICE = 0
+VARIANTS = ("layer", "flat", "nvshmem4py")
 
 
 class _DlInfo(ctypes.Structure):
@@ -65,29 +77,6 @@ def mpbind_symbol(name: str) -> int:
     return int(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0)
 
 
-class Binding:
-    """The three calls measured, from one binding."""
-
-    def __init__(self, name: str, my_pe: Callable[[], int], put: Callable[..., Any],
-                 quiet: Callable[[int], Any]) -> None:
-        self.name, self.my_pe, self.put, self.quiet = name, my_pe, put, quiet
-
-
-def mpbind_binding() -> Binding:
-    return Binding("mpbind", nv.my_pe, nv.putmem_on_stream, nv.quiet_on_stream)
-
-
-def nvshmem4py_binding(nb: Any) -> Binding:
-    return Binding("nvshmem4py", nb.my_pe, nb.putmem_on_stream, nb.quiet_on_stream)
-
-
-def init_mpbind(comm: Any) -> None:
-    attr = nv.InitAttr()
-    uid = comm.bcast(nv.get_uniqueid() if comm.Get_rank() == 0 else None, root=0)
-    nv.set_attr_uniqueid_args(comm.Get_rank(), comm.Get_size(), uid, attr)
-    nv.init_attr(nv.InitFlags.WITH_UNIQUEID, attr)
-
-
 def init_nvshmem4py(nb: Any, comm: Any) -> None:
     """nvshmem4py's own unique-id initialisation, as nvshmem.core.init does it."""
     uid = nb.uniqueid()
@@ -99,70 +88,110 @@ def init_nvshmem4py(nb: Any, comm: Any) -> None:
     nb.hostlib_init_attr(nb.Flags.INIT_WITH_UNIQUEID, attr.ptr)
 
 
-# --- measurements -----------------------------------------------------------------------------
+# --- what is measured -------------------------------------------------------------------------
 
 
-def ns_per_call(fn: Callable[[], object], calls: int) -> float:
-    t0 = time.perf_counter_ns()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter_ns() - t0) / calls
+class Buffers:
+    """dst and src of one size: symmetric arrays (the layer) and their pointers (the flat calls)."""
+
+    def __init__(self, nbytes: int, pe: int, alloc: Callable[[int], Any] | None = None) -> None:
+        self.nbytes = nbytes
+        if alloc is None:
+            self.dst_array, self.src_array = nvshmem.empty(nbytes, "uint8"), nvshmem.empty(nbytes, "uint8")
+            self.dst, self.src = self.dst_array.ptr, self.src_array.ptr
+        else:  # nvshmem4py on its own library copy
+            self.dst_array = self.src_array = None
+            self.dst, self.src = alloc(nbytes), alloc(nbytes)
+        cp.cuda.runtime.memset(self.src, pe + 1, nbytes)
 
 
-def enqueue_us(b: Binding, dst: int, src: int, nbytes: int, peer: int, stream: Any, pairs: int) -> float:
-    put, quiet, s = b.put, b.quiet, int(stream.ptr)
-    t0 = time.perf_counter_ns()
-    for _ in range(pairs):
-        put(dst, src, nbytes, peer, s)
-        quiet(s)
-    elapsed = time.perf_counter_ns() - t0
-    stream.synchronize()  # drain outside the timed loop
-    return elapsed / pairs / 1e3
+def pair_calls(variant: str, b: Buffers, peer: int, stream: Any, nb: Any) -> Callable[[], None]:
+    """One put + quiet of `variant`, as a caller of that binding writes it."""
+    handle = int(stream.ptr)
+    if variant == "layer":
+        put, quiet, dst, src = nvshmem.put, nvshmem.quiet, b.dst_array, b.src_array
+
+        def layer() -> None:
+            put(dst, src, peer, stream)
+            quiet(stream)
+
+        return layer
+    binding = nv if variant == "flat" else nb
+    putmem, quiet_on = binding.putmem_on_stream, binding.quiet_on_stream
+    dptr, sptr, n = b.dst, b.src, b.nbytes
+
+    def flat() -> None:
+        putmem(dptr, sptr, n, peer, handle)
+        quiet_on(handle)
+
+    return flat
 
 
-def round_trip_us(b: Binding, dst: int, src: int, nbytes: int, peer: int, stream: Any, iters: int) -> list[float]:
-    put, quiet, s = b.put, b.quiet, int(stream.ptr)
-    samples = []
+def calls_for(nbytes: int, calls: int) -> int:
+    """Fewer pairs where the queued GPU work (~nbytes / 50 GB/s each) would exceed ~0.5 s."""
+    return max(20, min(calls, int(0.5 / max(nbytes / 50e9, 1e-6))))
+
+
+def enqueue_times(fn: Callable[[], None], n: int, stream: Any) -> list[float]:
+    out = host_times(fn, n)
+    stream.synchronize()  # drain outside the timed calls
+    return out
+
+
+def device_time(fn: Callable[[], None], iters: int, stream: Any) -> float:
+    """Seconds per pair from CUDA events around `iters` pairs on `stream`."""
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    start.record(stream)
     for _ in range(iters):
-        t0 = time.perf_counter_ns()
-        put(dst, src, nbytes, peer, s)
-        quiet(s)
-        stream.synchronize()
-        samples.append((time.perf_counter_ns() - t0) / 1e3)
-    return samples
+        fn()
+    end.record(stream)
+    end.synchronize()
+    return cp.cuda.get_elapsed_time(start, end) / 1e3 / iters
 
 
-def measure(bindings: list[Binding], comm: Any, dst: int, src: int,
-            a: argparse.Namespace) -> dict[str, dict[str, float]]:
-    """Medians per binding; batches alternate between bindings so drift hits both alike."""
+def measure(variants: list[str], b: Buffers, comm: Any, stream: Any, nb: Any, a: argparse.Namespace) -> dict[str, Any]:
     pe, npes = comm.Get_rank(), comm.Get_size()
     peer = (pe + 1) % npes
-    stream = cp.cuda.Stream(non_blocking=True)
-    my_pe: dict[str, list[float]] = {b.name: [] for b in bindings}
-    enq: dict[str, list[float]] = {b.name: [] for b in bindings}
-    rtt: dict[str, list[float]] = {b.name: [] for b in bindings}
-    for b in bindings:  # warm up: first calls resolve symbols and create internal resources
-        ns_per_call(b.my_pe, 1000)
-        enqueue_us(b, dst, src, a.nbytes, peer, stream, 50)
-        round_trip_us(b, dst, src, a.nbytes, peer, stream, 50)
-    empty = [ns_per_call(lambda: None, a.calls) for _ in range(a.repeat)]
-    for r in range(a.repeat):
-        order = bindings if r % 2 == 0 else bindings[::-1]
-        for b in order:
-            my_pe[b.name].append(ns_per_call(b.my_pe, a.calls))
-        comm.Barrier()
-        for b in order:
-            enq[b.name].append(enqueue_us(b, dst, src, a.nbytes, peer, stream, a.iters))
-        comm.Barrier()
-        for b in order:
-            rtt[b.name].extend(round_trip_us(b, dst, src, a.nbytes, peer, stream, a.iters))
-    stream.synchronize()
-    comm.Barrier()
-    result = {b.name: {"my_pe_ns": statistics.median(my_pe[b.name]),
-                       "enqueue_us": statistics.median(enq[b.name]),
-                       "round_trip_us": statistics.median(rtt[b.name])} for b in bindings}
-    result["empty call"] = {"my_pe_ns": statistics.median(empty)}
-    return result
+    fns = {v: pair_calls(v, b, peer, stream, nb) for v in variants}
+    for fn in fns.values():  # warm up: first calls resolve symbols and create internal resources
+        enqueue_times(fn, 20, stream)
+    host: dict[str, list[float]] = {v: [] for v in variants}
+    dev: dict[str, list[float]] = {v: [] for v in variants}
+    rtt: dict[str, list[float]] = {v: [] for v in variants}
+    per_batch = max(1, calls_for(b.nbytes, a.calls) // a.batches)
+    iters = max(2, min(a.iters, calls_for(b.nbytes, a.iters)))
+    for batch in range(a.batches):
+        order = variants[batch % len(variants):] + variants[:batch % len(variants)]
+        for name in order:
+            comm.Barrier()
+            host[name] += enqueue_times(fns[name], per_batch, stream)
+            comm.Barrier()
+            dev[name].append(device_time(fns[name], iters, stream))
+            comm.Barrier()
+            # round trip: a pair and the stream's synchronisation, until the put is complete
+            rtt[name] += host_times(fns[name], max(2, per_batch // 10), then=stream.synchronize)
+    row: dict[str, Any] = {"bytes": b.nbytes}
+    for name in variants:
+        row[f"{name}_host_us"] = statistics.median(host[name])
+        row[f"{name}_rtt_us"] = statistics.median(rtt[name])
+        row[f"{name}_GBps"] = b.nbytes / statistics.median(dev[name]) / 1e9
+    add_ratios(row)
+    return row
+
+
+def add_ratios(row: dict[str, Any]) -> None:
+    if "layer_host_us" in row and "flat_host_us" in row:
+        row["layer_minus_flat_us"] = row["layer_host_us"] - row["flat_host_us"]
+    if "layer_host_us" in row and "nvshmem4py_host_us" in row:
+        row["layer_over_nvshmem4py_host"] = row["layer_host_us"] / row["nvshmem4py_host_us"]
+
+
+def my_pe_ns(nb: Any, calls: int) -> dict[str, float]:
+    out = {"layer": ns_per_call(nvshmem.my_pe, calls), "flat": ns_per_call(nv.my_pe, calls)}
+    if nb is not None:
+        out["nvshmem4py"] = ns_per_call(nb.my_pe, calls)
+    out["empty call"] = ns_per_call(lambda: None, calls)
+    return out
 
 
 # --- main -------------------------------------------------------------------------------------
@@ -170,87 +199,107 @@ def measure(bindings: list[Binding], comm: Any, dst: int, src: int,
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nbytes", type=int, default=4096, help="bytes per put (default 4 KB)")
-    ap.add_argument("--iters", type=int, default=200, help="pairs / round trips per batch")
-    ap.add_argument("--calls", type=int, default=200_000, help="my_pe() calls per batch")
-    ap.add_argument("--repeat", type=int, default=15, help="batches per binding")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--placement", choices=("per-gpu", "shared"), default=None,
+                    help="one PE per GPU, or every PE on GPU 0 (default: per-gpu when there are enough GPUs)")
+    ap.add_argument("--min", type=int, default=8)
+    ap.add_argument("--max", type=int, default=1 << 30)
+    ap.add_argument("--calls", type=int, default=1000, help="put+quiet pairs timed per size (host time)")
+    ap.add_argument("--iters", type=int, default=50, help="pairs between two CUDA events (bandwidth)")
+    ap.add_argument("--batches", type=int, default=5)
+    ap.add_argument("--my-pe-calls", type=int, default=200_000)
+    ap.add_argument("--out", type=Path, default=Path("benchmark-results"))
     a = ap.parse_args()
 
     comm = MPI.COMM_WORLD
     pe, npes = comm.Get_rank(), comm.Get_size()
-    if npes < 2 and pe == 0:
-        print("note: run under `mpirun -np 2`; with one PE each put targets itself", file=sys.stderr)
-    cp.cuda.Device(DEVICE).use()
+    gpus = cp.cuda.runtime.getDeviceCount()
+    placement = a.placement or ("per-gpu" if gpus >= npes else "shared")
+    if placement == "per-gpu" and gpus < npes:
+        raise SystemExit(f"{npes} PEs but {gpus} GPUs: use --placement shared")
+    device = pe if placement == "per-gpu" else 0
+    # Two buffers of the largest size, with room for NVSHMEM's own allocations.
+    os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", str(2 * a.max + (256 << 20)))
+    cp.cuda.Device(device).use()
     cp.cuda.runtime.free(0)  # the primary context, before NVSHMEM looks for it
 
-    init_mpbind(comm)
-    mp_path = _loader.load("nvshmem").path
+    rt = nvshmem.init(mpi_comm=comm, bootstrap="uid", device=device)
+    mp_path = os.path.realpath(_loader.load("nvshmem").path)
     missing = ""
     try:
         nb: Any = importlib.import_module("nvshmem.bindings")
         nb_internal: Any = importlib.import_module("nvshmem.bindings._internal.nvshmem")
     except ImportError as exc:
         nb = nb_internal = None
-        missing = f"nvshmem4py not importable ({exc}); pip install nvshmem4py-cu13"
+        missing = f"nvshmem4py not importable ({exc}); pip install nvshmem4py-cu13==0.4.1"
     same = False
-    where: dict[str, str] = {"mpbind": os.path.realpath(mp_path)}
+    where = {"mpbind": mp_path}
     if nb is not None:
         pairs = [(mpbind_symbol(c), int(nb_internal._inspect_function_pointer(f"__{c}")))
                  for c in ("nvshmem_my_pe", "nvshmemx_putmem_on_stream", "nvshmemx_quiet_on_stream")]
         same = all(m == n != 0 for m, n in pairs)
         where["nvshmem4py"] = library_of(pairs[0][1])
 
-    src, dst = nv.malloc(a.nbytes), nv.malloc(a.nbytes)
-    cp.cuda.runtime.memset(src, pe + 1, a.nbytes)
-    cp.cuda.runtime.deviceSynchronize()
-    comm.Barrier()
-    bindings = [mpbind_binding()] + ([nvshmem4py_binding(nb)] if nb is not None and same else [])
-    result = measure(bindings, comm, dst, src, a)
-    nv.free(src)
-    nv.free(dst)
-    nv.finalize()
-
-    if nb is not None and not same:  # a second library copy: initialise it on its own
-        init_nvshmem4py(nb, comm)
-        src, dst = nb.malloc(a.nbytes), nb.malloc(a.nbytes)
+    stream = cp.cuda.Stream(non_blocking=True)
+    variants = ["layer", "flat"] + (["nvshmem4py"] if nb is not None and same else [])
+    sizes = []
+    s = a.min
+    while s <= a.max:
+        sizes.append(s)
+        s *= 4
+    rows = []
+    for nbytes in sizes:
+        b = Buffers(nbytes, pe)
+        cp.cuda.runtime.deviceSynchronize()
         comm.Barrier()
-        result.update({k: v for k, v in measure([nvshmem4py_binding(nb)], comm, dst, src, a).items()
-                       if k == "nvshmem4py"})
-        nb.free(src)
-        nb.free(dst)
+        rows.append(measure(variants, b, comm, stream, nb, a))
+        b.dst_array.free()
+        b.src_array.free()
+    pe_ns = my_pe_ns(nb if same else None, a.my_pe_calls)
+    rt.finalize()
+
+    if nb is not None and not same:  # a second library copy: nvshmem4py on its own, after ours is finalized
+        init_nvshmem4py(nb, comm)
+        for row, nbytes in zip(rows, sizes, strict=True):
+            b = Buffers(nbytes, pe, alloc=nb.malloc)
+            comm.Barrier()
+            row.update({k: v for k, v in measure(["nvshmem4py"], b, comm, stream, nb, a).items()
+                        if k.startswith("nvshmem4py")})
+            add_ratios(row)
+            nb.free(b.dst)
+            nb.free(b.src)
+        pe_ns["nvshmem4py"] = ns_per_call(nb.my_pe, a.my_pe_calls)
         nb.hostlib_finalize()
 
-    results = comm.gather(result, root=0)
+    everyone = comm.gather((rows, pe_ns), root=0)
     if pe != 0:
         return 0
     version = ".".join(str(v) for v in nv.vendor_get_version_info())
-    meta = {"nvshmem": version, "pes": npes, "nbytes": a.nbytes, "iters": a.iters, "calls": a.calls,
-            "repeat": a.repeat, "libraries": where, "one_library_shared": same,
-            "nvshmem4py": None if nb is None else getattr(importlib.import_module("nvshmem"), "__version__", "?")}
-    if a.json:
-        print(json.dumps({"meta": meta, "per_pe": results}, indent=1))
-        return 0
-    print(f"NVSHMEM {version}, {npes} PEs on GPU {DEVICE}; {a.nbytes} B puts; medians of {a.repeat} batches")
+    nb_version = None if nb is None else getattr(importlib.import_module("nvshmem"), "__version__", "?")
+    on = "PE k on GPU k" if placement == "per-gpu" else "every PE on GPU 0"
+    print(f"# NVSHMEM {version}, {npes} PEs, placement {placement} ({on}); nvshmem4py {nb_version}")
     for name, path in where.items():
-        print(f"  {name:10s} calls {path}")
-    if nb is None:
-        print(f"  {missing}")
-    elif not same:
-        print("  the two bindings use different library copies: measured in two phases")
-    metrics = [("my_pe()", "my_pe_ns", "ns/call"), ("put+quiet enqueue", "enqueue_us", "us/pair"),
-               (f"{a.nbytes} B put+quiet+sync", "round_trip_us", "us/iter")]
-    header = f"{'metric':34s} {'pe':>2s} {'mpbind':>10s} {'nvshmem4py':>11s} {'ratio':>6s}"
-    print(header)
-    print("-" * len(header))
-    for label, key, unit in metrics:
-        for k, per_pe in enumerate(results):
-            ours = per_pe["mpbind"][key]
-            theirs = per_pe.get("nvshmem4py", {}).get(key)
-            ratio = f"{ours / theirs:6.2f}" if theirs else "     -"
-            theirs_text = f"{theirs:11.2f}" if theirs else f"{'-':>11s}"
-            print(f"{label + ' (' + unit + ')':34s} {k:2d} {ours:10.2f} {theirs_text} {ratio}")
-    print(f"ratio = mpbind / nvshmem4py; an empty Python call takes {results[0]['empty call']['my_pe_ns']:.1f} ns")
+        print(f"#   {name} calls {path}")
+    if missing:
+        print(f"#   {missing}")
+    elif nb is not None and not same:
+        print("#   the two bindings use different library copies: nvshmem4py measured in a second phase")
+    print("# my_pe() ns per call, PE 0: " + ", ".join(f"{k} {v:.1f}" for k, v in everyone[0][1].items()))
+    header = list(rows[0])
+    print(_results.table(header, [[r[h] for h in header] for r in rows]))
+    for k, (other, _) in enumerate(everyone[1:], start=1):
+        ratios = [f"{r.get('layer_over_nvshmem4py_host', float('nan')):.2f}" for r in other]
+        print(f"# PE {k}: layer/nvshmem4py host time per size: {', '.join(ratios)}")
+    csv = a.out / f"nvshmem_put_{placement}.csv"
+    _results.write_csv(csv, header, [[r[h] for h in header] for r in rows])
+    xs = [float(r["bytes"]) for r in rows]
+    names = [v for v in VARIANTS if f"{v}_host_us" in rows[0]]
+    drawn = _results.plot(csv.with_suffix(".png"), f"NVSHMEM put+quiet on stream, {npes} PEs ({placement})",
+                          "bytes", [
+                              ("host time per put+quiet (µs)", {v: (xs, [r[f"{v}_host_us"] for r in rows])
+                                                                for v in names}),
+                              ("bandwidth (GB/s)", {v: (xs, [r[f"{v}_GBps"] for r in rows]) for v in names}),
+                          ])
+    print(f"wrote {csv}" + (" and .png" if drawn else " (no matplotlib: no plot)"))
     return 0
 
 

@@ -417,9 +417,14 @@ class Matmul(Owned):
         # The bound method itself: no Python frame between the caller and the library call.
         self.execute = self._core.execute  # type: ignore[method-assign]
 
-    def execute(self, stream: Stream = None) -> None:  # replaced per instance in __init__
-        """``cublasMpMatmul`` on `stream` (default: the handle's)."""
-        self._core.execute(stream)
+    def execute(self, stream: Stream = None, *, a: Array | None = None, b: Array | None = None,
+                c: Array | None = None, d: Array | None = None) -> None:
+        """``cublasMpMatmul`` on `stream` (default: the handle's). Replaced per instance in ``__init__``.
+
+        `a`, `b`, `c`, `d`: arrays that stand in for the planned operands in this call (new data for
+        the same plan): each must be a column-major device array of its matrix's local shape, dtype and
+        leading dimension (checked before the call; `d` writable). A captured plan refuses them."""
+        self._core.execute(stream, a=a, b=b, c=c, d=d)
 
     __call__ = execute
 

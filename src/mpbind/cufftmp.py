@@ -24,10 +24,10 @@ more), the forward output Y-slabs; R2C/D2Z input pads Z to ``2*(Z//2+1)`` reals.
 
 from __future__ import annotations
 
+import operator
+import sys
 from collections.abc import Sequence
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 # drain, queued: process-wide (mpbind.drain(), mpbind.queued()), kept here as aliases.
 from mpbind import _args, _core, _interop, _placement, drain, queued
@@ -43,6 +43,9 @@ from mpbind.bindings.cufftmp import (
     Type,
 )
 from mpbind.errors import UsageError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "FORWARD",
@@ -167,11 +170,11 @@ def _shape(shape: Sequence[int], ndim: int) -> Shape:
     if len(dims) != ndim:
         raise UsageError(f"shape must have {ndim} extents, got {len(dims)}: {dims}")
     for n in dims:
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        if isinstance(n, bool) or not hasattr(type(n), "__index__"):
             raise TypeError(f"shape extents must be ints, got {n!r}")
         if n < 1:
             raise UsageError(f"shape extents must be >= 1, got {dims}")
-    return tuple(int(n) for n in dims)
+    return tuple(operator.index(n) for n in dims)
 
 
 def _ndim(values: Any, name: str) -> int:
@@ -212,23 +215,6 @@ def _boxes(input_box: Box, output_box: Box, ndim: int, input_strides: Sequence[i
     st_in = _ints(input_strides, "input_strides") if input_strides is not None else _box_strides(lo_in, up_in)
     st_out = _ints(output_strides, "output_strides") if output_strides is not None else _box_strides(lo_out, up_out)
     return lo_in, up_in, st_in, lo_out, up_out, st_out
-
-
-def _pointer(obj: Any, what: str, dtype: str | None, min_elements: int | None, *,
-             writable: bool) -> tuple[int, Any]:
-    """(device pointer, owner) of an array (checked) or a raw int pointer (unchecked)."""
-    if isinstance(obj, bool):
-        raise TypeError(f"{what} must be a device array or an int pointer")
-    if isinstance(obj, int):
-        if obj == 0:
-            raise UsageError(f"{what} is a NULL pointer")
-        return obj, None
-    info = _interop.device_array(obj, what, dtype=dtype, writable=writable)
-    if min_elements is not None and info.size < min_elements:
-        raise UsageError(f"{what} has {info.size} elements; this PE's part needs {min_elements}")
-    if info.ptr == 0:
-        raise UsageError(f"{what} is a NULL pointer")
-    return info.ptr, obj
 
 
 class Plan(Owned):
@@ -460,26 +446,7 @@ class Plan(Owned):
         (C2C complex64, Z2Z complex128, R2C float32 -> complex64, ...) and, where the layout is
         known, large enough for this PE's part. Ints are taken as raw device pointers, unchecked.
         ``direction`` is implied for real-to-complex (FORWARD) and complex-to-real (INVERSE) plans."""
-        t = self.fft_type
-        if t is None:
-            raise UsageError("exec: the plan is not made yet (call make_plan_2d/3d or a create_* method)")
-        d = self._implied_direction(t, direction)
-        in_dtype, out_dtype = self.dtypes(d)
-        shapes = self._layout.get(d) if self._layout is not None else None
-        need_in = need_out = None
-        if shapes is not None:
-            n_in = int(np.prod(shapes[0]))
-            n_out = int(np.prod(shapes[1]))
-            if output is None:  # one buffer holds the input, then the output
-                in_size, out_size = _interop.itemsize(in_dtype), _interop.itemsize(out_dtype)
-                need_in = max(n_in, -(-n_out * out_size // in_size))
-            elif t in _COMPLEX:
-                need_in, need_out = n_in, n_out
-        in_ptr, _keep_in = _pointer(input, "input", in_dtype, need_in, writable=output is None)
-        out_ptr = 0
-        if output is not None:
-            out_ptr, _keep_out = _pointer(output, "output", out_dtype, need_out, writable=True)
-        self._live.exec(in_ptr, out_ptr, d)
+        self._core.exec(input, output, direction, self._layout)
 
     def malloc(self, format: int = SubFormat.XT_FORMAT_INPLACE) -> Descriptor:
         """cufftXtMalloc (collective): this PE's part of the distributed data, in ``format``
@@ -553,7 +520,12 @@ class Descriptor(Owned):
     def copy_to_host(self, out: np.ndarray | None = None) -> np.ndarray:
         """cufftXtMemcpy DEVICE_TO_HOST of this PE's part into ``out`` (at least :attr:`nbytes`
         bytes, C-contiguous) or a new uint8 array; returns it."""
-        buf = np.empty(self.nbytes, np.uint8) if out is None else self._host(out, "out", writable=True)
+        if out is None:
+            import numpy as np  # only here: the caller asked for a NumPy array
+
+            buf = np.empty(self.nbytes, np.uint8)
+        else:
+            buf = self._host(out, "out", writable=True)
         self._core.memcpy(buf.ctypes.data, CopyType.DEVICE_TO_HOST)
         return buf
 
@@ -564,6 +536,10 @@ class Descriptor(Owned):
         self._core.copy_from(src._core)
 
     def _host(self, array: Any, what: str, *, writable: bool) -> np.ndarray:
+        if "numpy" not in sys.modules:  # then `array` cannot be a NumPy array
+            raise TypeError(f"{what} must be a NumPy array, not {type(array).__name__}")
+        import numpy as np  # loaded already: a lookup
+
         if not isinstance(array, np.ndarray):
             raise TypeError(f"{what} must be a NumPy array, not {type(array).__name__}")
         if not array.flags.c_contiguous:

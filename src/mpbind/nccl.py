@@ -30,7 +30,6 @@ from mpbind._typing import Buffer as BufferLike
 from mpbind._typing import Operand, Stream
 from mpbind.bindings import nccl as _flat
 from mpbind.bindings.nccl import Config, DataType, RedOp, UniqueId, get_unique_id, get_version
-from mpbind.errors import UsageError
 
 __all__ = [
     "Buffer", "Communicator", "Config", "DataType", "RedOp", "Registration", "UniqueId", "drain",
@@ -40,16 +39,8 @@ __all__ = [
 Buffer = _core.nccl.Buffer
 Registration = _core.Registration
 
-_DTYPES: dict[str, DataType] = {
-    "int8": DataType.INT8, "uint8": DataType.UINT8, "int32": DataType.INT32, "uint32": DataType.UINT32,
-    "int64": DataType.INT64, "uint64": DataType.UINT64, "float16": DataType.FLOAT16,
-    "float32": DataType.FLOAT32, "float64": DataType.FLOAT64, "bfloat16": DataType.BFLOAT16,
-    "float8_e4m3fn": DataType.FLOAT8E4M3, "float8_e5m2": DataType.FLOAT8E5M2,
-}
 _MAX_SIZE = 2**64 - 1  # size_t
 _MAX_INT = 2**31 - 1  # C int
-_OPS: dict[str, RedOp] = {"sum": RedOp.SUM, "prod": RedOp.PROD, "max": RedOp.MAX, "min": RedOp.MIN,
-                          "avg": RedOp.AVG}
 
 
 def mem_alloc(nbytes: int) -> Buffer:
@@ -67,45 +58,8 @@ def group() -> Iterator[None]:
         _flat.group_end()
 
 
-def _op(op: str | int) -> int:
-    if isinstance(op, str):
-        try:
-            return int(_OPS[op.lower()])
-        except KeyError:
-            raise UsageError(f"unknown reduction {op!r} (use one of {', '.join(_OPS)} or a RedOp)") from None
-    return _args.integer(op, "op", minimum=0, maximum=_MAX_INT)
-
-
 def _config(config: Config | None) -> Config | None:
     return None if config is None else _args.instance(config, "config", Config, "an mpbind.nccl.Config or None")
-
-
-class _Operand:
-    """A device buffer for a collective: pointer, element count, element type."""
-
-    __slots__ = ("ptr", "count", "dtype", "owner")
-
-    def __init__(self, obj: Any, what: str, device: int, writable: bool) -> None:
-        if isinstance(obj, tuple):
-            if len(obj) != 3:
-                raise TypeError(f"{what} given as a tuple must be (ptr, count, dtype)")
-            ptr, count, dtype = obj
-            if not isinstance(ptr, int) or not isinstance(count, int):
-                raise TypeError(f"{what}: ptr and count must be ints")
-            if count < 0:
-                raise UsageError(f"{what}: count must be >= 0, got {count}")
-            self.ptr, self.count, self.dtype, self.owner = ptr, count, _interop.dtype_name(dtype), None
-        else:
-            info = _interop.device_array(obj, what, writable=writable)
-            if info.device != device:
-                raise UsageError(f"{what} is on device {info.device} but the communicator uses device {device}")
-            self.ptr, self.count, self.dtype, self.owner = info.ptr, info.size, info.dtype, obj
-        if self.dtype not in _DTYPES:
-            raise UsageError(f"{what}: NCCL has no {self.dtype} type")
-
-    @property
-    def nccl_dtype(self) -> int:
-        return int(_DTYPES[self.dtype])
 
 
 class Communicator(Owned):
@@ -231,72 +185,40 @@ class Communicator(Owned):
         return list(self._core.registrations())
 
     # --- collectives ---------------------------------------------------------
-
-    def _pair(self, send: Operand, recv: Operand, send_per_recv: float) -> tuple[_Operand, _Operand]:
-        dev = self.device
-        s = _Operand(send, "sendbuf", dev, writable=False)
-        r = _Operand(recv, "recvbuf", dev, writable=True)
-        if s.dtype != r.dtype:
-            raise UsageError(f"sendbuf is {s.dtype} but recvbuf is {r.dtype}")
-        if s.count != r.count * send_per_recv:
-            raise UsageError(
-                f"sendbuf has {s.count} elements and recvbuf {r.count}; expected sendbuf = "
-                f"{send_per_recv:g} x recvbuf for this collective on {self.size} ranks"
-            )
-        return s, r
+    # Each is one call into the core, which describes the buffers (arrays or (ptr, count, dtype)),
+    # checks them (device, dtype, counts, writability, rank, reduction) and calls NCCL once.
 
     def all_reduce(self, sendbuf: Operand, recvbuf: Operand, op: str | RedOp | int = "sum",
                    stream: Stream = None) -> None:
         """``ncclAllReduce``; `sendbuf` may be `recvbuf` (in place)."""
-        s, r = self._pair(sendbuf, recvbuf, 1)
-        _flat.all_reduce(s.ptr, r.ptr, r.count, r.nccl_dtype, _op(op), self.ptr, _interop.stream_handle(stream))
+        self._core.all_reduce(sendbuf, recvbuf, op, stream)
 
     def reduce(self, sendbuf: Operand, recvbuf: Operand, root: int, op: str | RedOp | int = "sum",
                stream: Stream = None) -> None:
         """``ncclReduce`` to `root`."""
-        s, r = self._pair(sendbuf, recvbuf, 1)
-        self._check_rank(root, "root")
-        _flat.reduce(s.ptr, r.ptr, r.count, r.nccl_dtype, _op(op), root, self.ptr,
-                     _interop.stream_handle(stream))
+        self._core.reduce(sendbuf, recvbuf, root, op, stream)
 
     def broadcast(self, sendbuf: Operand, recvbuf: Operand, root: int, stream: Stream = None) -> None:
         """``ncclBroadcast`` from `root`."""
-        s, r = self._pair(sendbuf, recvbuf, 1)
-        self._check_rank(root, "root")
-        _flat.broadcast(s.ptr, r.ptr, r.count, r.nccl_dtype, root, self.ptr, _interop.stream_handle(stream))
+        self._core.broadcast(sendbuf, recvbuf, root, stream)
 
     def all_gather(self, sendbuf: Operand, recvbuf: Operand, stream: Stream = None) -> None:
         """``ncclAllGather``: `recvbuf` holds ``size`` x `sendbuf`."""
-        s, r = self._pair(sendbuf, recvbuf, 1 / self.size)
-        _flat.all_gather(s.ptr, r.ptr, s.count, s.nccl_dtype, self.ptr, _interop.stream_handle(stream))
+        self._core.all_gather(sendbuf, recvbuf, stream)
 
     def reduce_scatter(self, sendbuf: Operand, recvbuf: Operand, op: str | RedOp | int = "sum",
                        stream: Stream = None) -> None:
         """``ncclReduceScatter``: `sendbuf` holds ``size`` x `recvbuf`."""
-        s, r = self._pair(sendbuf, recvbuf, self.size)
-        _flat.reduce_scatter(s.ptr, r.ptr, r.count, r.nccl_dtype, _op(op), self.ptr,
-                             _interop.stream_handle(stream))
+        self._core.reduce_scatter(sendbuf, recvbuf, op, stream)
 
     def all_to_all(self, sendbuf: Operand, recvbuf: Operand, stream: Stream = None) -> None:
         """``ncclAlltoAll``: both hold ``size`` blocks; block j of `sendbuf` goes to rank j."""
-        s, r = self._pair(sendbuf, recvbuf, 1)
-        if s.count % self.size:
-            raise UsageError(f"all_to_all: {s.count} elements do not split into {self.size} equal blocks")
-        _flat.all_to_all(s.ptr, r.ptr, s.count // self.size, s.nccl_dtype, self.ptr,
-                         _interop.stream_handle(stream))
+        self._core.all_to_all(sendbuf, recvbuf, stream)
 
     def send(self, sendbuf: Operand, peer: int, stream: Stream = None) -> None:
         """``ncclSend`` to `peer` (pair with :meth:`recv`; wrap several in :func:`group`)."""
-        s = _Operand(sendbuf, "sendbuf", self.device, writable=False)
-        self._check_rank(peer, "peer")
-        _flat.send(s.ptr, s.count, s.nccl_dtype, peer, self.ptr, _interop.stream_handle(stream))
+        self._core.send(sendbuf, peer, stream)
 
     def recv(self, recvbuf: Operand, peer: int, stream: Stream = None) -> None:
         """``ncclRecv`` from `peer`."""
-        r = _Operand(recvbuf, "recvbuf", self.device, writable=True)
-        self._check_rank(peer, "peer")
-        _flat.recv(r.ptr, r.count, r.nccl_dtype, peer, self.ptr, _interop.stream_handle(stream))
-
-    def _check_rank(self, rank: int, what: str) -> None:
-        if not isinstance(rank, int) or not 0 <= rank < self.size:
-            raise UsageError(f"{what} must be a rank in [0, {self.size}), got {rank!r}")
+        self._core.recv(recvbuf, peer, stream)

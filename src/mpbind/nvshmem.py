@@ -30,23 +30,19 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 import sys
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import numpy as np
-
 from mpbind import _args, _core, _placement
 from mpbind._interop import (
-    ArrayInfo,
-    c_strides,
-    device_array,
     device_span,
     dlpack_code,
     dtype_name,
     itemsize,
-    stream_handle,
+    typestr,
 )
 from mpbind._owned import Owned
 from mpbind._typing import Array, Stream
@@ -90,15 +86,6 @@ Registration = _core.Registration
 
 _KDL_CUDA = 2
 _LIMITED_STATUS = 3  # InitStatus.LIMITED_MPG
-_ARITH_OPS = ("sum", "prod", "min", "max")
-_BITWISE_OPS = ("and", "or", "xor")
-# Our dtype names -> NVSHMEM's type names (the flat families accept these).
-_NVSHMEM_TYPES: dict[str, str] = {
-    "int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64",
-    "uint8": "uint8", "uint16": "uint16", "uint32": "uint32", "uint64": "uint64",
-    "float16": "half", "bfloat16": "bfloat16", "float32": "float", "float64": "double",
-}
-_INTEGER_TYPES = frozenset(n for n in _NVSHMEM_TYPES if n.startswith(("int", "uint")))
 
 
 def _flat() -> Any:
@@ -284,15 +271,12 @@ def _device() -> int:
 
 
 def _cai(ptr: int, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
-    try:
-        typestr = np.dtype(dtype).str
-    except TypeError:
-        typestr = "|V"
-    if typestr[1] == "V":
+    ts = typestr(dtype)
+    if ts is None:
         # bfloat16 and float8 have no typestr (or, with ml_dtypes loaded, only an opaque "<V2"):
         # AttributeError makes consumers fall back to DLPack, which names them.
         raise AttributeError(f"__cuda_array_interface__ cannot describe {dtype}; use DLPack")
-    return {"version": 3, "shape": shape, "typestr": typestr, "data": (ptr, False), "strides": None,
+    return {"version": 3, "shape": shape, "typestr": ts, "data": (ptr, False), "strides": None,
             "stream": None}
 
 
@@ -352,9 +336,6 @@ class _DeviceView:
     def __dlpack_device__(self) -> tuple[int, int]:
         return (_KDL_CUDA, self._device)
 
-    def _info(self) -> ArrayInfo:
-        return ArrayInfo(self.ptr, self._shape, c_strides(self._shape), self._dtype, self._device, False, self)
-
 
 class SymmetricArray(Owned, _DeviceView):
     """An array in NVSHMEM's symmetric heap (every PE allocated it together).
@@ -365,6 +346,7 @@ class SymmetricArray(Owned, _DeviceView):
     array. Dropped unfreed, it warns ``ResourceWarning`` and waits for ``drain()``/``finalize()``.
     """
 
+    # The core reads these slots directly when the array is passed to a hot call (arrays.cpp).
     __slots__ = ("_core", "_shape", "_dtype", "_device")
     _core: SymmetricMemory
 
@@ -409,6 +391,7 @@ class PeerArray(_DeviceView):
     """Another PE's copy of a symmetric array, addressed directly (loads and stores over NVLink
     or within one GPU). Not symmetric memory itself: pass the SymmetricArray to RMA calls."""
 
+    # The core reads _base, _address, _shape, _dtype and _device directly (arrays.cpp).
     __slots__ = ("_base", "_address", "_pe", "_shape", "_dtype", "_device")
     _base: SymmetricArray
     _address: int
@@ -446,12 +429,23 @@ class PeerArray(_DeviceView):
         return f"<PeerArray pe={self._pe} of {self._base!r}>"
 
 
+def _is_index(value: Any) -> bool:
+    """An int or an integer of another library (NumPy's), not a bool."""
+    if isinstance(value, bool):
+        return False
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
+
+
 def _shape_of(shape: int | Sequence[int]) -> tuple[int, ...]:
     dims = (shape,) if isinstance(shape, int) else tuple(shape)
     for d in dims:
-        if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d < 0:
+        if not _is_index(d) or d < 0:
             raise UsageError(f"shape must be non-negative ints, not {shape!r}")
-    dims = tuple(int(d) for d in dims)
+    dims = tuple(operator.index(d) for d in dims)
     if math.prod(dims) == 0:
         raise UsageError(f"cannot allocate an empty symmetric array (shape {dims})")
     return dims
@@ -492,99 +486,45 @@ def register(buffer: BufferLike) -> Registration:
 def _check_pe(pe: Any, what: str, n: int | None = None) -> int:
     if n is None:
         n = int(_nv.runtime().n_pes)
-    if not isinstance(pe, (int, np.integer)) or isinstance(pe, bool) or not 0 <= pe < n:
+    if not _is_index(pe) or not 0 <= pe < n:
         raise UsageError(f"{what} must be a PE number in [0, {n}), not {pe!r}")
-    return int(pe)
-
-
-def _symmetric(obj: Any, what: str) -> ArrayInfo:
-    """`obj` described, checked to lie in one of this runtime's symmetric allocations."""
-    if isinstance(obj, SymmetricArray):
-        info = obj._info()  # UsageError once freed
-    elif isinstance(obj, PeerArray):
-        raise UsageError(f"{what} is a peer view (PeerArray); pass the SymmetricArray itself")
-    else:
-        info = device_array(obj, what)
-    if _nv.containing(info.ptr, info.nbytes) is None:
-        raise UsageError(f"{what} is not NVSHMEM symmetric memory (allocate it with mpbind.nvshmem.empty "
-                         f"or zeros, or view such an array)")
-    return info
-
-
-def _local(obj: Any, what: str) -> ArrayInfo:
-    if isinstance(obj, _DeviceView):
-        return obj._info()
-    return device_array(obj, what)
-
-
-def _same(a: ArrayInfo, b: ArrayInfo, what: str, *, nbytes: bool = True) -> None:
-    if a.dtype != b.dtype:
-        raise UsageError(f"{what}: dest has dtype {a.dtype}, src {b.dtype}")
-    if nbytes and a.nbytes != b.nbytes:
-        raise UsageError(f"{what}: dest has {a.size} elements, src {b.size}")
-
-
-def _team(team: Team | None) -> tuple[int, int]:
-    """(nvshmem_team_t, number of PEs) of `team` (None: the world team)."""
-    rt = _nv.runtime()
-    if team is None:
-        return 0, int(rt.n_pes)  # NVSHMEM_TEAM_WORLD
-    if not isinstance(team, Team):
-        raise TypeError(f"team must be an mpbind.nvshmem.Team or None, not {type(team).__name__}")
-    return int(team.handle), int(team.n_pes)
-
-
-def _full_mode(what: str) -> None:
-    # libnvshmem_host exits the process on these calls in limited MPG mode: refuse first.
-    if _nv.runtime().limited_mpg:
-        raise UsageError(f"{what} is not available in NVSHMEM's limited multi-PE-per-GPU mode (several PEs "
-                         "on one GPU without CUDA MPS); run under MPS or with one PE per GPU")
+    return operator.index(pe)
 
 
 # --- RMA and synchronisation -----------------------------------------------------------------
+# Each is one call into the core, which checks its arguments (the runtime, symmetric memory, dtypes,
+# sizes, PE numbers, the team, the limited multi-PE-per-GPU mode) before its one library call.
 
 
 def put(dest: Array, src: Array, pe: int, stream: Stream = None) -> None:
     """Copy local `src` into symmetric `dest` on PE `pe`, on `stream` (``nvshmemx_putmem_on_stream``).
     Complete it with :func:`quiet`; make it visible to `pe` with a barrier."""
-    _nv.runtime()  # UsageError before init() or after finalize(), before anything else
-    d, s = _symmetric(dest, "dest"), _local(src, "src")
-    _same(d, s, "put")
-    _flat().putmem_on_stream(d.ptr, s.ptr, d.nbytes, _check_pe(pe, "pe"), stream_handle(stream))
+    _nv.put(dest, src, pe, stream)
 
 
 def get(dest: Array, src: Array, pe: int, stream: Stream = None) -> None:
     """Copy symmetric `src` from PE `pe` into local `dest`, on `stream` (``nvshmemx_getmem_on_stream``)."""
-    _nv.runtime()  # UsageError before init() or after finalize(), before anything else
-    s, d = _symmetric(src, "src"), _local(dest, "dest")
-    _same(d, s, "get")
-    _flat().getmem_on_stream(d.ptr, s.ptr, d.nbytes, _check_pe(pe, "pe"), stream_handle(stream))
+    _nv.get(dest, src, pe, stream)
 
 
 def quiet(stream: Stream = None) -> None:
     """Complete this PE's outstanding RMA on `stream` (``nvshmemx_quiet_on_stream``)."""
-    _nv.runtime()
-    _flat().quiet_on_stream(stream_handle(stream))
+    _nv.quiet(stream)
 
 
 def barrier_all(stream: Stream = None) -> None:
     """Barrier over all PEs with completion of their RMA, on `stream` (collective)."""
-    _nv.runtime()
-    _flat().barrier_all_on_stream(stream_handle(stream))
+    _nv.barrier_all(stream)
 
 
 def sync_all(stream: Stream = None) -> None:
     """Barrier over all PEs without completing RMA, on `stream` (collective)."""
-    _nv.runtime()
-    _flat().sync_all_on_stream(stream_handle(stream))
+    _nv.sync_all(stream)
 
 
 def barrier(team: Team | None = None, stream: Stream = None) -> None:
     """Barrier over `team` with completion of RMA, on `stream` (collective over the team)."""
-    _nv.runtime()  # UsageError before init() or after finalize(), before anything else
-    handle, _ = _team(team)
-    _full_mode("barrier on a team")
-    _flat().barrier_on_stream(handle, stream_handle(stream))
+    _nv.barrier(team, stream)
 
 
 # --- collectives -----------------------------------------------------------------------------
@@ -592,54 +532,22 @@ def barrier(team: Team | None = None, stream: Stream = None) -> None:
 
 def broadcast(dest: Array, src: Array, root: int, team: Team | None = None, stream: Stream = None) -> None:
     """Copy `src` of the team's PE `root` into `dest` on every member (collective over `team`)."""
-    _nv.runtime()  # UsageError before init() or after finalize(), before anything else
-    handle, n = _team(team)
-    d, s = _symmetric(dest, "dest"), _symmetric(src, "src")
-    _same(d, s, "broadcast")
-    root = _check_pe(root, "root", n)
-    _full_mode("broadcast")
-    _flat().broadcastmem_on_stream(handle, d.ptr, s.ptr, d.nbytes, root, stream_handle(stream))
+    _nv.broadcast(dest, src, root, team, stream)
 
 
 def fcollect(dest: Array, src: Array, team: Team | None = None, stream: Stream = None) -> None:
     """Concatenate every member's `src` into `dest`, in team order (collective over `team`).
     `dest` holds team-size times `src`'s elements."""
-    _nv.runtime()  # UsageError before init() or after finalize(), before anything else
-    handle, n = _team(team)
-    d, s = _symmetric(dest, "dest"), _symmetric(src, "src")
-    _same(d, s, "fcollect", nbytes=False)
-    if d.size != s.size * n:
-        raise UsageError(f"fcollect: dest has {d.size} elements; {n} PEs x {s.size} elements of src "
-                         f"need {s.size * n}")
-    _full_mode("fcollect")
-    _flat().fcollectmem_on_stream(handle, d.ptr, s.ptr, s.nbytes, stream_handle(stream))
+    _nv.fcollect(dest, src, team, stream)
 
 
 def alltoall(dest: Array, src: Array, team: Team | None = None, stream: Stream = None) -> None:
     """Block j of `src` goes to member j, into block i of its `dest` (i: this PE); both hold
     team-size equal blocks (collective over `team`)."""
-    _nv.runtime()  # UsageError before init() or after finalize(), before anything else
-    handle, n = _team(team)
-    d, s = _symmetric(dest, "dest"), _symmetric(src, "src")
-    _same(d, s, "alltoall")
-    if s.size % n:
-        raise UsageError(f"alltoall: {s.size} elements do not split into {n} equal blocks")
-    _full_mode("alltoall")
-    _flat().alltoallmem_on_stream(handle, d.ptr, s.ptr, s.nbytes // n, stream_handle(stream))
+    _nv.alltoall(dest, src, team, stream)
 
 
 def reduce(op: str, dest: Array, src: Array, team: Team | None = None, stream: Stream = None) -> None:
     """Element-wise reduction of every member's `src` into `dest` on all members (collective over
     `team`). `op`: sum, prod, min, max for integer and float dtypes; and, or, xor for integers."""
-    if op not in _ARITH_OPS + _BITWISE_OPS:
-        raise UsageError(f"reduce: unknown op {op!r}; use one of {', '.join(_ARITH_OPS + _BITWISE_OPS)}")
-    _nv.runtime()  # UsageError before init() or after finalize(), before anything else
-    handle, _ = _team(team)
-    d, s = _symmetric(dest, "dest"), _symmetric(src, "src")
-    _same(d, s, "reduce")
-    type_name = _NVSHMEM_TYPES.get(d.dtype)
-    if type_name is None or (op in _BITWISE_OPS and d.dtype not in _INTEGER_TYPES):
-        raise UsageError(f"reduce: {op} is not available for {d.dtype}")
-    _full_mode("reduce")
-    family = getattr(_flat(), f"{op}_reduce_on_stream")
-    family(type_name, handle, d.ptr, s.ptr, d.size, stream_handle(stream))
+    _nv.reduce(op, dest, src, team, stream)

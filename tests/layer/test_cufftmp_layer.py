@@ -99,7 +99,8 @@ def test_module_surface() -> None:
 
 
 class FakeCore:
-    """What mpbind.cufftmp.Plan reads from its core plan; exec records its arguments."""
+    """What mpbind.cufftmp.Plan reads from its core plan. exec runs the core's own checks of a made
+    plan (mpbind._core._testing.cufftmp_exec) and records what cufftExec* would get."""
 
     def __init__(self, fft_type: int, shape: tuple[int, ...]) -> None:
         self.fft_type = int(fft_type)
@@ -107,8 +108,10 @@ class FakeCore:
         self.closed = False
         self.calls: list[tuple[int, int, int]] = []
 
-    def exec(self, i: int, o: int, d: int) -> None:
-        self.calls.append((i, o, d))
+    def exec(self, input: Any, output: Any, direction: Any, layout: Any) -> None:
+        if self.closed:
+            raise UsageError("cufftmp.Plan is closed")
+        self.calls.append(tuple(_core._testing.cufftmp_exec(self.fft_type, input, output, direction, layout)))
 
     def close(self) -> None:
         self.closed = True

@@ -484,26 +484,4 @@ uint64_t uint_arg(nb::handle value, const char* what, uint64_t lo) {
     if (v < lo) raise_usage(std::string(what) + " must be >= " + std::to_string(lo) + ", got " + py_repr(value));
     return v;
 }
-
-// ---------------------------------------------------------------------------
-// Streams
-// ---------------------------------------------------------------------------
-
-uintptr_t stream_handle(nb::handle obj) {
-    if (obj.is_none()) return 0;
-    if (PyLong_Check(obj.ptr())) return uint_arg(obj, "stream");
-    if (nb::hasattr(obj, "__cuda_stream__")) {
-        nb::object info = obj.attr("__cuda_stream__")();
-        if (!nb::isinstance<nb::tuple>(info) || nb::len(info) != 2) {
-            raise_type("__cuda_stream__() must return a (version, handle) tuple");
-        }
-        return uint_arg(nb::borrow<nb::tuple>(info)[1], "stream.__cuda_stream__()[1]");
-    }
-    if (nb::hasattr(obj, "cuda_stream")) return uint_arg(obj.attr("cuda_stream"), "stream.cuda_stream");  // PyTorch
-    if (nb::hasattr(obj, "ptr")) return uint_arg(obj.attr("ptr"), "stream.ptr");                          // CuPy
-    raise_type(std::string("stream must be an int, None, or an object with __cuda_stream__, "
-                           ".cuda_stream or .ptr, not ") +
-               nb::cast<std::string>(nb::str(obj.type().attr("__name__"))));
-}
-
 }  // namespace mpbind

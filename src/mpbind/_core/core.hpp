@@ -396,7 +396,7 @@ T& object_arg(nb::handle value, const char* what, const char* expected) {
 // ---------------------------------------------------------------------------
 
 // An int, or an object with __cuda_stream__ (protocol), .cuda_stream (PyTorch)
-// or .ptr (CuPy); None is the default stream (0).
+// or .ptr (CuPy); None is the default stream (0). (arrays.cpp, with the arrays of hot calls.)
 uintptr_t stream_handle(nb::handle obj);
 
 }  // namespace mpbind

@@ -4,6 +4,7 @@
 // library call.
 
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -16,6 +17,7 @@
 
 #include "abi/cublasmp.hpp"
 #include "abi/cuda_driver.hpp"
+#include "arrays.hpp"
 #include "register.hpp"
 #include "nccl.hpp"
 
@@ -236,28 +238,32 @@ public:
     void* graph = nullptr;  // CUgraph / CUgraphExec of the captured call, once captured
     void* graph_exec = nullptr;
 
-    // `fn` (cublasMpMatmul or its _bufferSize) on this plan's operands, then `tail...`, without the
-    // GIL; raises its error unless it succeeded. The hot path of execute(): one direct call.
+    // The pointers of a call: the planned operands', or new arrays' of the same shapes (0: planned).
+    using Pointers = std::array<uintptr_t, 4>;
+
+    // `fn` (cublasMpMatmul or its _bufferSize) on this plan's operands (at `ptrs`), then `tail...`,
+    // without the GIL; raises its error unless it succeeded. The hot path of execute(): one direct call.
     template <class F, class... Tail>
-    void with_operands(const F& fn, Tail... tail) {
-        auto ptr = [](const Operand& o) { return reinterpret_cast<void*>(o.ptr); };
+    void with_operands(const F& fn, const Pointers& ptrs, Tail... tail) {
+        auto ptr = [&](const Operand& o, int i) { return reinterpret_cast<void*>(ptrs[i] ? ptrs[i] : o.ptr); };
         auto desc = [](const Operand& o) { return o.desc ? o.desc->desc : nullptr; };
         cublasMpStatus_t status;
         {
             nb::gil_scoped_release release;
-            status = fn.ptr(handle->handle, mm->desc, m, n, k, alpha.data(), ptr(a), a.i, a.j, desc(a), ptr(b), b.i,
-                            b.j, desc(b), beta.data(), ptr(c), c.i, c.j, desc(c), ptr(d), d.i, d.j, desc(d), tail...);
+            status = fn.ptr(handle->handle, mm->desc, m, n, k, alpha.data(), ptr(a, 0), a.i, a.j, desc(a), ptr(b, 1),
+                            b.i, b.j, desc(b), beta.data(), ptr(c, 2), c.i, c.j, desc(c), ptr(d, 3), d.i, d.j, desc(d),
+                            tail...);
         }
         if (status != success) check(fn, capi::returned(fn, status));
     }
 
-    void size_workspaces() { with_operands(api().cublasMpMatmul_bufferSize, &device_bytes, &host_bytes); }
+    void size_workspaces() { with_operands(api().cublasMpMatmul_bufferSize, Pointers{}, &device_bytes, &host_bytes); }
 
-    void call_library() {
+    void call_library(const Pointers& ptrs = {}) {
         mm->check_open();  // a descriptor the caller kept may be closed before the plan
         void* dws = workspace ? workspace->ptr : nullptr;
         void* hws = host_workspace.empty() ? nullptr : host_workspace.data();
-        with_operands(api().cublasMpMatmul, dws, device_bytes, hws, host_bytes);
+        with_operands(api().cublasMpMatmul, ptrs, dws, device_bytes, hws, host_bytes);
     }
 
     // Record one call into a CUDA graph on `stream`; execute() then replays it.
@@ -290,15 +296,19 @@ public:
         graph_exec = exec;
     }
 
-    void execute(uintptr_t stream) {
+    void execute(uintptr_t stream, const Pointers& ptrs = {}) {
         check_open();
         handle->check_open();
         if (graph_exec) {
+            if (ptrs != Pointers{}) {
+                raise_usage("a captured matmul replays the operands it recorded; new operands need a plan that is "
+                            "not captured");
+            }
             call(cu::api().cuGraphLaunch, graph_exec, reinterpret_cast<void*>(stream));
             return;
         }
         handle->set_stream(stream);
-        call_library();
+        call_library(ptrs);
     }
 
 protected:
@@ -330,6 +340,97 @@ Operand operand(nb::handle spec, const char* what, bool optional) {
     h.get();
     o.desc = h.state();
     return o;
+}
+
+// --- new operands for a planned matmul -------------------------------------------------------------
+
+i64 numroc(i64 n, i64 nb, i64 iproc, i64 isrcproc, i64 nprocs) {
+    i64 mydist = (nprocs + iproc - isrcproc) % nprocs;
+    i64 nblocks = n / nb;
+    i64 num = (nblocks / nprocs) * nb;
+    i64 extra = nblocks % nprocs;
+    if (mydist < extra) {
+        num += nb;
+    } else if (mydist == extra) {
+        num += n % nb;
+    }
+    return num;
+}
+
+// (rows, columns) of the piece of an m x n matrix in mb x nb blocks, first block on (rsrc, csrc), that
+// process `rank` holds on an nprow x npcol grid (as Matrix computes it).
+std::pair<i64, i64> local_shape(i64 m, i64 n, i64 mb, i64 nb, i64 rsrc, i64 csrc, i64 nprow, i64 npcol, int layout,
+                                i64 rank) {
+    bool col_major = layout == CUBLASMP_GRID_LAYOUT_COL_MAJOR;
+    i64 prow = col_major ? rank % nprow : rank / npcol;
+    i64 pcol = col_major ? rank / nprow : rank % npcol;
+    return {numroc(m, mb, prow, rsrc, nprow), numroc(n, nb, pcol, csrc, npcol)};
+}
+
+arrays::Dtype element_type(int cuda_type) {
+    using D = arrays::Dtype;
+    switch (cuda_type) {
+        case CUDA_R_16F: return D::kFloat16;
+        case CUDA_R_16BF: return D::kBFloat16;
+        case CUDA_R_32F: return D::kFloat32;
+        case CUDA_R_64F: return D::kFloat64;
+        case CUDA_C_32F: return D::kComplex64;
+        case CUDA_C_64F: return D::kComplex128;
+        case CUDA_R_8I: return D::kInt8;
+        case CUDA_R_32I: return D::kInt32;
+        case CUDA_R_8F_E4M3: return D::kFloat8E4M3FN;
+        case CUDA_R_8F_E5M2: return D::kFloat8E5M2;
+        default: return D::kInvalid;
+    }
+}
+
+// What a new operand must match: the planned local piece.
+struct Piece {
+    i64 rows, cols, lld;
+    arrays::Dtype dtype;
+};
+
+Piece piece_of(const MatrixState& m) {
+    const GridState& g = *m.grid;
+    auto [rows, cols] = local_shape(m.m, m.n, m.mb, m.nb, m.rsrc, m.csrc, g.nprow, g.npcol, g.layout, g.comm->rank);
+    return {rows, cols, m.lld, element_type(m.dtype)};
+}
+
+// The pointer of `obj`, a column-major local piece standing in for a planned operand: same element
+// type, same local shape, same leading dimension (the plan's descriptor describes it).
+uintptr_t new_operand(nb::handle obj, const char* what, const Piece& p, bool writable) {
+    arrays::Array a = arrays::device_array(obj, {what, writable, false, false, p.dtype});
+    if (a.shape.size() != 2 || a.shape[0] != p.rows || a.shape[1] != p.cols) {
+        std::string got = a.shape.size() == 2 ? std::to_string(a.shape[0]) + " x " + std::to_string(a.shape[1])
+                                              : std::to_string(a.shape.size()) + "-D";
+        raise_usage(std::string(what) + " is " + got + "; the plan's local piece is " + std::to_string(p.rows) + " x " +
+                    std::to_string(p.cols));
+    }
+    if (a.strides[0] != 1 && p.rows > 1) {
+        raise_usage(std::string(what) + " must be column-major (strides (1, lld)); got strides (" +
+                    std::to_string(a.strides[0]) + ", " + std::to_string(a.strides[1]) + ") elements");
+    }
+    i64 lld = std::max<i64>(1, p.cols > 1 ? a.strides[1] : p.rows);
+    if (lld != p.lld) {
+        raise_usage(std::string(what) + " has leading dimension " + std::to_string(lld) +
+                    "; the plan's descriptor has " + std::to_string(p.lld));
+    }
+    if (a.ptr == 0 && a.size > 0) raise_usage(std::string(what) + " is a NULL pointer");
+    return a.ptr;
+}
+
+MatmulPlanState::Pointers new_operands(const MatmulPlanState& p, nb::handle a, nb::handle b, nb::handle c,
+                                       nb::handle d) {
+    MatmulPlanState::Pointers ptrs{};
+    const char* names[] = {"a", "b", "c", "d"};
+    const Operand* planned[] = {&p.a, &p.b, &p.c, &p.d};
+    nb::handle given[] = {a, b, c, d};
+    for (int i = 0; i < 4; ++i) {
+        if (given[i].is_none()) continue;
+        if (!planned[i]->desc) raise_usage(std::string(names[i]) + ": the plan was made without " + names[i]);
+        ptrs[i] = new_operand(given[i], names[i], piece_of(*planned[i]->desc), i == 3);
+    }
+    return ptrs;
 }
 
 std::array<unsigned char, 16> scalar_bytes(nb::bytes b, const char* what) {
@@ -531,11 +632,17 @@ void register_cublasmp(nb::module_& parent) {
        nb::arg("a"), nb::arg("b"), nb::arg("beta"), nb::arg("c").none(), nb::arg("d"),
        nb::arg("workspace").none() = nb::none(), nb::arg("keep") = nb::none(),
        nb::arg("owns_descriptor") = false)
-        .def("execute", [](MatmulPlan& p, nb::handle stream) {
+        .def("execute", [](MatmulPlan& p, nb::handle stream, nb::handle a, nb::handle b, nb::handle c, nb::handle d) {
             MatmulPlanState& s = p.get();
-            s.execute(stream.is_none() ? s.handle->stream : stream_handle(stream));
+            MatmulPlanState::Pointers ptrs{};
+            if (!(a.is_none() && b.is_none() && c.is_none() && d.is_none())) ptrs = new_operands(s, a, b, c, d);
+            s.execute(stream.is_none() ? s.handle->stream : stream_handle(stream), ptrs);
         },
-             nb::arg("stream").none() = nb::none(), "cublasMpMatmul on `stream` (default: the handle's stream).")
+             nb::arg("stream").none() = nb::none(), nb::kw_only(), nb::arg("a").none() = nb::none(),
+             nb::arg("b").none() = nb::none(), nb::arg("c").none() = nb::none(), nb::arg("d").none() = nb::none(),
+             "cublasMpMatmul on `stream` (default: the handle's stream). `a`, `b`, `c`, `d`: arrays that replace the "
+             "planned operands for this call (each of its operand's local shape, dtype and leading dimension; the "
+             "descriptors are the plan's).")
         .def("capture", [](MatmulPlan& p, nb::handle stream) {
             MatmulPlanState& s = p.get();
             s.capture(stream.is_none() ? s.handle->stream : stream_handle(stream));
@@ -549,6 +656,19 @@ void register_cublasmp(nb::module_& parent) {
             return std::make_tuple(p.get().device_bytes, p.get().host_bytes);
         }, "(device bytes, host bytes) cublasMpMatmul_bufferSize asked for.");
     bind_lifetime(plan, "Drop the plan's references and CUDA graph; close the matmul descriptor when it owns it.");
+
+    nb::module_ testing = nb::borrow<nb::module_>(parent.attr("_testing"));
+    testing.def("cublasmp_local_shape", &local_shape, nb::arg("m"), nb::arg("n"), nb::arg("mb"), nb::arg("nb"),
+                nb::arg("rsrc"), nb::arg("csrc"), nb::arg("nprow"), nb::arg("npcol"), nb::arg("layout"),
+                nb::arg("rank"),
+                "(rows, columns) of the local piece MatmulPlan.execute expects of a new operand.");
+    testing.def("cublasmp_operand", [](nb::handle array, const char* what, i64 rows, i64 cols, i64 lld,
+                                       nb::handle dtype, bool writable) {
+        return new_operand(array, what, {rows, cols, lld, arrays::dtype_of(dtype)}, writable);
+    }, nb::arg("array").none(), nb::arg("what"), nb::arg("rows"), nb::arg("cols"), nb::arg("lld"), nb::arg("dtype"),
+       nb::arg("writable") = false,
+       "The checks of a new operand of MatmulPlan.execute against a planned local piece, without cuBLASMp: its "
+       "pointer.");
 }
 
 }  // namespace mpbind

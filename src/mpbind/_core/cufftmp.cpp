@@ -10,10 +10,13 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "abi/cufftmp.hpp"
+#include "arrays.hpp"
 #include "core.hpp"
 #include "register.hpp"
 
@@ -263,6 +266,122 @@ PlanState& made_plan(Plan& self, const char* what) {
     return s;
 }
 
+// --- exec on arrays: the hot path -----------------------------------------------------------------
+//
+// Plan.exec(input, output, direction) is one call: direction implied or checked, each operand an
+// int pointer (taken on trust) or an array checked against the plan (dtype, writability, this PE's
+// elements where the layout is known), then one cufftExec* call.
+
+bool real_input(int t) { return t == CUFFT_R2C || t == CUFFT_D2Z; }
+bool real_output(int t) { return t == CUFFT_C2R || t == CUFFT_Z2D; }
+
+// The direction of an exec: given (checked against the plan's type) or implied by a real type.
+int exec_direction(int fft_type, nb::handle given) {
+    const char* t = type_name(fft_type);
+    if (given.is_none()) {
+        if (real_input(fft_type)) return CUFFT_FORWARD;
+        if (real_output(fft_type)) return CUFFT_INVERSE;
+        raise_usage(std::string("a ") + t + " plan needs direction=FORWARD or INVERSE");
+    }
+    long long d = 0;
+    if (!arrays::as_index(given, d)) {
+        raise_type("direction must be FORWARD (-1) or INVERSE (1), not " + arrays::typename_of(given));
+    }
+    if (d != CUFFT_FORWARD && d != CUFFT_INVERSE) {
+        raise_usage("direction must be FORWARD (-1) or INVERSE (1), got " + std::to_string(d));
+    }
+    if (real_input(fft_type) && d != CUFFT_FORWARD) {
+        raise_usage(std::string("a ") + t + " plan only transforms FORWARD");
+    }
+    if (real_output(fft_type) && d != CUFFT_INVERSE) {
+        raise_usage(std::string("a ") + t + " plan only transforms INVERSE");
+    }
+    return static_cast<int>(d);
+}
+
+// (input, output) element types of the forward (or only) direction of each type.
+std::pair<arrays::Dtype, arrays::Dtype> exec_dtypes(int fft_type) {
+    using D = arrays::Dtype;
+    switch (fft_type) {
+        case CUFFT_C2C: return {D::kComplex64, D::kComplex64};
+        case CUFFT_Z2Z: return {D::kComplex128, D::kComplex128};
+        case CUFFT_R2C: return {D::kFloat32, D::kComplex64};
+        case CUFFT_D2Z: return {D::kFloat64, D::kComplex128};
+        case CUFFT_C2R: return {D::kComplex64, D::kFloat32};
+        default: return {D::kComplex128, D::kFloat64};  // Z2D
+    }
+}
+
+long long elements(PyObject* shape) {
+    nb::object seq = nb::steal(PySequence_Tuple(shape));
+    if (!seq.is_valid()) throw nb::python_error();
+    long long n = 1;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(seq.ptr()); ++i) {
+        n *= nb::cast<long long>(nb::handle(PyTuple_GET_ITEM(seq.ptr(), i)));
+    }
+    return n;
+}
+
+// An operand: an int pointer (unchecked but for NULL), or an array of `dtype` with at least `need`
+// elements (-1: not known here).
+uintptr_t exec_operand(nb::handle obj, const char* what, arrays::Dtype dtype, long long need, bool writable) {
+    if (PyBool_Check(obj.ptr())) raise_type(std::string(what) + " must be a device array or an int pointer");
+    if (PyLong_Check(obj.ptr())) {
+        unsigned long long p = PyLong_AsUnsignedLongLong(obj.ptr());
+        if (p == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+            PyErr_Clear();
+            raise_usage(std::string(what) + " must be an address in [0, 2**64), got " + arrays::repr_of(obj));
+        }
+        if (p == 0) raise_usage(std::string(what) + " is a NULL pointer");
+        return static_cast<uintptr_t>(p);
+    }
+    arrays::Want want{what, writable, true, false, dtype};
+    arrays::Array a = arrays::device_array(obj, want);
+    if (need >= 0 && a.size < need) {
+        raise_usage(std::string(what) + " has " + std::to_string(a.size) + " elements; this PE's part needs " +
+                    std::to_string(need));
+    }
+    if (a.ptr == 0) raise_usage(std::string(what) + " is a NULL pointer");
+    return a.ptr;
+}
+
+struct ExecCall {
+    uintptr_t in, out;  // out 0: in place
+    int direction;
+};
+
+// `layout`: {direction: (input shape, output shape)} of this PE where the facade knows it, or None.
+ExecCall plan_exec(int fft_type, nb::handle input, nb::handle output, nb::handle direction, nb::handle layout) {
+    int d = exec_direction(fft_type, direction);
+    auto [in_dtype, out_dtype] = exec_dtypes(fft_type);
+    long long need_in = -1, need_out = -1;
+    if (!layout.is_none()) {
+        nb::object key = nb::int_(d);
+        PyObject* shapes = PyDict_GetItemWithError(layout.ptr(), key.ptr());  // borrowed
+        if (shapes == nullptr && PyErr_Occurred()) throw nb::python_error();
+        if (shapes != nullptr && shapes != Py_None) {
+            nb::object pair = nb::steal(PySequence_Tuple(shapes));
+            if (!pair.is_valid() || PyTuple_GET_SIZE(pair.ptr()) != 2) {
+                PyErr_Clear();
+                raise_type("layout must map a direction to (input shape, output shape)");
+            }
+            long long n_in = elements(PyTuple_GET_ITEM(pair.ptr(), 0));
+            long long n_out = elements(PyTuple_GET_ITEM(pair.ptr(), 1));
+            if (output.is_none()) {  // one buffer holds the input, then the output
+                long long in_size = arrays::info(in_dtype).itemsize, out_size = arrays::info(out_dtype).itemsize;
+                need_in = std::max(n_in, (n_out * out_size + in_size - 1) / in_size);
+            } else if (fft_type == CUFFT_C2C || fft_type == CUFFT_Z2Z) {
+                need_in = n_in;
+                need_out = n_out;
+            }
+        }
+    }
+    ExecCall c{0, 0, d};
+    c.in = exec_operand(input, "input", in_dtype, need_in, output.is_none());
+    if (!output.is_none()) c.out = exec_operand(output, "output", out_dtype, need_out, true);
+    return c;
+}
+
 void exec(Plan& self, uintptr_t in, uintptr_t out, int direction) {
     PlanState& s = made_plan(self, "exec");
     check_direction(direction);
@@ -460,9 +579,17 @@ void register_cufftmp(nb::module_& parent) {
              [](Plan& p, long long nx, long long ny, long long nz, int t) { return make_plan(p, {nx, ny, nz}, t); },
              nb::arg("nx"), nb::arg("ny"), nb::arg("nz"), nb::arg("fft_type"),
              "cufftMakePlan3d (collective with a communicator). Returns the work size in bytes.")
-        .def("exec", &exec, nb::arg("input"), nb::arg("output"), nb::arg("direction"),
-             "cufftExec{C2C,Z2Z,R2C,D2Z,C2R,Z2D} by the plan's type, on NVSHMEM device pointers; "
-             "output 0 is in place. Real-to-complex plans take FORWARD, complex-to-real INVERSE.")
+        .def("exec", [](Plan& p, nb::handle input, nb::handle output, nb::handle direction, nb::handle layout) {
+            PlanState& s = p.get();
+            if (!s.made()) raise_usage("exec: the plan is not made yet (call make_plan_2d/3d or a create_* method)");
+            ExecCall c = plan_exec(s.fft_type, input, output, direction, layout);
+            exec(p, c.in, c.out, c.direction);
+        }, nb::arg("input").none(), nb::arg("output").none() = nb::none(), nb::arg("direction").none() = nb::none(),
+             nb::arg("layout").none() = nb::none(),
+             "cufftExec{C2C,Z2Z,R2C,D2Z,C2R,Z2D} by the plan's type on `input` into `output` (None: in place). "
+             "Operands are arrays of the plan's dtypes (checked to hold `layout`'s elements for this PE: "
+             "{direction: (input shape, output shape)}) or int device pointers (unchecked). `direction` is implied "
+             "for real-to-complex (FORWARD) and complex-to-real (INVERSE) plans.")
         .def("malloc", &xt_malloc, nb::arg("format"),
              "cufftXtMalloc: a Descriptor over this PE's part of the distributed data (collective).")
         .def("exec_descriptor", &exec_descriptor, nb::arg("input"), nb::arg("output").none(),
@@ -486,6 +613,17 @@ void register_cufftmp(nb::module_& parent) {
         .def("destroy", [](Plan& p) { p.close(); }, "Same as close().")
         .def("__repr__", &plan_repr);
     bind_lifetime(plan, "Free its descriptors, then cufftDestroy (collective with a communicator). Idempotent.");
+
+    nb::module_ testing = nb::borrow<nb::module_>(parent.attr("_testing"));
+    testing.def("cufftmp_exec", [](int fft_type, nb::handle input, nb::handle output, nb::handle direction,
+                                   nb::handle layout) {
+        check_type(fft_type);
+        ExecCall c = plan_exec(fft_type, input, output, direction, layout);
+        return nb::make_tuple(c.in, c.out, c.direction);
+    }, nb::arg("fft_type"), nb::arg("input").none(), nb::arg("output").none() = nb::none(),
+       nb::arg("direction").none() = nb::none(), nb::arg("layout").none() = nb::none(),
+       "The checks of Plan.exec on a made plan of `fft_type`, without cuFFTMp: (input, output (0: in place), "
+       "direction) as cufftExec* would get them.");
 
     auto desc = nb::class_<Descriptor>(
         m, "Descriptor",

@@ -8,8 +8,11 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cctype>
+#include <cstdio>
 #include <optional>
 
+#include "arrays.hpp"
 #include "register.hpp"
 
 namespace mpbind::nccl {
@@ -78,9 +81,10 @@ UniqueId to_unique_id(nb::handle uid) {
 
 class BufferState : public State {
 public:
-    BufferState(void* ptr, size_t size) : State("nccl.Buffer"), ptr(ptr), size(size) {}
+    BufferState(void* ptr, size_t size, int device) : State("nccl.Buffer"), ptr(ptr), size(size), device(device) {}
     void* ptr;
     size_t size;
+    int device;  // current when allocated (-2: unknown), for its use as an array
 
 protected:
     void release() override { call(api().ncclMemFree, ptr); }
@@ -209,7 +213,202 @@ nb::list list_registrations(Communicator& self) {
     return describe(live);
 }
 
+
+// --- collectives and point-to-point calls: the hot path ---------------------------------------
+//
+// Each is one call from the facade: the arguments are described and checked here (the same
+// checks, in the same order, as the layer made in Python), then the library is called once with
+// the GIL released. Nothing reaches NCCL before every check passed.
+
+enum class Coll { kAllReduce, kReduce, kBroadcast, kAllGather, kReduceScatter, kAllToAll, kSend, kRecv };
+
+// What the checks read of a communicator.
+struct CommView {
+    int rank, size, device;
+};
+
+// The arguments of one library call.
+struct Call {
+    uintptr_t send = 0, recv = 0;
+    size_t count = 0;
+    int dtype = 0;
+    int op = 0;    // ncclRedOp_t
+    int peer = 0;  // root or peer
+    uintptr_t stream = 0;
+};
+
+struct Operand {
+    uintptr_t ptr;
+    int64_t count;
+    arrays::Dtype dtype;
+};
+
+Operand checked(const arrays::Array& a, const char* what, int device) {
+    if (a.device >= 0 && a.device != device) {
+        raise_usage(std::string(what) + " is on device " + std::to_string(a.device) +
+                    " but the communicator uses device " + std::to_string(device));
+    }
+    if (arrays::info(a.dtype).nccl < 0) {
+        raise_usage(std::string(what) + ": NCCL has no " + arrays::name(a.dtype) + " type");
+    }
+    return {a.ptr, a.size, a.dtype};
+}
+
+Operand operand(nb::handle obj, const char* what, int device, bool writable) {
+    return checked(arrays::device_array(obj, {what, writable, true, true}), what, device);
+}
+
+std::string ratio_text(double r) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", r);
+    return buf;
+}
+
+// sendbuf and recvbuf of a collective whose sendbuf holds `num`/`den` times recvbuf's elements.
+void pair(nb::handle send, nb::handle recv, const CommView& c, int64_t num, int64_t den, Operand& s, Operand& r) {
+    if (send.is(recv)) {  // in place: one description serves both
+        arrays::Array a = arrays::device_array(send, {"sendbuf", false, true, true});
+        s = checked(a, "sendbuf", c.device);
+        if (a.readonly) raise_usage("recvbuf is read-only");
+        r = s;
+    } else {
+        s = operand(send, "sendbuf", c.device, false);
+        r = operand(recv, "recvbuf", c.device, true);
+    }
+    if (s.dtype != r.dtype) {
+        raise_usage(std::string("sendbuf is ") + arrays::name(s.dtype) + " but recvbuf is " + arrays::name(r.dtype));
+    }
+    if (s.count * den != r.count * num) {
+        raise_usage("sendbuf has " + std::to_string(s.count) + " elements and recvbuf " + std::to_string(r.count) +
+                    "; expected sendbuf = " + ratio_text(static_cast<double>(num) / static_cast<double>(den)) +
+                    " x recvbuf for this collective on " + std::to_string(c.size) + " ranks");
+    }
+}
+
+int rank_arg(nb::handle v, const char* what, const CommView& c) {
+    long long r = -1;
+    if (!arrays::as_index(v, r) || r < 0 || r >= c.size) {
+        raise_usage(std::string(what) + " must be a rank in [0, " + std::to_string(c.size) + "), got " +
+                    arrays::repr_of(v));
+    }
+    return static_cast<int>(r);
+}
+
+constexpr const char* kOpNames[] = {"sum", "prod", "max", "min", "avg"};  // ncclSum .. ncclAvg
+
+int op_arg(nb::handle v) {
+    if (PyUnicode_Check(v.ptr())) {
+        std::string name = nb::cast<std::string>(v);
+        for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+        for (int i = 0; i < 5; ++i) {
+            if (name == kOpNames[i]) return i;
+        }
+        raise_usage("unknown reduction " + arrays::repr_of(v) + " (use one of sum, prod, max, min, avg or a RedOp)");
+    }
+    long long op = 0;
+    if (!arrays::as_index(v, op)) {
+        raise_type("op must be a reduction name (sum, prod, max, min, avg) or a RedOp, not " + arrays::typename_of(v));
+    }
+    if (op < 0 || op > 0x7fffffffLL) raise_usage("op must be a RedOp (an ncclRedOp_t >= 0), got " + std::to_string(op));
+    return static_cast<int>(op);
+}
+
+Call plan(Coll kind, const CommView& c, nb::handle sendbuf, nb::handle recvbuf, nb::handle op, nb::handle peer,
+          nb::handle stream) {
+    Call k;
+    Operand s{}, r{};
+    switch (kind) {
+        case Coll::kSend: s = operand(sendbuf, "sendbuf", c.device, false); break;
+        case Coll::kRecv: r = operand(recvbuf, "recvbuf", c.device, true); break;
+        case Coll::kAllGather: pair(sendbuf, recvbuf, c, 1, c.size, s, r); break;
+        case Coll::kReduceScatter: pair(sendbuf, recvbuf, c, c.size, 1, s, r); break;
+        default: pair(sendbuf, recvbuf, c, 1, 1, s, r); break;
+    }
+    k.send = s.ptr;
+    k.recv = r.ptr;
+    switch (kind) {
+        case Coll::kAllGather:
+        case Coll::kSend: k.count = static_cast<size_t>(s.count); break;
+        case Coll::kAllToAll:
+            if (s.count % c.size) {
+                raise_usage("all_to_all: " + std::to_string(s.count) + " elements do not split into " +
+                            std::to_string(c.size) + " equal blocks");
+            }
+            k.count = static_cast<size_t>(s.count / c.size);
+            break;
+        default: k.count = static_cast<size_t>(r.count); break;
+    }
+    k.dtype = arrays::info(kind == Coll::kSend ? s.dtype : r.dtype).nccl;
+    if (kind == Coll::kReduce || kind == Coll::kBroadcast) k.peer = rank_arg(peer, "root", c);
+    if (kind == Coll::kSend || kind == Coll::kRecv) k.peer = rank_arg(peer, "peer", c);
+    if (kind == Coll::kAllReduce || kind == Coll::kReduce || kind == Coll::kReduceScatter) k.op = op_arg(op);
+    k.stream = stream_handle(stream);
+    return k;
+}
+
+// A collective's status: ncclInProgress is how a non-blocking communicator says it started.
+template <class Fn, class... A>
+void enqueue(const Fn& fn, A... args) {
+    ncclResult_t status = invoke(fn, args...);
+    if (status != success && status != in_progress) check(fn, status);
+}
+
+void issue(Coll kind, const Call& k, void* comm) {
+    const Api& a = api();
+    auto* send = reinterpret_cast<const void*>(k.send);
+    auto* recv = reinterpret_cast<void*>(k.recv);
+    auto* stream = reinterpret_cast<cudaStream_t>(k.stream);
+    switch (kind) {
+        case Coll::kAllReduce: enqueue(a.ncclAllReduce, send, recv, k.count, k.dtype, k.op, comm, stream); break;
+        case Coll::kReduce: enqueue(a.ncclReduce, send, recv, k.count, k.dtype, k.op, k.peer, comm, stream); break;
+        case Coll::kBroadcast: enqueue(a.ncclBroadcast, send, recv, k.count, k.dtype, k.peer, comm, stream); break;
+        case Coll::kAllGather: enqueue(a.ncclAllGather, send, recv, k.count, k.dtype, comm, stream); break;
+        case Coll::kReduceScatter:
+            enqueue(a.ncclReduceScatter, send, recv, k.count, k.dtype, k.op, comm, stream);
+            break;
+        case Coll::kAllToAll: enqueue(a.ncclAlltoAll, send, recv, k.count, k.dtype, comm, stream); break;
+        case Coll::kSend: enqueue(a.ncclSend, send, k.count, k.dtype, k.peer, comm, stream); break;
+        case Coll::kRecv: enqueue(a.ncclRecv, recv, k.count, k.dtype, k.peer, comm, stream); break;
+    }
+}
+
+void run(Coll kind, Communicator& c, nb::handle sendbuf, nb::handle recvbuf, nb::handle op, nb::handle peer,
+         nb::handle stream) {
+    CommState& s = c.get();
+    issue(kind, plan(kind, {s.rank, s.size, s.device}, sendbuf, recvbuf, op, peer, stream), s.comm);
+}
+
+nb::handle none_handle() { return nb::none(); }
+
+// The current CUDA device (through cuda-bindings; not a hot path), or -2 when it cannot be asked.
+int current_device() {
+    try {
+        nb::object r = nb::module_::import_("cuda.bindings.runtime").attr("cudaGetDevice")();
+        if (nb::cast<int>(r[0]) == 0) return nb::cast<int>(r[1]);
+    } catch (nb::python_error& e) {
+        if (!e.matches(PyExc_Exception)) throw;
+    } catch (nb::cast_error&) {
+    }
+    return -2;
+}
+
+constexpr struct {
+    const char* name;
+    Coll kind;
+} kColls[] = {
+    {"all_reduce", Coll::kAllReduce}, {"reduce", Coll::kReduce},         {"broadcast", Coll::kBroadcast},
+    {"all_gather", Coll::kAllGather}, {"reduce_scatter", Coll::kReduceScatter}, {"all_to_all", Coll::kAllToAll},
+    {"send", Coll::kSend},            {"recv", Coll::kRecv},
+};
+
 }  // namespace
+
+BufferSpan buffer_of(nb::handle buffer) {
+    BufferState& b = nb::cast<Buffer&>(buffer).get();
+    return {reinterpret_cast<uintptr_t>(b.ptr), b.size, b.device};
+}
+
+nb::handle buffer_type() { return nb::type<Buffer>(); }
 
 }  // namespace mpbind::nccl
 
@@ -268,6 +467,39 @@ void register_nccl(nb::module_& parent) {
             return "<nccl.Communicator rank=" + std::to_string(s.rank) + " size=" + std::to_string(s.size) +
                    " device=" + std::to_string(s.device) + ">";
         });
+    // The hot calls: one call from the facade each (see plan() and issue()).
+    auto none = nb::none();
+    comm.def("all_reduce", [](Communicator& c, nb::handle s, nb::handle r, nb::handle op, nb::handle st) {
+        run(Coll::kAllReduce, c, s, r, op, none_handle(), st);
+    }, nb::arg("sendbuf").none(), nb::arg("recvbuf").none(), nb::arg("op").none() = "sum",
+       nb::arg("stream").none() = none, "ncclAllReduce; sendbuf may be recvbuf (in place).")
+        .def("reduce", [](Communicator& c, nb::handle s, nb::handle r, nb::handle root, nb::handle op, nb::handle st) {
+            run(Coll::kReduce, c, s, r, op, root, st);
+        }, nb::arg("sendbuf").none(), nb::arg("recvbuf").none(), nb::arg("root").none(), nb::arg("op").none() = "sum",
+           nb::arg("stream").none() = none, "ncclReduce to `root`.")
+        .def("broadcast", [](Communicator& c, nb::handle s, nb::handle r, nb::handle root, nb::handle st) {
+            run(Coll::kBroadcast, c, s, r, none_handle(), root, st);
+        }, nb::arg("sendbuf").none(), nb::arg("recvbuf").none(), nb::arg("root").none(),
+           nb::arg("stream").none() = none, "ncclBroadcast from `root`.")
+        .def("all_gather", [](Communicator& c, nb::handle s, nb::handle r, nb::handle st) {
+            run(Coll::kAllGather, c, s, r, none_handle(), none_handle(), st);
+        }, nb::arg("sendbuf").none(), nb::arg("recvbuf").none(), nb::arg("stream").none() = none,
+           "ncclAllGather: recvbuf holds size x sendbuf.")
+        .def("reduce_scatter", [](Communicator& c, nb::handle s, nb::handle r, nb::handle op, nb::handle st) {
+            run(Coll::kReduceScatter, c, s, r, op, none_handle(), st);
+        }, nb::arg("sendbuf").none(), nb::arg("recvbuf").none(), nb::arg("op").none() = "sum",
+           nb::arg("stream").none() = none, "ncclReduceScatter: sendbuf holds size x recvbuf.")
+        .def("all_to_all", [](Communicator& c, nb::handle s, nb::handle r, nb::handle st) {
+            run(Coll::kAllToAll, c, s, r, none_handle(), none_handle(), st);
+        }, nb::arg("sendbuf").none(), nb::arg("recvbuf").none(), nb::arg("stream").none() = none,
+           "ncclAlltoAll: both hold size blocks; block j of sendbuf goes to rank j.")
+        .def("send", [](Communicator& c, nb::handle s, nb::handle peer, nb::handle st) {
+            run(Coll::kSend, c, s, none_handle(), none_handle(), peer, st);
+        }, nb::arg("sendbuf").none(), nb::arg("peer").none(), nb::arg("stream").none() = none, "ncclSend to `peer`.")
+        .def("recv", [](Communicator& c, nb::handle r, nb::handle peer, nb::handle st) {
+            run(Coll::kRecv, c, none_handle(), r, none_handle(), peer, st);
+        }, nb::arg("recvbuf").none(), nb::arg("peer").none(), nb::arg("stream").none() = none,
+           "ncclRecv from `peer`.");
     bind_c_pointer(comm, [](Communicator& c) { return c.get().comm; },
                    "The ncclComm_t, for the flat bindings (UsageError once closed).");
     bind_lifetime(comm, "Release what depends on it (grids, windows, registrations), then finalize and destroy "
@@ -283,11 +515,27 @@ void register_nccl(nb::module_& parent) {
                 .format(reinterpret_cast<uintptr_t>(s.ptr), s.size, s.closed() ? " closed" : "");
         });
     bind_lifetime(buf, "ncclMemFree now. Idempotent.");
+
+    nb::module_ testing = nb::borrow<nb::module_>(parent.attr("_testing"));
+    testing.def("nccl_plan", [](const std::string& name, int rank, int size, int device, nb::handle sendbuf,
+                                nb::handle recvbuf, nb::handle op, nb::handle peer, nb::handle stream) {
+        for (const auto& e : kColls) {
+            if (name != e.name) continue;
+            Call k = plan(e.kind, {rank, size, device}, sendbuf, recvbuf, op, peer, stream);
+            return nb::make_tuple(k.send, k.recv, k.count, k.dtype, k.op, k.peer, k.stream);
+        }
+        raise_usage("no collective named " + name);
+    }, nb::arg("name"), nb::arg("rank"), nb::arg("size"), nb::arg("device"), nb::arg("sendbuf").none(),
+       nb::arg("recvbuf").none(), nb::arg("op").none() = "sum", nb::arg("peer").none() = nb::none(),
+       nb::arg("stream").none() = nb::none(),
+       "The checks of Communicator.<name> on a communicator of `size` ranks on `device`, without NCCL: the call's "
+       "arguments (send, recv, count, ncclDataType_t, ncclRedOp_t, root/peer, stream).");
     m.def("mem_alloc", [](size_t nbytes) {
         if (nbytes == 0) raise_usage("nbytes must be > 0");
         void* p = nullptr;
+        int device = current_device();
         call(api().ncclMemAlloc, &p, nbytes);
-        return Buffer(std::make_shared<BufferState>(p, nbytes));
+        return Buffer(std::make_shared<BufferState>(p, nbytes, device));
     }, nb::arg("nbytes"), "ncclMemAlloc: device memory suited to NCCL registration and symmetric windows.");
 }
 

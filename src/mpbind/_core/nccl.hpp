@@ -26,4 +26,15 @@ protected:
 
 using Communicator = Ref<CommState>;
 
+// A buffer from ncclMemAlloc, as arrays.cpp reads one passed as an array (bytes).
+struct BufferSpan {
+    uintptr_t ptr;
+    size_t nbytes;
+    int device;  // the device current at allocation; -2 when it could not be asked
+};
+// The span of an mpbind.nccl.Buffer (UsageError once freed).
+BufferSpan buffer_of(nb::handle buffer);
+// The Python type of mpbind.nccl.Buffer.
+nb::handle buffer_type();
+
 }  // namespace mpbind::nccl

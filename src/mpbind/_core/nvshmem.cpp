@@ -8,15 +8,20 @@
 
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <optional>
+#include <type_traits>
 
 #include "abi/nvshmem.hpp"
+#include "arrays.hpp"
 #include "core.hpp"
+#include "nvshmem.hpp"
 #include "register.hpp"
 
 namespace mpbind::nvshmem {
@@ -301,6 +306,297 @@ Runtime start(std::map<std::string, std::string> params, nb::callable init, bool
     return Runtime(g.runtime);
 }
 
+
+// --- RMA, synchronisation and collectives on a stream: the hot path -----------------------------
+//
+// One call from the facade each: arguments described and checked here (symmetric memory, dtypes,
+// sizes, PE numbers, team, the limited multi-PE-per-GPU mode), then one library call without the
+// GIL. Nothing reaches NVSHMEM before every check passed.
+
+// What the checks read of the runtime; tests give a list of symmetric ranges instead of a runtime.
+struct Heap {
+    int npes = 0;
+    bool limited = false;
+    RuntimeState* rt = nullptr;
+    std::vector<std::pair<uintptr_t, size_t>> ranges;
+
+    bool holds(uintptr_t p, size_t n) const {
+        if (n == 0) n = 1;
+        if (rt != nullptr) return rt->containing(p, n) != nullptr;
+        for (const auto& [base, size] : ranges) {
+            if (p >= base && p + n <= base + size) return true;
+        }
+        return false;
+    }
+};
+
+Heap heap_of(const std::shared_ptr<RuntimeState>& rt) {
+    Heap h;
+    h.npes = rt->npes;
+    h.limited = rt->status == NVSHMEM_STATUS_LIMITED_MPG;
+    h.rt = rt.get();
+    return h;
+}
+
+enum class Rma { kPut, kGet, kQuiet, kBarrierAll, kSyncAll, kBarrier, kBroadcast, kFcollect, kAlltoall, kReduce };
+
+// The arguments of one library call.
+struct Step {
+    Rma kind;
+    int32_t team = NVSHMEM_TEAM_WORLD;
+    uintptr_t dest = 0, src = 0;
+    size_t n = 0;  // bytes, or elements for reduce
+    int pe = 0;    // target PE or root
+    uintptr_t stream = 0;
+    arrays::Dtype dtype = arrays::Dtype::kInvalid;
+    int op = -1;   // reduce: index in kReduceOps
+};
+
+constexpr const char* kReduceOps[] = {"sum", "prod", "min", "max", "and", "or", "xor"};
+constexpr int kArithmeticOps = 4;  // the others are bitwise: integers only
+
+// NVSHMEM's name of our element type in its typed families, or nullptr.
+const char* nvshmem_type(arrays::Dtype d) {
+    using D = arrays::Dtype;
+    switch (d) {
+        case D::kInt8: return "int8";
+        case D::kInt16: return "int16";
+        case D::kInt32: return "int32";
+        case D::kInt64: return "int64";
+        case D::kUInt8: return "uint8";
+        case D::kUInt16: return "uint16";
+        case D::kUInt32: return "uint32";
+        case D::kUInt64: return "uint64";
+        case D::kFloat16: return "half";
+        case D::kBFloat16: return "bfloat16";
+        case D::kFloat32: return "float";
+        case D::kFloat64: return "double";
+        default: return nullptr;
+    }
+}
+
+bool is_integer(arrays::Dtype d) {
+    return d >= arrays::Dtype::kInt8 && d <= arrays::Dtype::kUInt64;
+}
+
+arrays::Array local_arg(nb::handle obj, const char* what, bool writable) {
+    return arrays::device_array(obj, {what, writable, true, false});
+}
+
+arrays::Array symmetric_arg(nb::handle obj, const char* what, const Heap& heap, bool writable) {
+    arrays::Array a = local_arg(obj, what, writable);
+    if (a.source == arrays::Source::kPeer) {
+        raise_usage(std::string(what) + " is a peer view (PeerArray); pass the SymmetricArray itself");
+    }
+    if (a.source != arrays::Source::kSymmetric && !heap.holds(a.ptr, static_cast<size_t>(a.nbytes()))) {
+        raise_usage(std::string(what) + " is not NVSHMEM symmetric memory (allocate it with mpbind.nvshmem.empty "
+                    "or zeros, or view such an array)");
+    }
+    return a;
+}
+
+void same(const arrays::Array& d, const arrays::Array& s, const char* what, bool nbytes) {
+    if (d.dtype != s.dtype) {
+        raise_usage(std::string(what) + ": dest has dtype " + arrays::name(d.dtype) + ", src " + arrays::name(s.dtype));
+    }
+    if (nbytes && d.nbytes() != s.nbytes()) {
+        raise_usage(std::string(what) + ": dest has " + std::to_string(d.size) + " elements, src " +
+                    std::to_string(s.size));
+    }
+}
+
+int pe_arg(nb::handle v, const char* what, int n) {
+    long long pe = -1;
+    if (!arrays::as_index(v, pe) || pe < 0 || pe >= n) {
+        raise_usage(std::string(what) + " must be a PE number in [0, " + std::to_string(n) + "), not " +
+                    arrays::repr_of(v));
+    }
+    return static_cast<int>(pe);
+}
+
+// (nvshmem_team_t, number of PEs) of `team`; None is the world team.
+std::pair<int32_t, int> team_arg(nb::handle team, const Heap& heap) {
+    if (team.is_none()) return {NVSHMEM_TEAM_WORLD, heap.npes};
+    Team* t = nullptr;
+    if (!nb::try_cast<Team*>(team, t) || t == nullptr) {
+        raise_type("team must be an mpbind.nvshmem.Team or None, not " + arrays::typename_of(team));
+    }
+    int32_t h = t->get().team;
+    return {h, team_n_pes(h)};
+}
+
+void full_mode(const Heap& heap, const char* what) {
+    // libnvshmem_host ends the process on these calls in limited MPG mode: refuse first.
+    if (heap.limited) {
+        raise_usage(std::string(what) + " is not available in NVSHMEM's limited multi-PE-per-GPU mode (several PEs "
+                    "on one GPU without CUDA MPS); run under MPS or with one PE per GPU");
+    }
+}
+
+int reduce_op(nb::handle op) {
+    if (PyUnicode_Check(op.ptr())) {
+        std::string name = nb::cast<std::string>(op);
+        for (int i = 0; i < 7; ++i) {
+            if (name == kReduceOps[i]) return i;
+        }
+    }
+    raise_usage("reduce: unknown op " + arrays::repr_of(op) + "; use one of sum, prod, min, max, and, or, xor");
+}
+
+// RMA: dest and src, one of them symmetric, of the same dtype and size.
+Step plan_rma(Rma kind, const Heap& heap, nb::handle dest, nb::handle src, nb::handle pe, nb::handle stream) {
+    Step k{kind};
+    arrays::Array d, s;
+    if (kind == Rma::kPut) {
+        d = symmetric_arg(dest, "dest", heap, false);
+        s = local_arg(src, "src", false);
+    } else {
+        s = symmetric_arg(src, "src", heap, false);
+        d = local_arg(dest, "dest", true);
+    }
+    same(d, s, kind == Rma::kPut ? "put" : "get", true);
+    k.pe = pe_arg(pe, "pe", heap.npes);
+    k.dest = d.ptr;
+    k.src = s.ptr;
+    k.n = static_cast<size_t>(d.nbytes());
+    k.stream = stream_handle(stream);
+    return k;
+}
+
+// Collectives over a team: dest and src symmetric.
+Step plan_collective(Rma kind, const Heap& heap, int op, nb::handle dest, nb::handle src, nb::handle root,
+                     nb::handle team, nb::handle stream) {
+    static constexpr const char* kWhat[] = {"", "", "", "", "", "", "broadcast", "fcollect", "alltoall", "reduce"};
+    const char* what = kWhat[static_cast<int>(kind)];
+    Step k{kind};
+    auto [handle, n] = team_arg(team, heap);
+    k.team = handle;
+    arrays::Array d = symmetric_arg(dest, "dest", heap, true);
+    arrays::Array s = symmetric_arg(src, "src", heap, false);
+    same(d, s, what, kind != Rma::kFcollect);
+    k.dest = d.ptr;
+    k.src = s.ptr;
+    switch (kind) {
+        case Rma::kBroadcast:
+            k.pe = pe_arg(root, "root", n);
+            k.n = static_cast<size_t>(d.nbytes());
+            break;
+        case Rma::kFcollect:
+            if (d.size != s.size * n) {
+                raise_usage("fcollect: dest has " + std::to_string(d.size) + " elements; " + std::to_string(n) +
+                            " PEs x " + std::to_string(s.size) + " elements of src need " + std::to_string(s.size * n));
+            }
+            k.n = static_cast<size_t>(s.nbytes());
+            break;
+        case Rma::kAlltoall:
+            if (s.size % n) {
+                raise_usage("alltoall: " + std::to_string(s.size) + " elements do not split into " + std::to_string(n) +
+                            " equal blocks");
+            }
+            k.n = static_cast<size_t>(s.nbytes() / n);
+            break;
+        default: {  // reduce
+            if (nvshmem_type(d.dtype) == nullptr || (op >= kArithmeticOps && !is_integer(d.dtype))) {
+                raise_usage(std::string("reduce: ") + kReduceOps[op] + " is not available for " +
+                            arrays::name(d.dtype));
+            }
+            k.dtype = d.dtype;
+            k.op = op;
+            k.n = static_cast<size_t>(d.size);
+        }
+    }
+    full_mode(heap, what);
+    k.stream = stream_handle(stream);
+    return k;
+}
+
+// The typed reduce entries, by (element type, operation), found once by name in the table.
+using ReduceCall = void (*)(const void* fn, int32_t team, uintptr_t dest, uintptr_t src, size_t n, uintptr_t stream);
+
+template <class F>
+struct ReduceEntry : std::false_type {};
+template <class D, capi::Gil G>
+struct ReduceEntry<capi::Fn<int(nvshmem_team_t, D*, const D*, size_t, cudaStream_t), capi::Status, G>>
+    : std::true_type {
+    using FnType = capi::Fn<int(nvshmem_team_t, D*, const D*, size_t, cudaStream_t), capi::Status, G>;
+    static void call(const void* fn, int32_t team, uintptr_t dest, uintptr_t src, size_t n, uintptr_t stream) {
+        capi::call(*static_cast<const FnType*>(fn), team, reinterpret_cast<D*>(dest), reinterpret_cast<const D*>(src),
+                   n, reinterpret_cast<cudaStream_t>(stream));
+    }
+};
+
+struct Reducer {
+    const void* fn = nullptr;
+    ReduceCall call = nullptr;
+};
+
+const Reducer& reducer(arrays::Dtype dtype, int op) {
+    static std::array<std::array<Reducer, 7>, 32>* table = nullptr;  // filled once, under the GIL
+    if (table == nullptr) {
+        std::map<std::string, Reducer> by_name;
+        const_cast<Api&>(api()).each([&](auto& fn) {
+            using F = std::remove_cv_t<std::remove_reference_t<decltype(fn)>>;
+            if constexpr (ReduceEntry<F>::value) by_name[fn.name] = {&fn, &ReduceEntry<F>::call};
+        });
+        auto t = std::make_unique<std::array<std::array<Reducer, 7>, 32>>();
+        for (int d = 0; d < 32; ++d) {
+            const char* type = nvshmem_type(static_cast<arrays::Dtype>(d));
+            if (type == nullptr) continue;
+            for (int o = 0; o < 7; ++o) {
+                auto it = by_name.find(std::string("nvshmemx_") + type + "_" + kReduceOps[o] + "_reduce_on_stream");
+                if (it != by_name.end()) (*t)[d][o] = it->second;
+            }
+        }
+        table = t.release();
+    }
+    return (*table)[static_cast<size_t>(dtype)][op];
+}
+
+void issue(const Step& k) {
+    const Api& a = api();
+    auto* dest = reinterpret_cast<void*>(k.dest);
+    auto* src = reinterpret_cast<const void*>(k.src);
+    auto* stream = reinterpret_cast<cudaStream_t>(k.stream);
+    switch (k.kind) {
+        case Rma::kPut: invoke(a.nvshmemx_putmem_on_stream, dest, src, k.n, k.pe, stream); break;
+        case Rma::kGet: invoke(a.nvshmemx_getmem_on_stream, dest, src, k.n, k.pe, stream); break;
+        case Rma::kQuiet: invoke(a.nvshmemx_quiet_on_stream, stream); break;
+        case Rma::kBarrierAll: invoke(a.nvshmemx_barrier_all_on_stream, stream); break;
+        case Rma::kSyncAll: invoke(a.nvshmemx_sync_all_on_stream, stream); break;
+        case Rma::kBarrier: call(a.nvshmemx_barrier_on_stream, k.team, stream); break;
+        case Rma::kBroadcast: call(a.nvshmemx_broadcastmem_on_stream, k.team, dest, src, k.n, k.pe, stream); break;
+        case Rma::kFcollect: call(a.nvshmemx_fcollectmem_on_stream, k.team, dest, src, k.n, stream); break;
+        case Rma::kAlltoall: call(a.nvshmemx_alltoallmem_on_stream, k.team, dest, src, k.n, stream); break;
+        case Rma::kReduce: {
+            const Reducer& r = reducer(k.dtype, k.op);
+            r.call(r.fn, k.team, k.dest, k.src, k.n, k.stream);
+            break;
+        }
+    }
+}
+
+Step plan_sync(Rma kind, const Heap& heap, nb::handle team, nb::handle stream) {
+    Step k{kind};
+    if (kind == Rma::kBarrier) {
+        k.team = team_arg(team, heap).first;
+        full_mode(heap, "barrier on a team");
+    }
+    k.stream = stream_handle(stream);
+    return k;
+}
+
+// A step as the tests see it: (kind, team, dest, src, n, pe, stream, reduce function or None).
+nb::tuple describe_step(const Step& k) {
+    static constexpr const char* kKinds[] = {"put", "get", "quiet", "barrier_all", "sync_all", "barrier",
+                                             "broadcast", "fcollect", "alltoall", "reduce"};
+    nb::object fn = nb::none();
+    if (k.kind == Rma::kReduce) {
+        fn = nb::str((std::string("nvshmemx_") + nvshmem_type(k.dtype) + "_" + kReduceOps[k.op] +
+                      "_reduce_on_stream").c_str());
+    }
+    return nb::make_tuple(kKinds[static_cast<int>(k.kind)], k.team, k.dest, k.src, k.n, k.pe, k.stream, fn);
+}
+
 nb::dict describe_allocation(const AllocState& s) {
     nb::dict d;
     d["ptr"] = s.ptr;
@@ -311,6 +607,16 @@ nb::dict describe_allocation(const AllocState& s) {
 }
 
 }  // namespace
+
+std::pair<uintptr_t, size_t> allocation_of(nb::handle memory) {
+    Allocation* a = nullptr;
+    if (!nb::try_cast<Allocation*>(memory, a) || a == nullptr) {
+        raise_type("a symmetric array's memory must be an mpbind.nvshmem.SymmetricMemory, not " +
+                   arrays::typename_of(memory));
+    }
+    AllocState& s = a->get();
+    return {s.ptr, s.nbytes};
+}
 
 }  // namespace mpbind::nvshmem
 
@@ -444,6 +750,74 @@ void register_nvshmem(nb::module_& parent) {
           "live, then make the runtime; with a live runtime, return it when `params` are the same and raise "
           "UsageError naming what differs otherwise. With `require_initialized`, raise MpbindError unless NVSHMEM "
           "is initialised after `init()` (tests adopt a no-op initialisation without it).");
+    // --- the hot calls (the facade's put, get, quiet, ... call these directly) ---
+    auto none = nb::none();
+    m.def("put", [](nb::handle dest, nb::handle src, nb::handle pe, nb::handle stream) {
+        issue(plan_rma(Rma::kPut, heap_of(current()), dest, src, pe, stream));
+    }, nb::arg("dest").none(), nb::arg("src").none(), nb::arg("pe").none(), nb::arg("stream").none() = none,
+       "nvshmemx_putmem_on_stream: local `src` into symmetric `dest` on PE `pe`.");
+    m.def("get", [](nb::handle dest, nb::handle src, nb::handle pe, nb::handle stream) {
+        issue(plan_rma(Rma::kGet, heap_of(current()), dest, src, pe, stream));
+    }, nb::arg("dest").none(), nb::arg("src").none(), nb::arg("pe").none(), nb::arg("stream").none() = none,
+       "nvshmemx_getmem_on_stream: symmetric `src` of PE `pe` into local `dest`.");
+    for (auto [name, kind, doc] : {std::tuple{"quiet", Rma::kQuiet, "nvshmemx_quiet_on_stream."},
+                                   std::tuple{"barrier_all", Rma::kBarrierAll, "nvshmemx_barrier_all_on_stream."},
+                                   std::tuple{"sync_all", Rma::kSyncAll, "nvshmemx_sync_all_on_stream."}}) {
+        m.def(name, [kind = kind](nb::handle stream) {
+            issue(plan_sync(kind, heap_of(current()), nb::none(), stream));
+        }, nb::arg("stream").none() = none, doc);
+    }
+    m.def("barrier", [](nb::handle team, nb::handle stream) {
+        issue(plan_sync(Rma::kBarrier, heap_of(current()), team, stream));
+    }, nb::arg("team").none() = none, nb::arg("stream").none() = none, "nvshmemx_barrier_on_stream over `team`.");
+    m.def("broadcast", [](nb::handle dest, nb::handle src, nb::handle root, nb::handle team, nb::handle stream) {
+        issue(plan_collective(Rma::kBroadcast, heap_of(current()), -1, dest, src, root, team, stream));
+    }, nb::arg("dest").none(), nb::arg("src").none(), nb::arg("root").none(), nb::arg("team").none() = none,
+       nb::arg("stream").none() = none, "nvshmemx_broadcastmem_on_stream from the team's PE `root`.");
+    m.def("fcollect", [](nb::handle dest, nb::handle src, nb::handle team, nb::handle stream) {
+        issue(plan_collective(Rma::kFcollect, heap_of(current()), -1, dest, src, nb::none(), team, stream));
+    }, nb::arg("dest").none(), nb::arg("src").none(), nb::arg("team").none() = none, nb::arg("stream").none() = none,
+       "nvshmemx_fcollectmem_on_stream.");
+    m.def("alltoall", [](nb::handle dest, nb::handle src, nb::handle team, nb::handle stream) {
+        issue(plan_collective(Rma::kAlltoall, heap_of(current()), -1, dest, src, nb::none(), team, stream));
+    }, nb::arg("dest").none(), nb::arg("src").none(), nb::arg("team").none() = none, nb::arg("stream").none() = none,
+       "nvshmemx_alltoallmem_on_stream.");
+    m.def("reduce", [](nb::handle op, nb::handle dest, nb::handle src, nb::handle team, nb::handle stream) {
+        int o = reduce_op(op);  // before the runtime: an unknown op is wrong everywhere
+        issue(plan_collective(Rma::kReduce, heap_of(current()), o, dest, src, nb::none(), team, stream));
+    }, nb::arg("op").none(), nb::arg("dest").none(), nb::arg("src").none(), nb::arg("team").none() = none,
+       nb::arg("stream").none() = none, "nvshmemx_<type>_<op>_reduce_on_stream by dest's dtype.");
+
+    nb::module_ testing = nb::borrow<nb::module_>(parent.attr("_testing"));
+    testing.def("nvshmem_plan", [](const std::string& name, nb::tuple args, int npes, bool limited,
+                                   std::vector<std::pair<uintptr_t, size_t>> heap) {
+        Heap h;
+        h.npes = npes;
+        h.limited = limited;
+        h.ranges = std::move(heap);
+        auto arg = [&](size_t i) -> nb::handle { return i < nb::len(args) ? nb::handle(args[i]) : nb::none(); };
+        if (name == "put" || name == "get") {
+            return describe_step(plan_rma(name == "put" ? Rma::kPut : Rma::kGet, h, arg(0), arg(1), arg(2), arg(3)));
+        }
+        if (name == "quiet") return describe_step(plan_sync(Rma::kQuiet, h, nb::none(), arg(0)));
+        if (name == "barrier") return describe_step(plan_sync(Rma::kBarrier, h, arg(0), arg(1)));
+        if (name == "broadcast") {
+            return describe_step(plan_collective(Rma::kBroadcast, h, -1, arg(0), arg(1), arg(2), arg(3), arg(4)));
+        }
+        if (name == "fcollect" || name == "alltoall") {
+            return describe_step(plan_collective(name == "fcollect" ? Rma::kFcollect : Rma::kAlltoall, h, -1, arg(0),
+                                                 arg(1), nb::none(), arg(2), arg(3)));
+        }
+        if (name == "reduce") {
+            int o = reduce_op(arg(0));
+            return describe_step(plan_collective(Rma::kReduce, h, o, arg(1), arg(2), nb::none(), arg(3), arg(4)));
+        }
+        raise_usage("no NVSHMEM operation named " + name);
+    }, nb::arg("name"), nb::arg("args"), nb::arg("npes"), nb::arg("limited") = false,
+       nb::arg("heap") = std::vector<std::pair<uintptr_t, size_t>>(),
+       "The checks of mpbind.nvshmem.<name>(*args) against a runtime of `npes` PEs whose symmetric heap holds the "
+       "(ptr, nbytes) ranges `heap`, without NVSHMEM: (kind, team, dest, src, n, pe, stream, reduce function).");
+
     m.def("allocate", &allocate, nb::arg("nbytes"), nb::arg("zero") = false, nb::arg("alignment") = 0,
           "nvshmem_malloc, nvshmem_calloc (zero=True) or nvshmem_align (alignment > 0). Collective.");
     m.def("runtime", [] { return Runtime(current()); },

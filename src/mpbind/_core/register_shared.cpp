@@ -119,22 +119,6 @@ void register_shared(nb::module_& m) {
     }, nb::sig("def lifetimes() -> list[dict[str, typing.Any]]"), "The lifetime table, one dict per object kind: kind; drop (what happens when the last reference "
        "goes without close(): at_once, queued, queued_once_collective, by_owner, never); collective (its "
        "release is); parent (the kind whose close() releases it first, or None); release (what releases it).");
-    m.def("stream_handle", [](nb::handle s) { return stream_handle(s); }, nb::arg("stream").none(),
-          "The cudaStream_t of an int, None, or a __cuda_stream__/CuPy/PyTorch stream.");
-    m.def("dlpack_info", [](nb::ndarray<nb::ro> a) {
-        nb::list shape, strides;
-        for (size_t i = 0; i < a.ndim(); ++i) {
-            shape.append(a.shape(i));
-            strides.append(a.stride(i));
-        }
-        auto dt = a.dtype();
-        return nb::make_tuple(reinterpret_cast<uintptr_t>(a.data()), nb::tuple(shape), nb::tuple(strides),
-                              dt.code, dt.bits, dt.lanes, a.device_type(), a.device_id());
-    }, nb::arg("array"),
-          nb::sig("def dlpack_info(array: object) -> tuple[int, tuple[int, ...], tuple[int, ...], int, int, int, "
-                  "int, int]"),
-          "Import `array` through DLPack: (ptr, shape, strides in elements, dtype code, bits, lanes, "
-          "device type, device id). The pointer is valid while `array` lives.");
     m.def("dlpack_view", [](uintptr_t ptr, std::vector<size_t> shape, uint8_t code, uint8_t bits,
                             int device_id, nb::handle owner) {
         nb::dlpack::dtype dt{code, bits, 1};

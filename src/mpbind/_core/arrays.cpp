@@ -1,0 +1,1083 @@
+// Arrays and streams from Python objects, in one C++ pass per argument (see arrays.hpp), and the
+// functions of mpbind._core that expose them to the layer's cold paths and to tests.
+
+#include "arrays.hpp"
+
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+
+#include <structmember.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <string_view>
+
+#include "core.hpp"
+#include "nccl.hpp"
+#include "nvshmem.hpp"
+#include "register.hpp"
+
+namespace mpbind {
+
+namespace arrays {
+
+namespace {
+
+// --- element types -----------------------------------------------------------------------------
+
+constexpr DtypeInfo kInfo[] = {
+    {"?", 0, 0, 0, -1, nullptr},
+    {"bool", 6, 8, 1, -1, "|b1"},
+    {"int8", 0, 8, 1, 0, "|i1"},
+    {"int16", 0, 16, 2, -1, "<i2"},
+    {"int32", 0, 32, 4, 2, "<i4"},
+    {"int64", 0, 64, 8, 4, "<i8"},
+    {"uint8", 1, 8, 1, 1, "|u1"},
+    {"uint16", 1, 16, 2, -1, "<u2"},
+    {"uint32", 1, 32, 4, 3, "<u4"},
+    {"uint64", 1, 64, 8, 5, "<u8"},
+    {"float16", 2, 16, 2, 6, "<f2"},
+    {"bfloat16", 4, 16, 2, 9, nullptr},
+    {"float32", 2, 32, 4, 7, "<f4"},
+    {"float64", 2, 64, 8, 8, "<f8"},
+    {"complex64", 5, 64, 8, -1, "<c8"},
+    {"complex128", 5, 128, 16, -1, "<c16"},
+    {"float8_e4m3fn", 10, 8, 1, 10, nullptr},
+    {"float8_e5m2", 12, 8, 1, 11, nullptr},
+};
+constexpr size_t kDtypes = sizeof(kInfo) / sizeof(kInfo[0]);
+
+struct Alias {
+    const char* alias;
+    Dtype dtype;
+};
+// Names frameworks use for our types (torch's "half", NumPy 1.x's "bool_", ...).
+constexpr Alias kAliases[] = {
+    {"half", Dtype::kFloat16},       {"float", Dtype::kFloat32},      {"double", Dtype::kFloat64},
+    {"cfloat", Dtype::kComplex64},   {"cdouble", Dtype::kComplex128}, {"bf16", Dtype::kBFloat16},
+    {"float8_e4m3", Dtype::kFloat8E4M3FN}, {"bool_", Dtype::kBool},
+};
+
+Dtype by_name(std::string_view name) {
+    // Names as string_views, measured once (comparing against C strings would strlen each time).
+    static const auto names = [] {
+        std::array<std::string_view, kDtypes> out{};
+        for (size_t i = 0; i < kDtypes; ++i) out[i] = kInfo[i].name;
+        return out;
+    }();
+    if (name.substr(0, 6) == "torch.") name.remove_prefix(6);
+    for (size_t i = 1; i < kDtypes; ++i) {
+        if (name == names[i]) return static_cast<Dtype>(i);
+    }
+    for (const Alias& a : kAliases) {
+        if (name == a.alias) return a.dtype;
+    }
+    return Dtype::kInvalid;
+}
+
+Dtype from_dlpack(uint8_t code, uint8_t bits, uint16_t lanes) {
+    if (lanes != 1) return Dtype::kInvalid;
+    for (size_t i = 1; i < kDtypes; ++i) {
+        if (kInfo[i].dl_code == code && kInfo[i].dl_bits == bits) return static_cast<Dtype>(i);
+    }
+    return Dtype::kInvalid;
+}
+
+// A typestr of __cuda_array_interface__ ("<f4", "|b1"); kInvalid for what we do not take.
+Dtype from_typestr(std::string_view ts) {
+    if (ts.size() < 3 || ts.size() > 4) return Dtype::kInvalid;
+    char order = ts[0];
+    if (order != '<' && order != '|' && order != '=') return Dtype::kInvalid;  // big-endian data
+    int bytes = ts[2] - '0';
+    if (ts.size() == 4) bytes = bytes * 10 + (ts[3] - '0');
+    switch (ts[1]) {
+        case 'b': return bytes == 1 ? Dtype::kBool : Dtype::kInvalid;
+        case 'i': return bytes == 1 ? Dtype::kInt8 : bytes == 2 ? Dtype::kInt16 : bytes == 4 ? Dtype::kInt32
+                       : bytes == 8 ? Dtype::kInt64 : Dtype::kInvalid;
+        case 'u': return bytes == 1 ? Dtype::kUInt8 : bytes == 2 ? Dtype::kUInt16 : bytes == 4 ? Dtype::kUInt32
+                       : bytes == 8 ? Dtype::kUInt64 : Dtype::kInvalid;
+        case 'f': return bytes == 2 ? Dtype::kFloat16 : bytes == 4 ? Dtype::kFloat32 : bytes == 8 ? Dtype::kFloat64
+                       : Dtype::kInvalid;
+        case 'c': return bytes == 8 ? Dtype::kComplex64 : bytes == 16 ? Dtype::kComplex128 : Dtype::kInvalid;
+        default: return Dtype::kInvalid;
+    }
+}
+
+std::string supported_names() {
+    std::vector<std::string> names;
+    for (size_t i = 1; i < kDtypes; ++i) names.emplace_back(kInfo[i].name);
+    std::sort(names.begin(), names.end());
+    std::string out;
+    for (auto& n : names) out += (out.empty() ? "" : ", ") + n;
+    return out;
+}
+
+// Objects seen before, by identity, with a strong reference so that an address is never reused
+// under us: dtype objects, streams' types and arrays' types are few and live for the process.
+template <class Value>
+class IdentityCache {
+public:
+    const Value* find(PyObject* key) const {
+        for (const auto& e : entries_) {
+            if (e.first == key) return &e.second;
+        }
+        return nullptr;
+    }
+    void add(PyObject* key, Value value) {
+        if (entries_.size() >= kCapacity) return;  // an unusual program: keep working, uncached
+        Py_INCREF(key);
+        entries_.emplace_back(key, std::move(value));
+    }
+
+private:
+    static constexpr size_t kCapacity = 64;
+    std::vector<std::pair<PyObject*, Value>> entries_;
+};
+
+// Interned attribute names, made once (the GIL is held whenever they are used).
+struct Names {
+    PyObject* cai = PyUnicode_InternFromString("__cuda_array_interface__");
+    PyObject* dlpack = PyUnicode_InternFromString("__dlpack__");
+    PyObject* dlpack_device = PyUnicode_InternFromString("__dlpack_device__");
+    PyObject* exchange = PyUnicode_InternFromString("__dlpack_c_exchange_api__");
+    PyObject* max_version = PyUnicode_InternFromString("max_version");
+    PyObject* shape = PyUnicode_InternFromString("shape");
+    PyObject* strides = PyUnicode_InternFromString("strides");
+    PyObject* typestr = PyUnicode_InternFromString("typestr");
+    PyObject* data = PyUnicode_InternFromString("data");
+    PyObject* dtype = PyUnicode_InternFromString("dtype");
+    PyObject* device = PyUnicode_InternFromString("device");
+    PyObject* device_id = PyUnicode_InternFromString("device_id");
+    PyObject* index = PyUnicode_InternFromString("index");
+    PyObject* id = PyUnicode_InternFromString("id");
+    PyObject* ptr = PyUnicode_InternFromString("ptr");
+    PyObject* name = PyUnicode_InternFromString("name");
+    PyObject* data_ptr = PyUnicode_InternFromString("data_ptr");
+    PyObject* get_device = PyUnicode_InternFromString("get_device");
+    PyObject* stride = PyUnicode_InternFromString("stride");
+    PyObject* cuda_stream_protocol = PyUnicode_InternFromString("__cuda_stream__");
+    PyObject* cuda_stream = PyUnicode_InternFromString("cuda_stream");
+    PyObject* core = PyUnicode_InternFromString("_core");
+    PyObject* base = PyUnicode_InternFromString("_base");
+    PyObject* address = PyUnicode_InternFromString("_address");
+    PyObject* shape_slot = PyUnicode_InternFromString("_shape");
+    PyObject* dtype_slot = PyUnicode_InternFromString("_dtype");
+    PyObject* device_slot = PyUnicode_InternFromString("_device");
+    PyObject* version_tuple = Py_BuildValue("(ii)", 1, 3);  // the DLPack version we read
+};
+const Names& names() {
+    static const Names* n = new Names();  // never freed: used until the process ends
+    return *n;
+}
+
+// getattr(obj, name) that answers "absent" without raising AttributeError (which costs more than
+// the lookup itself). Other exceptions propagate.
+nb::object optional_attr(nb::handle obj, PyObject* name) {
+    PyObject* out = nullptr;
+#if PY_VERSION_HEX >= 0x030D0000
+    int found = PyObject_GetOptionalAttr(obj.ptr(), name, &out);
+#else
+    int found = _PyObject_LookupAttr(obj.ptr(), name, &out);
+#endif
+    if (found < 0) throw nb::python_error();
+    return nb::steal(out);  // null when absent
+}
+
+nb::object attr(nb::handle obj, PyObject* name) {
+    PyObject* out = PyObject_GetAttr(obj.ptr(), name);
+    if (out == nullptr) throw nb::python_error();
+    return nb::steal(out);
+}
+
+nb::object call_method(nb::handle obj, PyObject* name) {
+    PyObject* out = PyObject_CallMethodNoArgs(obj.ptr(), name);
+    if (out == nullptr) throw nb::python_error();
+    return nb::steal(out);
+}
+
+long long to_long(nb::handle v, const char* what, const char* field) {
+    long long out = PyLong_AsLongLong(v.ptr());
+    if (out == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        raise_type(std::string(what) + ": " + field + " must be an int, not " + typename_of(v));
+    }
+    return out;
+}
+
+// An address (a pointer or a stream handle) from a Python int: false for negative or >= 2**64.
+// Signed first: CPython's unsigned conversion takes a slower path for every value.
+bool as_address(PyObject* v, uintptr_t& out) {
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow == 0) {
+        if (x == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return false;
+        }
+        out = static_cast<uintptr_t>(x);
+        return x >= 0;
+    }
+    if (overflow < 0) return false;
+    unsigned long long u = PyLong_AsUnsignedLongLong(v);
+    if (u == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+        PyErr_Clear();
+        return false;
+    }
+    out = static_cast<uintptr_t>(u);
+    return true;
+}
+
+// An int a producer gave (a device ordinal): TypeError naming it otherwise.
+int int_field(nb::handle v, const char* what, const char* field) {
+    if (!PyLong_Check(v.ptr())) {
+        raise_type(std::string(what) + ": " + field + " must be an int, not " + typename_of(v));
+    }
+    long long x = to_long(v, what, field);
+    if (x < INT32_MIN || x > INT32_MAX) {
+        raise_usage(std::string(what) + ": " + field + " " + std::to_string(x) + " is out of range");
+    }
+    return static_cast<int>(x);
+}
+
+// A pointer a producer gave: UsageError naming it unless an address.
+uintptr_t address_field(nb::handle v, const char* what, const char* field) {
+    uintptr_t out = 0;
+    if (!PyLong_Check(v.ptr()) || !as_address(v.ptr(), out)) {
+        raise_usage(std::string(what) + ": " + field + " must be an address in [0, 2**64), got " + repr_of(v));
+    }
+    return out;
+}
+
+std::string format_dims(const Dims& d) {
+    std::string out = "(";
+    for (size_t i = 0; i < d.size(); ++i) out += (i ? ", " : "") + std::to_string(d[i]);
+    return out + (d.size() == 1 ? ",)" : ")");
+}
+
+void set_c_strides(Array& a) {
+    a.strides.resize(a.shape.size());
+    int64_t acc = 1;
+    for (size_t i = a.shape.size(); i-- > 0;) {
+        a.strides[i] = acc;
+        acc *= a.shape[i] > 0 ? a.shape[i] : 1;
+    }
+}
+
+void finish(Array& a) {
+    int64_t n = 1;
+    for (size_t i = 0; i < a.shape.size(); ++i) n *= a.shape[i];
+    a.size = n;
+    a.contiguous = c_contiguous(a.shape, a.strides);
+}
+
+// Shape from a tuple (or any sequence) of ints.
+void read_shape(nb::handle seq, Array& a, const char* what) {
+    PyObject* fast = PySequence_Fast(seq.ptr(), "shape must be a sequence");
+    if (fast == nullptr) {
+        PyErr_Clear();
+        raise_type(std::string(what) + ": its shape must be a sequence of ints, not " + typename_of(seq));
+    }
+    nb::object keep = nb::steal(fast);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    a.shape.resize(static_cast<size_t>(n));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        long long v = to_long(PySequence_Fast_GET_ITEM(fast, i), what, "shape");
+        if (v < 0) raise_usage(std::string(what) + ": negative extent " + std::to_string(v) + " in its shape");
+        a.shape[static_cast<size_t>(i)] = v;
+    }
+}
+
+// Strides from a sequence of ints, each `unit` bytes per element step (1: already in elements), for
+// an array whose shape is read.
+void read_strides(nb::handle seq, Array& a, const char* what, int64_t unit) {
+    PyObject* fast = PySequence_Fast(seq.ptr(), "strides must be a sequence");
+    if (fast == nullptr) {
+        PyErr_Clear();
+        raise_type(std::string(what) + ": its strides must be a sequence of ints, not " + typename_of(seq));
+    }
+    nb::object keep = nb::steal(fast);
+    size_t n = static_cast<size_t>(PySequence_Fast_GET_SIZE(fast));
+    if (n != a.shape.size()) {
+        raise_usage(std::string(what) + ": " + std::to_string(a.shape.size()) + " extents but " + std::to_string(n) +
+                    " strides");
+    }
+    a.strides.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+        a.strides[i] = to_long(PySequence_Fast_GET_ITEM(fast, static_cast<Py_ssize_t>(i)), what, "strides");
+    }
+    for (size_t i = 0; i < n; ++i) {
+        if (a.strides[i] % unit) {
+            raise_usage(std::string(what) + ": array strides " + format_dims(a.strides) +
+                        " are not multiples of its itemsize " + std::to_string(unit));
+        }
+    }
+    for (size_t i = 0; i < n; ++i) a.strides[i] /= unit;
+}
+
+// --- DLPack ------------------------------------------------------------------------------------
+
+// The structures of dlpack.h (v1.x) that nanobind does not declare.
+struct DLPackVersion {
+    uint32_t major, minor;
+};
+struct ManagedTensor {
+    nb::dlpack::dltensor dl_tensor;
+    void* manager_ctx;
+    void (*deleter)(ManagedTensor*);
+};
+struct ManagedTensorVersioned {
+    DLPackVersion version;
+    void* manager_ctx;
+    void (*deleter)(ManagedTensorVersioned*);
+    uint64_t flags;
+    nb::dlpack::dltensor dl_tensor;
+};
+constexpr uint64_t kFlagReadOnly = 1;
+constexpr uint64_t kFlagIsCopied = 2;
+struct ExchangeApiHeader {
+    DLPackVersion version;
+    ExchangeApiHeader* prev_api;
+};
+struct ExchangeApi {
+    ExchangeApiHeader header;
+    void* managed_tensor_allocator;
+    void* managed_tensor_from_py_object_no_sync;
+    void* managed_tensor_to_py_object_no_sync;
+    int (*dltensor_from_py_object_no_sync)(void* py_object, nb::dlpack::dltensor* out);
+    void* current_work_stream;
+};
+constexpr int32_t kDLCPU = 1, kDLCUDA = 2, kDLCUDAManaged = 13;
+
+void from_dltensor(const nb::dlpack::dltensor& t, uint64_t flags, Array& a, const char* what) {
+    a.dtype = from_dlpack(t.dtype.code, t.dtype.bits, t.dtype.lanes);
+    if (a.dtype == Dtype::kInvalid) {
+        raise_usage(std::string(what) + ": unsupported DLPack dtype (code=" + std::to_string(t.dtype.code) +
+                    ", bits=" + std::to_string(t.dtype.bits) + ", lanes=" + std::to_string(t.dtype.lanes) + ")");
+    }
+    if (t.ndim < 0) raise_usage(std::string(what) + ": DLPack tensor with ndim " + std::to_string(t.ndim));
+    a.ptr = reinterpret_cast<uintptr_t>(t.data) + t.byte_offset;
+    a.shape.resize(static_cast<size_t>(t.ndim));
+    for (int32_t i = 0; i < t.ndim; ++i) a.shape[i] = t.shape[i];
+    if (t.strides == nullptr) {  // before DLPack 1.2: compact row-major
+        set_c_strides(a);
+    } else {
+        a.strides.resize(static_cast<size_t>(t.ndim));
+        for (int32_t i = 0; i < t.ndim; ++i) a.strides[i] = t.strides[i];
+    }
+    finish(a);
+    a.device = (t.device.device_type == kDLCUDA || t.device.device_type == kDLCUDAManaged) ? t.device.device_id : -1;
+    a.readonly = (flags & kFlagReadOnly) != 0;
+}
+
+// Producer errors (a tensor that cannot be exported) as UsageError naming the argument.
+[[noreturn]] void raise_export_failed(nb::handle obj, const char* what, const char* how) {
+    if (!PyErr_Occurred()) {  // a producer that failed without saying why
+        raise_usage(std::string(what) + ": cannot import " + typename_of(obj) + " through " + how +
+                    " (it reported a failure without an exception)");
+    }
+    nb::python_error err;  // takes the pending exception
+    if (!err.matches(PyExc_Exception)) throw err;  // KeyboardInterrupt and the like pass through
+    raise_usage(std::string(what) + ": cannot import " + typename_of(obj) + " through " + how + ": " +
+                std::string(nb::str(err.value()).c_str()));
+}
+
+const ExchangeApi* exchange_api(PyTypeObject* type) {
+    nb::object capsule = optional_attr(reinterpret_cast<PyObject*>(type), names().exchange);
+    if (!capsule.is_valid()) return nullptr;
+    if (!PyCapsule_IsValid(capsule.ptr(), "dlpack_exchange_api")) return nullptr;
+    auto* header = static_cast<ExchangeApiHeader*>(PyCapsule_GetPointer(capsule.ptr(), "dlpack_exchange_api"));
+    while (header != nullptr && header->version.major > 1) header = header->prev_api;  // a newer ABI first
+    if (header == nullptr || header->version.major != 1) return nullptr;
+    auto* api = reinterpret_cast<const ExchangeApi*>(header);
+    return api->dltensor_from_py_object_no_sync != nullptr ? api : nullptr;
+}
+
+void via_exchange(nb::handle obj, const ExchangeApi* api, Array& a, const char* what) {
+    nb::dlpack::dltensor t;
+    if (api->dltensor_from_py_object_no_sync(obj.ptr(), &t) != 0) raise_export_failed(obj, what, "DLPack");
+    from_dltensor(t, 0, a, what);  // the exchange has no read-only flag: frameworks with it write anywhere
+    a.source = Source::kExchange;
+}
+
+void via_dlpack(nb::handle obj, Array& a, const char* what) {
+    const Names& n = names();
+    nb::object method = optional_attr(obj, n.dlpack);
+    if (!method.is_valid()) {
+        raise_type(std::string(what) + ": expected an array with __cuda_array_interface__ or __dlpack__, not " +
+                   typename_of(obj));
+    }
+    // Ask for a versioned capsule (it carries the read-only flag); producers predating max_version
+    // refuse the keyword with TypeError.
+    PyObject* args[] = {n.version_tuple};
+    nb::object kwnames = nb::steal(PyTuple_Pack(1, n.max_version));
+    PyObject* capsule = PyObject_Vectorcall(method.ptr(), args, 0, kwnames.ptr());
+    if (capsule == nullptr && PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Clear();
+        capsule = PyObject_CallNoArgs(method.ptr());
+    }
+    if (capsule == nullptr) raise_export_failed(obj, what, "DLPack");
+    nb::object keep = nb::steal(capsule);  // dropping it unconsumed runs the producer's deleter
+    if (PyCapsule_IsValid(capsule, "dltensor_versioned")) {
+        auto* mt = static_cast<ManagedTensorVersioned*>(PyCapsule_GetPointer(capsule, "dltensor_versioned"));
+        if (mt->version.major != 1) {
+            raise_usage(std::string(what) + ": DLPack version " + std::to_string(mt->version.major) +
+                        " from " + typename_of(obj) + " (mpbind reads version 1)");
+        }
+        if (mt->flags & kFlagIsCopied) {
+            // The copy would be freed with the capsule, before the library reads it.
+            raise_usage(std::string(what) + ": " + typename_of(obj) + " exported a copy through DLPack; "
+                        "pass an array that views its memory");
+        }
+        from_dltensor(mt->dl_tensor, mt->flags, a, what);
+    } else if (PyCapsule_IsValid(capsule, "dltensor")) {
+        auto* mt = static_cast<ManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+        from_dltensor(mt->dl_tensor, 0, a, what);
+    } else {
+        raise_type(std::string(what) + ": " + typename_of(obj) + ".__dlpack__() returned no DLPack capsule");
+    }
+    a.source = Source::kDlpack;
+}
+
+// --- __cuda_array_interface__ ----------------------------------------------------------------
+
+// The device of an array that describes itself through the interface (which names none):
+// .device.index (PyTorch), .device.id (CuPy, JAX), __dlpack_device__(), else device 0.
+int interface_device(nb::handle obj) {
+    const Names& n = names();
+    try {
+        nb::object dev = optional_attr(obj, n.device);
+        if (dev.is_valid() && !dev.is_none()) {
+            for (PyObject* field : {n.index, n.id}) {
+                nb::object v = optional_attr(dev, field);
+                if (v.is_valid() && PyLong_Check(v.ptr()) && !PyBool_Check(v.ptr())) return nb::cast<int>(v);
+            }
+        }
+        nb::object method = optional_attr(obj, n.dlpack_device);
+        if (method.is_valid()) {
+            nb::object r = nb::steal(PyObject_CallNoArgs(method.ptr()));
+            if (r.is_valid() && PyTuple_Check(r.ptr()) && PyTuple_GET_SIZE(r.ptr()) == 2) {
+                int kind = nb::cast<int>(nb::handle(PyTuple_GET_ITEM(r.ptr(), 0)));
+                if (kind == kDLCUDA || kind == kDLCUDAManaged) {
+                    return nb::cast<int>(nb::handle(PyTuple_GET_ITEM(r.ptr(), 1)));
+                }
+            }
+            PyErr_Clear();
+        }
+    } catch (nb::python_error& e) {
+        // A device query must not mask the array itself.
+        if (!e.matches(PyExc_Exception)) throw;
+    } catch (nb::cast_error&) {
+    }
+    return 0;
+}
+
+// Reads `cai` into `a`; false when its typestr names no element type and DLPack can ("<V2": bfloat16).
+bool from_interface(nb::handle obj, nb::handle cai, Array& a, const char* what) {
+    const Names& n = names();
+    if (!PyDict_Check(cai.ptr())) {
+        raise_type(std::string(what) + ": __cuda_array_interface__ must be a dict, not " + typename_of(cai));
+    }
+    PyObject* typestr = PyDict_GetItemWithError(cai.ptr(), n.typestr);
+    PyObject* shape = PyDict_GetItemWithError(cai.ptr(), n.shape);
+    PyObject* data = PyDict_GetItemWithError(cai.ptr(), n.data);
+    if (PyErr_Occurred()) throw nb::python_error();
+    if (typestr == nullptr || shape == nullptr || data == nullptr || !PyUnicode_Check(typestr)) {
+        raise_type(std::string(what) + ": __cuda_array_interface__ needs 'shape', 'typestr' and 'data'");
+    }
+    Py_ssize_t len = 0;
+    const char* ts = PyUnicode_AsUTF8AndSize(typestr, &len);
+    if (ts == nullptr) throw nb::python_error();
+    std::string_view tsv(ts, static_cast<size_t>(len));
+    if (tsv.size() >= 2 && tsv[1] == 'V' && optional_attr(obj, names().dlpack).is_valid()) return false;
+    a.dtype = from_typestr(tsv);
+    if (a.dtype == Dtype::kInvalid) {
+        raise_usage(std::string(what) + ": unsupported __cuda_array_interface__ typestr '" + std::string(tsv) +
+                    "' (supported: " + supported_names() + ")");
+    }
+    read_shape(shape, a, what);
+    if (!PyTuple_Check(data) || PyTuple_GET_SIZE(data) != 2) {
+        raise_type(std::string(what) + ": __cuda_array_interface__['data'] must be (ptr, readonly)");
+    }
+    if (!PyLong_Check(PyTuple_GET_ITEM(data, 0)) || !as_address(PyTuple_GET_ITEM(data, 0), a.ptr)) {
+        raise_usage(std::string(what) + ": __cuda_array_interface__['data'][0] must be an address >= 0");
+    }
+    int ro = PyObject_IsTrue(PyTuple_GET_ITEM(data, 1));
+    if (ro < 0) throw nb::python_error();
+    a.readonly = ro != 0;
+    PyObject* strides = PyDict_GetItemWithError(cai.ptr(), n.strides);
+    if (strides == nullptr && PyErr_Occurred()) throw nb::python_error();
+    if (strides == nullptr || strides == Py_None) {
+        set_c_strides(a);
+    } else {
+        read_strides(strides, a, what, a.itemsize());
+    }
+    finish(a);
+    a.device = (a.ptr == 0 && a.shape.size() == 0) ? -1 : interface_device(obj);
+    a.source = Source::kInterface;
+    return true;
+}
+
+void via_interface(nb::handle obj, Array& a, const char* what) {
+    const Names& n = names();
+    PyObject* cai = nullptr;
+#if PY_VERSION_HEX >= 0x030D0000
+    int found = PyObject_GetOptionalAttr(obj.ptr(), n.cai, &cai);
+#else
+    int found = _PyObject_LookupAttr(obj.ptr(), n.cai, &cai);
+#endif
+    nb::object keep = nb::steal(cai);
+    if (found < 0) {
+        // The interface raised: float8 tensors (no typestr), JAX's unimplemented types, CPU
+        // tensors of some frameworks. DLPack may still describe it.
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) throw nb::python_error();
+        nb::python_error err;
+        if (!nb::hasattr(obj, "__dlpack__")) {
+            err.restore();
+            raise_export_failed(obj, what, "__cuda_array_interface__");
+        }
+        via_dlpack(obj, a, what);
+        return;
+    }
+    if (found == 0) {
+        via_dlpack(obj, a, what);  // TypeError naming both protocols when it has neither
+        return;
+    }
+    if (!from_interface(obj, keep, a, what)) via_dlpack(obj, a, what);
+}
+
+// --- PyTorch and CuPy through their attributes ---------------------------------------------------
+
+IdentityCache<Dtype>& dtype_cache() {
+    static auto* c = new IdentityCache<Dtype>();
+    return *c;
+}
+
+Dtype dtype_attr(nb::handle obj, const char* what) {
+    nb::object dt = attr(obj, names().dtype);
+    if (const Dtype* d = dtype_cache().find(dt.ptr())) return *d;
+    try {
+        return dtype_of(dt);
+    } catch (nb::python_error& e) {
+        if (!e.matches(PyExc_ValueError)) throw;
+        raise_usage(std::string(what) + ": " + std::string(nb::str(e.value()).c_str()));
+    }
+}
+
+void via_torch(nb::handle obj, Array& a, const char* what) {
+    const Names& n = names();
+    a.dtype = dtype_attr(obj, what);
+    read_shape(attr(obj, n.shape), a, what);
+    read_strides(call_method(obj, n.stride), a, what, 1);
+    finish(a);
+    a.ptr = address_field(call_method(obj, n.data_ptr), what, "data_ptr()");
+    a.device = int_field(call_method(obj, n.get_device), what, "get_device()");  // -1 on the CPU
+    a.source = Source::kTorch;
+}
+
+void via_cupy(nb::handle obj, Array& a, const char* what) {
+    const Names& n = names();
+    a.dtype = dtype_attr(obj, what);
+    read_shape(attr(obj, n.shape), a, what);
+    read_strides(attr(obj, n.strides), a, what, a.itemsize());
+    finish(a);
+    nb::object memptr = attr(obj, n.data);
+    a.ptr = address_field(attr(memptr, n.ptr), what, "data.ptr");
+    a.device = int_field(attr(memptr, n.device_id), what, "data.device_id");
+    a.source = Source::kCupy;
+}
+
+// --- our own arrays ----------------------------------------------------------------------------
+
+// A slot of a Python class with __slots__, read at its offset (a member descriptor); any other
+// attribute through getattr.
+struct Slot {
+    PyObject* name = nullptr;
+    Py_ssize_t offset = -1;
+
+    static Slot of(PyTypeObject* type, PyObject* name) {
+        Slot s{name, -1};
+        PyObject* descr = _PyType_Lookup(type, name);  // borrowed
+        if (descr != nullptr && Py_TYPE(descr) == &PyMemberDescr_Type) {
+            PyMemberDef* m = reinterpret_cast<PyMemberDescrObject*>(descr)->d_member;
+            if (m->type == T_OBJECT_EX) s.offset = m->offset;
+        }
+        return s;
+    }
+    nb::object get(nb::handle obj) const {
+        if (offset >= 0) {
+            PyObject* v = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj.ptr()) + offset);
+            if (v != nullptr) return nb::borrow(v);
+        }
+        return attr(obj, name);
+    }
+};
+
+struct OurSlots {
+    Slot core, base, address, shape, dtype, device;
+};
+
+void from_view(nb::handle obj, const OurSlots& s, Array& a, const char* what) {
+    read_shape(s.shape.get(obj), a, what);
+    set_c_strides(a);
+    finish(a);
+    nb::object dt = s.dtype.get(obj);
+    const Dtype* known = dtype_cache().find(dt.ptr());
+    a.dtype = known ? *known : dtype_of(dt);
+    a.device = int_field(s.device.get(obj), what, "_device");
+}
+
+void via_symmetric(nb::handle obj, const OurSlots& s, Array& a, const char* what) {
+    auto [base, nbytes] = nvshmem::allocation_of(s.core.get(obj));  // UsageError once freed
+    (void)nbytes;
+    from_view(obj, s, a, what);
+    a.ptr = a.symmetric = base;
+    a.source = Source::kSymmetric;
+}
+
+void via_peer(nb::handle obj, const OurSlots& s, Array& a, const char* what) {
+    nvshmem::allocation_of(s.core.get(s.base.get(obj)));  // UsageError once its array is freed
+    from_view(obj, s, a, what);
+    a.ptr = address_field(s.address.get(obj), what, "_address");
+    a.source = Source::kPeer;
+}
+
+void via_buffer(nb::handle obj, Array& a) {
+    nccl::BufferSpan b = nccl::buffer_of(obj);  // UsageError once freed
+    a.ptr = b.ptr;
+    a.dtype = Dtype::kUInt8;
+    a.shape.resize(1);
+    a.shape[0] = static_cast<int64_t>(b.nbytes);
+    set_c_strides(a);
+    finish(a);
+    a.device = b.device;
+    a.source = Source::kBuffer;
+}
+
+void via_tuple(nb::handle obj, Array& a, const char* what) {
+    if (PyTuple_GET_SIZE(obj.ptr()) != 3) {
+        raise_type(std::string(what) + " given as a tuple must be (ptr, count, dtype)");
+    }
+    PyObject* ptr = PyTuple_GET_ITEM(obj.ptr(), 0);
+    PyObject* count = PyTuple_GET_ITEM(obj.ptr(), 1);
+    if (!PyLong_Check(ptr) || !PyLong_Check(count)) raise_type(std::string(what) + ": ptr and count must be ints");
+    uintptr_t p = 0;
+    if (!as_address(ptr, p)) {
+        raise_usage(std::string(what) + ": ptr must be an address in [0, 2**64), got " + repr_of(ptr));
+    }
+    long long c = PyLong_AsLongLong(count);
+    if (c == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        raise_usage(std::string(what) + ": count " + repr_of(count) + " is out of range");
+    }
+    if (c < 0) raise_usage(std::string(what) + ": count must be >= 0, got " + std::to_string(c));
+    a.dtype = dtype_of(PyTuple_GET_ITEM(obj.ptr(), 2));
+    a.ptr = p;
+    a.shape.resize(1);
+    a.shape[0] = c;
+    set_c_strides(a);
+    finish(a);
+    a.device = -2;  // taken on trust
+    a.source = Source::kTuple;
+}
+
+// --- the per-type choice -------------------------------------------------------------------------
+
+struct Path {
+    Source source;
+    const ExchangeApi* exchange = nullptr;
+    OurSlots slots;
+};
+
+bool mro_has(PyTypeObject* type, std::initializer_list<const char*> tp_names) {
+    PyObject* mro = type->tp_mro;
+    if (mro == nullptr) return false;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); ++i) {
+        const char* n = reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(mro, i))->tp_name;
+        for (const char* want : tp_names) {
+            if (std::strcmp(n, want) == 0) return true;
+        }
+    }
+    return false;
+}
+
+bool is_class(PyTypeObject* type, const char* module, const char* qualname) {
+    PyObject* dict = type->tp_dict;
+    if (dict == nullptr) return false;
+    PyObject* mod = PyDict_GetItemString(dict, "__module__");  // borrowed
+    if (mod == nullptr || !PyUnicode_Check(mod) || PyUnicode_CompareWithASCIIString(mod, module) != 0) return false;
+    nb::object qn = nb::steal(PyObject_GetAttrString(reinterpret_cast<PyObject*>(type), "__qualname__"));
+    if (!qn.is_valid()) {
+        PyErr_Clear();
+        return false;
+    }
+    return PyUnicode_Check(qn.ptr()) && PyUnicode_CompareWithASCIIString(qn.ptr(), qualname) == 0;
+}
+
+Path classify(PyTypeObject* type) {
+    const Names& n = names();
+    Path p{Source::kInterface};
+    if (PyType_IsSubtype(type, &PyTuple_Type)) {
+        p.source = Source::kTuple;
+    } else if (is_class(type, "mpbind.nvshmem", "SymmetricArray") || is_class(type, "mpbind.nvshmem", "PeerArray")) {
+        bool peer = is_class(type, "mpbind.nvshmem", "PeerArray");
+        p.source = peer ? Source::kPeer : Source::kSymmetric;
+        p.slots = {Slot::of(type, n.core),  Slot::of(type, n.base),  Slot::of(type, n.address),
+                   Slot::of(type, n.shape_slot), Slot::of(type, n.dtype_slot), Slot::of(type, n.device_slot)};
+    } else if (nccl::buffer_type().is(reinterpret_cast<PyObject*>(type))) {
+        p.source = Source::kBuffer;
+    } else if (const ExchangeApi* api = exchange_api(type)) {
+        p.source = Source::kExchange;
+        p.exchange = api;
+    } else if (mro_has(type, {"torch._C.TensorBase", "torch._C._TensorBase"})) {
+        p.source = Source::kTorch;
+    } else if (mro_has(type, {"cupy._core.core._ndarray_base", "cupy._core.core.ndarray"})) {
+        p.source = Source::kCupy;
+    }
+    return p;
+}
+
+IdentityCache<Path>& path_cache() {
+    static auto* c = new IdentityCache<Path>();
+    return *c;
+}
+
+const Path& path_of(PyTypeObject* type, Path& scratch) {
+    auto& cache = path_cache();
+    if (const Path* p = cache.find(reinterpret_cast<PyObject*>(type))) return *p;
+    scratch = classify(type);
+    cache.add(reinterpret_cast<PyObject*>(type), scratch);
+    return scratch;
+}
+
+void run(nb::handle obj, const Path& p, Array& a, const char* what) {
+    switch (p.source) {
+        case Source::kTuple: via_tuple(obj, a, what); break;
+        case Source::kSymmetric: via_symmetric(obj, p.slots, a, what); break;
+        case Source::kPeer: via_peer(obj, p.slots, a, what); break;
+        case Source::kBuffer: via_buffer(obj, a); break;
+        case Source::kExchange: via_exchange(obj, p.exchange, a, what); break;
+        case Source::kTorch: via_torch(obj, a, what); break;
+        case Source::kCupy: via_cupy(obj, a, what); break;
+        case Source::kInterface: via_interface(obj, a, what); break;
+        case Source::kDlpack: via_dlpack(obj, a, what); break;
+    }
+}
+
+}  // namespace
+
+// --- public --------------------------------------------------------------------------------------
+
+const DtypeInfo& info(Dtype d) { return kInfo[static_cast<size_t>(d)]; }
+
+Dtype dtype_of(nb::handle dtype) {
+    auto& cache = dtype_cache();  // by identity: the same name object, dtype object or type again
+    if (const Dtype* d = cache.find(dtype.ptr())) return *d;
+    if (PyUnicode_Check(dtype.ptr())) {
+        Py_ssize_t len = 0;
+        const char* s = PyUnicode_AsUTF8AndSize(dtype.ptr(), &len);
+        if (s == nullptr) throw nb::python_error();
+        Dtype d = by_name(std::string_view(s, static_cast<size_t>(len)));
+        if (d == Dtype::kInvalid) {
+            raise_usage("unsupported dtype " + repr_of(dtype) + " (supported: " + supported_names() + ")");
+        }
+        if (PyUnicode_CHECK_INTERNED(dtype.ptr())) cache.add(dtype.ptr(), d);  // literals: kept anyway
+        return d;
+    }
+    std::string name;
+    PyObject* modules = PyImport_GetModuleDict();  // borrowed
+    PyObject* numpy = PyDict_GetItemString(modules, "numpy");
+    bool is_type = PyType_Check(dtype.ptr());
+    if (numpy != nullptr && (is_type || std::strncmp(Py_TYPE(dtype.ptr())->tp_name, "numpy", 5) == 0)) {
+        // NumPy's own answer for its dtypes and for types (float -> float64, np.intc, ml_dtypes)
+        try {
+            name = nb::cast<std::string>(nb::borrow(numpy).attr("dtype")(dtype).attr("name"));
+        } catch (nb::python_error& e) {
+            if (!e.matches(PyExc_Exception)) throw;
+        }
+    }
+    if (name.empty() && is_type) {
+        auto* t = reinterpret_cast<PyTypeObject*>(dtype.ptr());
+        name = t == &PyFloat_Type ? "float64" : t == &PyLong_Type ? "int64" : t == &PyComplex_Type ? "complex128"
+               : t == &PyBool_Type ? "bool" : nb::cast<std::string>(dtype.attr("__name__"));
+    }
+    if (name.empty()) {
+        nb::object str_name = optional_attr(dtype, names().name);  // dtype objects of other array libraries
+        if (str_name.is_valid() && PyUnicode_Check(str_name.ptr())) {
+            name = nb::cast<std::string>(str_name);
+        } else {
+            std::string s = nb::cast<std::string>(nb::str(dtype));  // torch.float32, jnp dtypes
+            name = s.substr(s.rfind('.') + 1);
+        }
+    }
+    Dtype d = by_name(name);
+    if (d == Dtype::kInvalid) {
+        raise_usage("unsupported dtype " + repr_of(dtype) + " (supported: " + supported_names() + ")");
+    }
+    cache.add(dtype.ptr(), d);
+    return d;
+}
+
+const char* source_name(Source s) {
+    switch (s) {
+        case Source::kTuple: return "tuple";
+        case Source::kSymmetric: return "symmetric";
+        case Source::kPeer: return "peer";
+        case Source::kBuffer: return "buffer";
+        case Source::kExchange: return "exchange";
+        case Source::kTorch: return "torch";
+        case Source::kCupy: return "cupy";
+        case Source::kInterface: return "interface";
+        case Source::kDlpack: return "dlpack";
+    }
+    return "?";
+}
+
+void Dims::resize(size_t n) {
+    n_ = n;
+    if (n > kInline) heap_.resize(n);
+}
+
+bool c_contiguous(const Dims& shape, const Dims& strides) {
+    for (size_t i = 0; i < shape.size(); ++i) {
+        if (shape[i] == 0) return true;
+    }
+    int64_t expected = 1;
+    for (size_t i = shape.size(); i-- > 0;) {
+        if (shape[i] != 1 && strides[i] != expected) return false;
+        expected *= shape[i];
+    }
+    return true;
+}
+
+Array describe(nb::handle obj, const char* what, bool tuples) {
+    Array a;
+    Path scratch;
+    // A copy: Python code run while describing (a property, __dlpack__) may describe other arrays
+    // and grow the cache under a reference.
+    const Path p = path_of(Py_TYPE(obj.ptr()), scratch);
+    if (p.source == Source::kTuple && !tuples) {
+        raise_type(std::string(what) + ": expected an array with __cuda_array_interface__ or __dlpack__, not a tuple");
+    }
+    run(obj, p, a, what);
+    return a;
+}
+
+Array describe_via(nb::handle obj, const char* what, Source source) {
+    Array a;
+    Path scratch;
+    Path p = path_of(Py_TYPE(obj.ptr()), scratch);  // the type's cached facts, another path
+    if (source == Source::kExchange && p.exchange == nullptr) {
+        raise_usage(typename_of(obj) + " has no DLPack C exchange API");
+    }
+    bool ours = source == Source::kTuple || source == Source::kSymmetric || source == Source::kPeer ||
+                source == Source::kBuffer;
+    if (ours && p.source != source) raise_usage(typename_of(obj) + " is not read as " + source_name(source));
+    p.source = source;
+    run(obj, p, a, what);
+    return a;
+}
+
+Array device_array(nb::handle obj, const Want& want) {
+    Array a = describe(obj, want.what, want.tuples);
+    if (a.device == -1) raise_usage(std::string(want.what) + " must be in GPU memory (got a host array)");
+    if (want.dtype != Dtype::kInvalid && a.dtype != want.dtype) {
+        raise_usage(std::string(want.what) + " has dtype " + name(a.dtype) + ", expected " + name(want.dtype));
+    }
+    if (want.contiguous && !a.contiguous) {
+        raise_usage(std::string(want.what) + " must be C-contiguous (shape " + format_dims(a.shape) + ", strides " +
+                    format_dims(a.strides) + " elements)");
+    }
+    if (want.writable && a.readonly) raise_usage(std::string(want.what) + " is read-only");
+    return a;
+}
+
+std::string repr_of(nb::handle obj) {
+    PyObject* r = PyObject_Repr(obj.ptr());
+    if (r == nullptr) {
+        PyErr_Clear();
+        return "<" + typename_of(obj) + ">";
+    }
+    nb::object keep = nb::steal(r);
+    const char* s = PyUnicode_AsUTF8(r);
+    if (s == nullptr) {
+        PyErr_Clear();
+        return "<" + typename_of(obj) + ">";
+    }
+    return s;
+}
+
+std::string typename_of(nb::handle obj) {
+    const char* n = Py_TYPE(obj.ptr())->tp_name;  // "module.Name" for C types: keep the name
+    const char* dot = std::strrchr(n, '.');
+    return dot ? dot + 1 : n;
+}
+
+bool as_index(nb::handle obj, long long& out) {
+    PyObject* o = obj.ptr();
+    if (PyBool_Check(o)) return false;
+    nb::object index;
+    if (!PyLong_Check(o)) {
+        if (!PyIndex_Check(o) || std::strncmp(Py_TYPE(o)->tp_name, "numpy.bool", 10) == 0) return false;
+        index = nb::steal(PyNumber_Index(o));
+        if (!index.is_valid()) {
+            PyErr_Clear();
+            return false;
+        }
+        o = index.ptr();
+    }
+    out = PyLong_AsLongLong(o);
+    if (out == -1 && PyErr_Occurred()) throw nb::python_error();  // OverflowError
+    return true;
+}
+
+}  // namespace arrays
+
+// --- streams -----------------------------------------------------------------------------------
+
+namespace {
+
+enum class StreamVia : uint8_t { kProtocol, kCudaStream, kPtr, kNone };
+
+StreamVia stream_via(PyTypeObject* type) {
+    static auto* cache = new arrays::IdentityCache<StreamVia>();
+    if (const StreamVia* v = cache->find(reinterpret_cast<PyObject*>(type))) return *v;
+    const auto& n = arrays::names();
+    auto has = [&](PyObject* name) { return _PyType_Lookup(type, name) != nullptr; };
+    StreamVia via = StreamVia::kNone;
+    // PyTorch's __cuda_stream__ is Python code around its C attribute cuda_stream: read that.
+    if (has(n.cuda_stream) && arrays::mro_has(type, {"torch._C._CudaStreamBase"})) {
+        via = StreamVia::kCudaStream;
+    } else if (has(n.cuda_stream_protocol)) {
+        via = StreamVia::kProtocol;
+    } else if (has(n.cuda_stream)) {
+        via = StreamVia::kCudaStream;
+    } else if (has(n.ptr)) {
+        via = StreamVia::kPtr;
+    }
+    if (via != StreamVia::kNone) cache->add(reinterpret_cast<PyObject*>(type), via);
+    return via;
+}
+
+uintptr_t stream_value(nb::handle v, const char* from) {
+    if (!PyLong_Check(v.ptr()) || PyBool_Check(v.ptr())) {
+        raise_type(std::string("stream: ") + from + " must be an int, not " + arrays::typename_of(v));
+    }
+    uintptr_t h = 0;
+    if (!arrays::as_address(v.ptr(), h)) {
+        raise_usage(std::string("stream: ") + from + " must be a cudaStream_t in [0, 2**64), got " +
+                    arrays::repr_of(v));
+    }
+    return h;
+}
+
+}  // namespace
+
+uintptr_t stream_handle(nb::handle obj) {
+    if (obj.is_none()) return 0;
+    if (PyLong_Check(obj.ptr()) && !PyBool_Check(obj.ptr())) return stream_value(obj, "an int stream");
+    const auto& n = arrays::names();
+    auto protocol = [&](nb::handle method) {
+        nb::object info = nb::steal(PyObject_CallNoArgs(method.ptr()));
+        if (!info.is_valid()) throw nb::python_error();
+        if (!PyTuple_Check(info.ptr()) || PyTuple_GET_SIZE(info.ptr()) != 2) {
+            raise_type("__cuda_stream__() must return a (version, handle) tuple");
+        }
+        return stream_value(PyTuple_GET_ITEM(info.ptr(), 1), "__cuda_stream__()[1]");
+    };
+    switch (stream_via(Py_TYPE(obj.ptr()))) {
+        case StreamVia::kProtocol: return protocol(arrays::attr(obj, n.cuda_stream_protocol));
+        case StreamVia::kCudaStream: return stream_value(arrays::attr(obj, n.cuda_stream), ".cuda_stream");
+        case StreamVia::kPtr: return stream_value(arrays::attr(obj, n.ptr), ".ptr");
+        case StreamVia::kNone: break;
+    }
+    // Attributes of the instance alone (not of its type): looked up each time.
+    if (nb::object m = arrays::optional_attr(obj, n.cuda_stream_protocol); m.is_valid()) return protocol(m);
+    if (nb::object v = arrays::optional_attr(obj, n.cuda_stream); v.is_valid()) return stream_value(v, ".cuda_stream");
+    if (nb::object v = arrays::optional_attr(obj, n.ptr); v.is_valid()) return stream_value(v, ".ptr");
+    raise_type("stream must be an int, None, or an object with __cuda_stream__, .cuda_stream or .ptr, not " +
+               arrays::typename_of(obj));
+}
+
+// --- mpbind._core: the same coercion for the layer's cold paths and for tests -------------------
+
+namespace {
+
+arrays::Source source_named(const std::string& name) {
+    for (auto s : {arrays::Source::kTuple, arrays::Source::kSymmetric, arrays::Source::kPeer, arrays::Source::kBuffer,
+                   arrays::Source::kExchange, arrays::Source::kTorch, arrays::Source::kCupy,
+                   arrays::Source::kInterface, arrays::Source::kDlpack}) {
+        if (name == arrays::source_name(s)) return s;
+    }
+    raise_usage("unknown array source '" + name + "'");
+}
+
+nb::tuple dims(const arrays::Dims& d) {
+    nb::object t = nb::steal(PyTuple_New(static_cast<Py_ssize_t>(d.size())));
+    for (size_t i = 0; i < d.size(); ++i) {
+        PyTuple_SET_ITEM(t.ptr(), static_cast<Py_ssize_t>(i), PyLong_FromLongLong(d[i]));
+    }
+    return nb::borrow<nb::tuple>(t);
+}
+
+nb::tuple described(const arrays::Array& a) {
+    return nb::make_tuple(a.ptr, dims(a.shape), dims(a.strides), arrays::name(a.dtype), a.device, a.readonly,
+                          a.contiguous, arrays::source_name(a.source));
+}
+
+}  // namespace
+
+void register_arrays(nb::module_& m) {
+    m.def("array_info", [](nb::handle obj, const char* what, nb::handle source, bool tuples) {
+        if (source.is_none()) return described(arrays::describe(obj, what, tuples));
+        return described(arrays::describe_via(obj, what, source_named(nb::cast<std::string>(source))));
+    }, nb::arg("array").none(), nb::arg("what") = "array", nb::arg("source").none() = nb::none(),
+       nb::arg("tuples") = false,
+       "Describe an array as the hot calls do: (ptr, shape, strides in elements, dtype name, device (-1: host, "
+       "-2: unknown), readonly, C-contiguous, source). `source` forces one path ('exchange', 'dlpack', "
+       "'interface', 'torch', 'cupy', ...); `tuples` accepts (ptr, count, dtype).");
+    m.def("device_array", [](nb::handle obj, const char* what, nb::handle dtype, bool writable, bool contiguous) {
+        arrays::Want want{what, writable, contiguous, false};
+        if (!dtype.is_none()) want.dtype = arrays::dtype_of(dtype);
+        return described(arrays::device_array(obj, want));
+    }, nb::arg("array").none(), nb::arg("what"), nb::arg("dtype").none() = nb::none(), nb::arg("writable") = false,
+       nb::arg("contiguous") = true,
+       "array_info() checked as the hot calls check their operands: in GPU memory, of `dtype`, C-contiguous, "
+       "writable, as asked (UsageError naming `what` otherwise).");
+    m.def("dtype_info", [](nb::handle dtype) {
+        const arrays::DtypeInfo& i = arrays::info(arrays::dtype_of(dtype));
+        return nb::make_tuple(i.name, i.itemsize, i.dl_code, i.dl_bits, i.typestr ? nb::object(nb::str(i.typestr))
+                                                                                    : nb::none());
+    }, nb::arg("dtype").none(),
+       "(name, itemsize, DLPack code, DLPack bits, typestr or None) of a dtype; UsageError for unsupported ones.");
+    m.def("stream_handle", [](nb::handle s) { return stream_handle(s); }, nb::arg("stream").none(),
+          "The cudaStream_t of an int, None, or a __cuda_stream__/CuPy/PyTorch stream.");
+
+    nb::module_ testing = nb::borrow<nb::module_>(m.attr("_testing"));
+    testing.def("coerce_ns", [](nb::handle obj, size_t n, nb::handle source, bool tuples) {
+        std::optional<arrays::Source> via;
+        if (!source.is_none()) via = source_named(nb::cast<std::string>(source));
+        uintptr_t sink = 0;
+        auto t0 = std::chrono::steady_clock::now();
+        for (size_t i = 0; i < n; ++i) {
+            arrays::Array a = via ? arrays::describe_via(obj, "array", *via) : arrays::describe(obj, "array", tuples);
+            sink ^= a.ptr;
+        }
+        auto t1 = std::chrono::steady_clock::now();
+        (void)sink;
+        return std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(n ? n : 1);
+    }, nb::arg("array").none(), nb::arg("n"), nb::arg("source").none() = nb::none(), nb::arg("tuples") = true,
+       "Nanoseconds per description of `array` in C++ (n times; `source` forces a path): the coercion's own cost.");
+    testing.def("stream_ns", [](nb::handle stream, size_t n) {
+        uintptr_t sink = 0;
+        auto t0 = std::chrono::steady_clock::now();
+        for (size_t i = 0; i < n; ++i) sink ^= stream_handle(stream);
+        auto t1 = std::chrono::steady_clock::now();
+        (void)sink;
+        return std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(n ? n : 1);
+    }, nb::arg("stream").none(), nb::arg("n"), "Nanoseconds per stream_handle(`stream`) in C++.");
+}
+
+}  // namespace mpbind
