@@ -9,10 +9,8 @@ dlsym on the one handle mpbind._loader opened.
 
 from __future__ import annotations
 
-from typing import Any
-
 from emit_common import (
-    Index,
+    I4,
     c_args,
     c_param_types,
     c_params,
@@ -23,72 +21,68 @@ from emit_common import (
     loading_error,
     std_names,
 )
+from ir_types import CType, Library, is_void
 
-I4 = "    "
 
-
-def _types_block(ix: Index) -> list[str]:
-    ir = ix.ir
-    lib = ix.lib
-    structs, aliases, handles = ix.reachable_types()
-    guard = f"MPBIND_CY{lib.upper()}_TYPES_H"
+def _types_block(lib: Library) -> list[str]:
+    structs, aliases, handles = lib.reachable_types()
+    guard = f"MPBIND_CY{lib.name.upper()}_TYPES_H"
     c: list[str] = [f"#ifndef {guard}", f"#define {guard}", "#include <stddef.h>",
                     "#include <stdint.h>", "#include <stdbool.h>"]
     # Returned by an entry point whose symbol is missing, with a Python exception set.
-    c.append(f"#define {loading_error(ir)} (({ir['status']['type']})-42)")
+    c.append(f"#define {loading_error(lib)} (({lib.status.type})-42)")
     # Handles are declared with the struct tag the library's header uses, so that two
     # modules declaring the same handle (cynccl, cycublasmp: ncclComm_t) agree.
-    tags = ir.get("handle_tags", {})
-    for name in sorted(set(ix.foreign) | set(handles)):
-        tag = tags.get(name) or _foreign_tag(name)
+    for name in sorted(set(lib.foreign_handles) | set(handles)):
+        tag = lib.handle_tags.get(name) or _foreign_tag(name)
         c.append(f"typedef struct {tag} *{name};")
     for name in aliases:
-        c.append(f"typedef {c_type(ix.aliases[name], name)};")
-    for e in ir["enums"]:
-        body = ", ".join(f"{cn} = {v}" for cn, _, v in e["members"])
+        c.append(f"typedef {c_type(lib.aliases[name], name)};")
+    for e in lib.enums.values():
+        body = ", ".join(f"{m.c} = {m.value}" for m in e.members)
         # Guarded one by one: two modules may both declare an enum another header owns
         # (cudaDataType_t in cycublasmp and cycufftmp), and one unit may cimport both.
-        guard_e = f"MPBIND_ENUM_{e['name']}"
-        c += [f"#ifndef {guard_e}", f"#define {guard_e}", f"typedef enum {{ {body} }} {e['name']};", "#endif"]
+        guard_e = f"MPBIND_ENUM_{e.name}"
+        c += [f"#ifndef {guard_e}", f"#define {guard_e}", f"typedef enum {{ {body} }} {e.name};", "#endif"]
     for name in structs:
         c.append(f"typedef struct mpbind_{name} {name};")
     for name in structs:
-        s = ix.structs[name]
-        if "fields" in s:
-            fields = " ".join(f"{c_type(f['type'], f['name'])};" for f in s["fields"])
+        s = lib.structs[name]
+        if s.fields is not None:
+            fields = " ".join(f"{c_type(f.type, f.name)};" for f in s.fields)
         else:
-            fields = f"_Alignas({s['align']}) unsigned char _opaque[{s['size']}];"
+            fields = f"_Alignas({s.align}) unsigned char _opaque[{s.size}];"
         c.append(f"struct mpbind_{name} {{ {fields} }};")
-        c.append(f'_Static_assert(sizeof({name}) == {s["size"]}, "size of {name}");')
-        for f in s.get("fields", []):
-            c.append(f'_Static_assert(offsetof({name}, {f["name"]}) == {f["offset"]}, '
-                     f'"offset of {name}.{f["name"]}");')
+        c.append(f'_Static_assert(sizeof({name}) == {s.size}, "size of {name}");')
+        for f in s.field_list:
+            c.append(f'_Static_assert(offsetof({name}, {f.name}) == {f.offset}, '
+                     f'"offset of {name}.{f.name}");')
     c.append(f"#endif  /* {guard} */")
 
     out = ["cdef extern from *:", f'{I4}"""']
     out += [f"{I4}{line}" for line in c]
     out.append(f'{I4}"""')
-    for name in sorted(ix.foreign):
+    for name in sorted(lib.foreign_handles):
         out.append(f"{I4}ctypedef void* {name}")
     for name in handles:
-        if name not in ix.foreign:
+        if name not in lib.foreign_handles:
             out.append(f"{I4}ctypedef void* {name}")
     for name in aliases:
-        out.append(f"{I4}ctypedef {cy_type(ix.aliases[name], name)}")
-    for e in ir["enums"]:
-        out.append(f"{I4}ctypedef enum {e['name']}:")
-        for cn, _, _ in e["members"]:
-            out.append(f"{I4}{I4}{cn}")
-        if e["name"] == ir["status"]["type"]:
-            out.append(f"{I4}{I4}{loading_error(ir)}")
+        out.append(f"{I4}ctypedef {cy_type(lib.aliases[name], name)}")
+    for e in lib.enums.values():
+        out.append(f"{I4}ctypedef enum {e.name}:")
+        for m in e.members:
+            out.append(f"{I4}{I4}{m.c}")
+        if e.name == lib.status.type:
+            out.append(f"{I4}{I4}{loading_error(lib)}")
     for name in structs:
-        s = ix.structs[name]
+        s = lib.structs[name]
         out.append(f"{I4}ctypedef struct {name}:")
-        if "fields" in s:
-            for f in s["fields"]:
-                out.append(f"{I4}{I4}{cy_type(f['type'], f['name'])}")
+        if s.fields is not None:
+            for f in s.fields:
+                out.append(f"{I4}{I4}{cy_type(f.type, f.name)}")
         else:
-            out.append(f"{I4}{I4}unsigned char _opaque[{s['size']}]")
+            out.append(f"{I4}{I4}unsigned char _opaque[{s.size}]")
     return out
 
 
@@ -98,38 +92,38 @@ def _foreign_tag(name: str) -> str:
     return {"cudaStream_t": "CUstream_st", "cudaEvent_t": "CUevent_st"}.get(name, f"{name}_opaque")
 
 
-def _all_types(ix: Index) -> list[dict[str, Any]]:
-    ts = []
-    for f in ix.symbols:
-        ts.append(f["returns"])
-        ts += [p["type"] for p in f["params"]]
-    for s in ix.ir["structs"]:
-        ts += [f["type"] for f in s.get("fields", [])]
-    ts += list(ix.aliases.values())
+def _all_types(lib: Library) -> list[CType]:
+    ts: list[CType] = []
+    for f in lib.symbols:
+        ts.append(f.returns)
+        ts += [p.type for p in f.params]
+    for s in lib.structs.values():
+        ts += [f.type for f in s.field_list]
+    ts += list(lib.aliases.values())
     return ts
 
 
-def cy_pxd(ix: Index) -> str:
+def cy_pxd(lib: Library) -> str:
     lines = ["# cython: language_level=3", ""]
-    lines += cimport_lines(std_names(_all_types(ix)))
+    lines += cimport_lines(std_names(_all_types(lib)))
     lines.append("")
-    lines += _types_block(ix)
+    lines += _types_block(lib)
     lines += ["", "", "# Entry points: callable without the GIL; each raises FunctionNotFoundError",
               "# (taking the GIL) when the loaded library lacks the symbol.", ""]
-    for f in ix.symbols:
-        lines.append(f"cdef {cy_type(f['returns'], f['name'])}({c_params(f)}) "
-                     f"{except_clause(ix.ir, f['returns'])} nogil")
+    for f in lib.symbols:
+        lines.append(f"cdef {cy_type(f.returns, f.name)}({c_params(f)}) "
+                     f"{except_clause(lib, f.returns)} nogil")
     return "\n".join(lines) + "\n"
 
 
-def cy_pyx(ix: Index) -> str:
+def cy_pyx(lib: Library) -> str:
     lines = ["# cython: language_level=3", "",
-             f"from mpbind.bindings._internal cimport {ix.lib} as _{ix.lib}", ""]
-    for f in ix.symbols:
-        lines.append(f"cdef {cy_type(f['returns'], f['name'])}({c_params(f)}) "
-                     f"{except_clause(ix.ir, f['returns'])} nogil:")
-        call = f"_{ix.lib}._{f['name']}({c_args(f)})"
-        if f["returns"]["kind"] == "builtin" and f["returns"]["name"] == "void":
+             f"from mpbind.bindings._internal cimport {lib.name} as _{lib.name}", ""]
+    for f in lib.symbols:
+        lines.append(f"cdef {cy_type(f.returns, f.name)}({c_params(f)}) "
+                     f"{except_clause(lib, f.returns)} nogil:")
+        call = f"_{lib.name}._{f.name}({c_args(f)})"
+        if is_void(f.returns):
             lines.append(f"{I4}{call}")
         else:
             lines.append(f"{I4}return {call}")
@@ -137,21 +131,19 @@ def cy_pyx(ix: Index) -> str:
     return "\n".join(lines)
 
 
-def internal_pxd(ix: Index) -> str:
+def internal_pxd(lib: Library) -> str:
     lines = ["# cython: language_level=3", "",
-             f"from mpbind.bindings.cy{ix.lib} cimport *", ""]
-    for f in ix.symbols:
-        lines.append(f"cdef {cy_type(f['returns'], '_' + f['name'])}({c_params(f)}) "
-                     f"{except_clause(ix.ir, f['returns'])} nogil")
+             f"from mpbind.bindings.cy{lib.name} cimport *", ""]
+    for f in lib.symbols:
+        lines.append(f"cdef {cy_type(f.returns, '_' + f.name)}({c_params(f)}) "
+                     f"{except_clause(lib, f.returns)} nogil")
     return "\n".join(lines) + "\n"
 
 
-def internal_pyx(ix: Index) -> str:
-    lib = ix.lib
-    ir = ix.ir
-    names = [f["name"] for f in ix.symbols]
-    since = {f["name"]: f["since"] for f in ix.symbols}
-    vf = ir["version_function"]["function"]
+def internal_pyx(lib: Library) -> str:
+    names = [f.name for f in lib.symbols]
+    since = {f.name: f.since for f in lib.symbols}
+    vf = lib.version_function.function
     lines = [
         "# cython: language_level=3",
         "",
@@ -162,7 +154,7 @@ def internal_pyx(ix: Index) -> str:
         "",
         "import threading",
         "",
-        f'LIBRARY = "{lib}"',
+        f'LIBRARY = "{lib.name}"',
         "SINCE = {",
     ]
     lines += [f'{I4}"{n}": "{since[n]}",' for n in names]
@@ -222,7 +214,7 @@ def internal_pyx(ix: Index) -> str:
         f"{I4}if __{vf} == NULL:",
         f"{I4}{I4}return None",
     ]
-    if ir["version_function"]["format"] == "triple":
+    if lib.version_function.format == "triple":
         # void f(int* major, int* minor, int* patch)
         lines += [
             f"{I4}cdef int major = 0, minor = 0, patch = 0",
@@ -239,19 +231,19 @@ def internal_pyx(ix: Index) -> str:
             f"{I4}return code",
             "",
         ]
-    for f in ix.symbols:
-        n = f["name"]
-        ret = cy_type(f["returns"])
+    for f in lib.symbols:
+        n = f.name
+        ret = cy_type(f.returns)
         fptr = f"<{ret} (*)({c_param_types(f)}) noexcept nogil>__{n}"
         lines.append("")
-        lines.append(f"cdef {cy_type(f['returns'], '_' + n)}({c_params(f)}) "
-                     f"{except_clause(ir, f['returns'])} nogil:")
+        lines.append(f"cdef {cy_type(f.returns, '_' + n)}({c_params(f)}) "
+                     f"{except_clause(lib, f.returns)} nogil:")
         lines.append(f"{I4}_ensure_loaded()")
         lines.append(f"{I4}if __{n} == NULL:")
         lines.append(f"{I4}{I4}with gil:")
         lines.append(f'{I4}{I4}{I4}_not_found("{n}")')
         call = f"({fptr})({c_args(f)})"
-        if f["returns"]["kind"] == "builtin" and f["returns"]["name"] == "void":
+        if is_void(f.returns):
             lines.append(f"{I4}{call}")
         else:
             lines.append(f"{I4}return {call}")

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ir_types import CType, Pointer, StructType, ctype, is_char_ptr, is_void
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -173,24 +175,20 @@ class Spec:
         raise ValueError(f"{c_name} has none of the prefixes {list(self.python_prefixes)}")
 
 
-def is_char_ptr(t: dict[str, Any]) -> bool:
-    return t["kind"] == "pointer" and t["pointee"]["kind"] == "builtin" and t["pointee"]["name"] == "char"
-
-
-def default_role(t: dict[str, Any], scalar_pointers: str = "out") -> str:
+def default_role(t: CType, scalar_pointers: str = "out") -> str:
     """A pointer parameter is an output unless the spec says otherwise.
 
     scalar_pointers="address": a library (NVSHMEM) whose non-const pointers to
     scalars are buffers (dest, sig_addr), its outputs listed in the spec.
     """
-    if t["kind"] != "pointer":
+    if not isinstance(t, Pointer):
         return "in"
-    p = t["pointee"]
-    if p.get("const"):
+    p = t.pointee
+    if p.const:
         return "in"
-    if p["kind"] == "builtin" and p["name"] == "void":
+    if is_void(p):
         return "in"  # a device or host address
-    if scalar_pointers == "address" and p["kind"] != "struct":
+    if scalar_pointers == "address" and not isinstance(p, StructType):
         return "in"
     return "out"
 
@@ -241,14 +239,14 @@ def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[
         params = []
         for p in f["params"]:
             ps = dict(pspec.get(p["name"], {}))
-            role = ps.pop("role", default_role(p["type"], spec.scalar_pointers))
+            t = ctype(p["type"])
+            role = ps.pop("role", default_role(t, spec.scalar_pointers))
             if role not in ROLES:
                 raise ValueError(f"{name}.{p['name']}: unknown role {role}")
-            t = p["type"]
-            if role in ("in", "inout") and t["kind"] == "pointer" and not is_char_ptr(t) and not ps.get("address"):
-                pointee = t["pointee"]
-                if pointee["kind"] == "struct" and pointee["name"] in struct_names:
-                    ps.setdefault("struct", pointee["name"])
+            if role in ("in", "inout") and isinstance(t, Pointer) and not is_char_ptr(t) and not ps.get("address"):
+                pointee = t.pointee
+                if isinstance(pointee, StructType) and pointee.name in struct_names:
+                    ps.setdefault("struct", pointee.name)
             if spec.scalar_pointers == "address" and role == "in" and is_char_ptr(t):
                 ps.setdefault("address", True)  # a char buffer (nvshmem_char_put), not a string
             params.append({**p, "role": role, "python": camel_to_snake(p["name"]), **ps})

@@ -156,26 +156,25 @@ def test_check_fails_on_a_stale_resealed_file(tree_copy: Path) -> None:
 
 # -- golden renderings ------------------------------------------------------------------
 
-def _render(ir: dict[str, Any], name: str) -> str:
-    emit_common = _generator_module("emit_common")
+def _render(generate: ModuleType, name: str) -> str:
     emit_python = _generator_module("emit_python")
     emit_stubs = _generator_module("emit_stubs")
-    ix = emit_common.Index(ir)
-    f = _functions(ir)[name]
+    lib = generate.load_library("nccl")
+    python = lib.function(name).python
     # The function as it appears in the rendered module: from its `def` line to the next
     # top-level statement.
-    module = emit_python.python_pyx(ix).splitlines()
-    start = module.index(next(line for line in module if line.startswith(f"def {f['python']}(")))
+    module = emit_python.python_pyx(lib).splitlines()
+    start = module.index(next(line for line in module if line.startswith(f"def {python}(")))
     end = next((i for i in range(start + 1, len(module)) if module[i][:1] not in ("", " ")), len(module))
     pyx = "\n".join(module[start:end]).rstrip() + "\n"
-    stub_lines = [line for line in emit_stubs.stub(ix).splitlines() if line.startswith(f"def {f['python']}(")]
+    stub_lines = [line for line in emit_stubs.stub(lib).splitlines() if line.startswith(f"def {python}(")]
     assert len(stub_lines) == 1, stub_lines
     return f"{pyx}{STUB_MARKER}\n{stub_lines[0]}\n"
 
 
 @pytest.mark.parametrize("name", GOLDEN_FUNCTIONS)
-def test_golden_rendering(ir: dict[str, Any], name: str) -> None:
-    got = _render(ir, name)
+def test_golden_rendering(generate: ModuleType, name: str) -> None:
+    got = _render(generate, name)
     path = GOLDEN / f"{name}.txt"
     if UPDATE_GOLDEN:
         path.write_text(got)

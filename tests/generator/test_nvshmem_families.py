@@ -31,28 +31,26 @@ def _generator_module(name: str) -> ModuleType:
 
 
 @pytest.fixture(scope="module")
-def index() -> Any:
-    generate = _generator_module("generate")
-    emit_common = _generator_module("emit_common")
-    return emit_common.Index(generate.load_ir("nvshmem"))
+def library() -> Any:
+    return _generator_module("generate").load_library("nvshmem")
 
 
-def _render(ix: Any, op: str) -> str:
+def _render(lib: Any, op: str) -> str:
     emit_python = _generator_module("emit_python")
     emit_stubs = _generator_module("emit_stubs")
-    lines: list[str] = emit_python._families(ix)
+    lines: list[str] = emit_python._families(lib)
     table = next(i for i, line in enumerate(lines) if line.startswith(f"_FAMILY_{op} = "))
     start = next(i for i, line in enumerate(lines) if line.startswith(f"def {op}("))
     end = next((i for i in range(start + 1, len(lines)) if lines[i][:1] not in ("", " ")), len(lines))
     body = "\n".join([lines[table], *lines[start:end]]).rstrip() + "\n"
-    stub_lines = [line for line in emit_stubs.stub(ix).splitlines() if line.startswith(f"def {op}(")]
+    stub_lines = [line for line in emit_stubs.stub(lib).splitlines() if line.startswith(f"def {op}(")]
     assert len(stub_lines) == 1, stub_lines
     return f"{body}{STUB_MARKER}\n{stub_lines[0]}\n"
 
 
 @pytest.mark.parametrize("op", FAMILIES)
-def test_golden_family_rendering(index: Any, op: str) -> None:
-    got = _render(index, op)
+def test_golden_family_rendering(library: Any, op: str) -> None:
+    got = _render(library, op)
     path = GOLDEN / f"family_{op}.txt"
     if UPDATE_GOLDEN:
         path.write_text(got)
@@ -61,10 +59,10 @@ def test_golden_family_rendering(index: Any, op: str) -> None:
 
 
 @pytest.mark.parametrize("op", FAMILIES)
-def test_rendering_is_what_the_module_was_built_from(index: Any, op: str) -> None:
+def test_rendering_is_what_the_module_was_built_from(library: Any, op: str) -> None:
     pyx = (REPO / "src" / "mpbind" / "bindings" / "nvshmem.pyx").read_text()
     pyi = (REPO / "stubs" / "mpbind" / "bindings" / "nvshmem.pyi").read_text()
-    body, stub = _render(index, op).split(f"{STUB_MARKER}\n")
+    body, stub = _render(library, op).split(f"{STUB_MARKER}\n")
     table, _, function = body.partition("\n")
     assert f"\n{table}\n" in pyx
     assert f"\n{function}" in pyx
