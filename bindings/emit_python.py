@@ -4,26 +4,11 @@ from __future__ import annotations
 
 import ast
 
-from emit_common import cy_type
-from ir_types import (
-    Array,
-    CType,
-    Enum,
-    EnumType,
-    Field,
-    Function,
-    Library,
-    Pointer,
-    Struct,
-    TypedAttribute,
-    is_char_ptr,
-    is_void,
-    resolve,
-)
+from emit_common import I4, cy_type
+from ir_types import Array, Field, Function, Library, Struct, TypedAttribute, is_void
 from plan import Plan, plan
-from pyvalues import class_name, enum_ctype, to_python, value_kind
+from pyvalues import class_name, enum_ctype, enum_of, to_python, value_kind
 
-I4 = "    "
 I8 = I4 * 2
 
 
@@ -87,7 +72,7 @@ def _field_set(lib: Library, f: Field) -> list[str]:
     if vk in ("int", "float", "bool"):
         return [f"self._data.{n} = value"]
     if vk == "enum":
-        return [f"self._data.{n} = <{ct}><{enum_ctype(_enum_of(lib, t))}>value"]
+        return [f"self._data.{n} = <{ct}><{enum_ctype(enum_of(lib, t))}>value"]
     if vk in ("handle", "address"):
         return [f"self._data.{n} = <{ct}><intptr_t>value"]
     if vk == "str":
@@ -101,12 +86,6 @@ def _field_set(lib: Library, f: Field) -> list[str]:
     if vk == "struct":
         return [f"self._data.{n} = (<{class_name(lib, t)}?>value)._data"]
     raise ValueError(vk)
-
-
-def _enum_of(lib: Library, t: CType) -> Enum:
-    r = resolve(t)
-    assert isinstance(r, EnumType)
-    return lib.enums[r.name]
 
 
 def _struct_class(lib: Library, s: Struct) -> list[str]:
@@ -234,246 +213,79 @@ def _struct_class(lib: Library, s: Struct) -> list[str]:
 
 # -- functions ------------------------------------------------------------------------
 
-def _function(lib: Library, p: Plan) -> list[str]:
-    f = p.f
-    sig = []
-    for pp in p.params:
-        cp = pp.c
-        t = cp.type
-        decl = pp.name
-        if cp.role == "in" and not cp.struct and not cp.nullable and not cp.convert:
-            is_address = isinstance(t, Pointer) and (cp.address or not is_char_ptr(t))
-            vk = "address" if is_address else value_kind(t)
-            if vk in ("int", "float", "bool"):
-                decl = f"{cy_type(resolve(t), pp.name, drop_const=True)}"
-                if vk == "bool":
-                    decl = f"bint {pp.name}"
-            elif vk == "enum":
-                decl = f"{enum_ctype(_enum_of(lib, t))} {pp.name}"
-            elif vk in ("handle", "address"):
-                decl = f"intptr_t {pp.name}"
-        if pp.default is not None:
-            decl += f"={pp.default}"
-        sig.append(decl)
+def _function(lib: Library, pl: Plan) -> list[str]:
+    """def <python>(...): the roles' conversions around one C call, its status check and result."""
+    f = pl.f
+    sig = [pp.decl if pp.default is None else f"{pp.decl}={pp.default}" for pp in pl.params]
+    pre = [line for r in pl.roles for line in r.guard() + r.convert()]
+    cleanup = [line for r in pl.roles for line in r.cleanup()]
+    call = f"{f.name}({', '.join(r.arg() for r in pl.roles)})"
+    inner = _call(f, call) + _check(lib, f) + [line for r in pl.roles for line in r.after()] + _tail(lib, pl)
+    body = [_docstring(lib, pl)] + _result_declaration(f)
+    if cleanup:
+        # Everything that can fail runs inside try, so finally frees what was
+        # allocated; Cython wants the declarations outside it.
+        hoisted, stmts = _hoist_declarations(pre)
+        body += hoisted + ["try:"] + [I4 + x for x in stmts + inner] + ["finally:"] + [I4 + c for c in cleanup]
+    else:
+        body += pre + inner
+    out = [f"def {f.python}({', '.join(sig)}):"] + [I4 + b for b in body]
+    return [line.rstrip() for line in "\n".join(out).split("\n")] + ["", ""]
 
+
+def _docstring(lib: Library, pl: Plan) -> str:
+    f = pl.f
     doc = [f"{f.name}({', '.join(cy_type(q.type, q.name) for q in f.params)})"]
-    if p.returns:
-        doc.append("")
-        doc.append(f"Returns {p.return_type}.")
-    doc.append("")
-    doc.append("Releases the GIL." if f.releases_gil else "Keeps the GIL (an O(1) query).")
+    if pl.returns:
+        doc += ["", f"Returns {pl.return_type}."]
+    doc += ["", "Releases the GIL." if f.releases_gil else "Keeps the GIL (an O(1) query)."]
     since = f.since or ""
     if not since.startswith("<="):
         doc.append(f"Needs {lib.pretty} {since} or later.")
-    body: list[str] = []
-    body.append(f'"""{chr(10).join(d for d in doc).rstrip()}"""'.replace("\n", "\n" + I4))
-    pre: list[str] = []
-    post: list[str] = []
-    cleanup: list[str] = []
-    args: list[str] = []
-    for cp in f.params:
-        role = cp.role
-        t = cp.type
-        n = cp.name
-        py = cp.python
-        if role in ("in", "inout"):
-            if cp.convert:
-                # _convert_<name>: the generated mpi_comm one, or one from the spec's support code
-                pre.append(f"cdef intptr_t _h_{n} = _convert_{cp.convert}({py})")
-                args.append(f"<{cy_type(t)}>_h_{n}")
-            elif isinstance(t, Pointer) and cp.struct:
-                cls = lib.structs[cp.struct].python
-                pre.append(f"cdef {cy_type(t.pointee, drop_const=True)}* _p_{n} = NULL")
-                conv = f"_o_{n} = _as_{cls}({py}, \"{py}\"); _p_{n} = &(<{cls}>_o_{n})._data"
-                if cp.nullable:
-                    pre.append(f"if {py} is not None:")
-                    pre.append(f"{I4}{conv}")
-                else:
-                    pre.append(conv)
-                args.append(f"_p_{n}")
-            elif is_char_ptr(t) and not cp.address:
-                pre.append(f"cdef const char* _s_{n} = NULL")
-                pre.append(f"cdef bytes _b_{n} = None")
-                if cp.nullable:
-                    pre.append(f"if {py} is not None:")
-                    pre.append(f"{I4}_b_{n} = _to_bytes({py}, \"{py}\"); _s_{n} = <const char*>_b_{n}")
-                else:
-                    pre.append(f"_b_{n} = _to_bytes({py}, \"{py}\"); _s_{n} = <const char*>_b_{n}")
-                args.append(f"_s_{n}")
-            elif isinstance(t, Pointer):
-                if cp.nullable:
-                    pre.append(f"cdef intptr_t _h_{n} = 0 if {py} is None else {py}")
-                    args.append(f"<{cy_type(t)}>_h_{n}")
-                else:
-                    args.append(f"<{cy_type(t)}>{py}")
-            else:
-                vk = value_kind(t)
-                if vk == "struct":
-                    cls = class_name(lib, t)
-                    ct = cy_type(resolve(t), drop_const=True)
-                    pre.append(f"cdef {ct} _v_{n} = (<{cls}>_as_{cls}({py}, \"{py}\"))._data")
-                    args.append(f"_v_{n}")
-                elif vk == "enum":
-                    args.append(f"<{cy_type(t, drop_const=True)}>{py}")
-                elif vk == "address":
-                    args.append(f"<{cy_type(t, drop_const=True)}>{py}")
-                elif vk == "handle":
-                    if cp.nullable:
-                        pre.append(f"cdef intptr_t _h_{n} = 0 if {py} is None else {py}")
-                        args.append(f"<{cy_type(t, drop_const=True)}>_h_{n}")
-                    else:
-                        args.append(f"<{cy_type(t, drop_const=True)}>{py}")
-                else:
-                    args.append(py)
-        elif role == "in_array":
-            assert isinstance(t, Pointer)
-            el = t.pointee
-            elt = cy_type(el, drop_const=True)
-            pre.append(f"cdef {elt}* _a_{n} = NULL")
-            pre.append(f"cdef Py_ssize_t _n_{n} = 0")
-            src = f"_seq_{n}"
-            if cp.nullable:
-                pre.append(f"if {py} is not None:")
-                ind = I4
-            else:
-                ind = ""
-            pre.append(f"{ind}{src} = list({py})")
-            pre.append(f"{ind}_n_{n} = len({src})")
-            if cp.explicit_length:
-                ln = f.param(cp.length or "").python
-                pre.append(f"{ind}if _n_{n} != {ln}:")
-                pre.append(f'{ind}{I4}raise _UsageError("{py} has %d elements; {ln} is %d" % (_n_{n}, {ln}))')
-            pre.append(f"{ind}_a_{n} = <{elt}*>PyMem_Malloc(max(_n_{n}, 1) * sizeof({elt}))")
-            pre.append(f"{ind}if _a_{n} == NULL:")
-            pre.append(f"{ind}{I4}raise MemoryError()")
-            pre.append(f"{ind}for _i in range(_n_{n}):")
-            vk = value_kind(el)
-            if vk == "struct":
-                cls = class_name(lib, el)
-                pre.append(f"{ind}{I4}_a_{n}[_i] = (<{cls}>_as_{cls}({src}[_i], \"{py}\"))._data")
-            elif vk in ("handle", "address"):
-                pre.append(f"{ind}{I4}_a_{n}[_i] = <{elt}><intptr_t>{src}[_i]")
-            elif vk == "enum":
-                pre.append(f"{ind}{I4}_a_{n}[_i] = <{elt}><int>{src}[_i]")
-            else:
-                pre.append(f"{ind}{I4}_a_{n}[_i] = {src}[_i]")
-            cleanup.append(f"PyMem_Free(_a_{n})")
-            args.append(f"_a_{n}")
-        elif role == "length":
-            of = cp.length_of
-            args.append(f"<{cy_type(t, drop_const=True)}>_n_{of}")
-        elif role == "out":
-            assert isinstance(t, Pointer)
-            pt = t.pointee
-            vk = value_kind(pt)
-            if vk == "struct":
-                cls = class_name(lib, pt)
-                pre.append(f"cdef {cls} _r_{n} = {cls}()")
-                args.append(f"&_r_{n}._data")
-                post.append(f"_r_{n}")
-            else:
-                init = " = NULL" if vk in ("handle", "address", "str") else ""
-                pre.append(f"cdef {cy_type(pt, '_r_' + n, drop_const=False)}{init}")
-                args.append(f"&_r_{n}")
-                post.append(to_python(lib, pt, f"_r_{n}"))
-        elif role == "out_str_buffer":
-            cap = lib.constant(cp.capacity_constant or "").value
-            pre.append(f"cdef char _sb_{n}[{cap}]")
-            pre.append(f"memset(_sb_{n}, 0, {cap})")
-            args.append(f"_sb_{n}")
-            post.append(f"_sb_{n}[:{cap - 1}].split(b'\\0', 1)[0].decode(errors=\"replace\")")
-        elif role == "out_discard":
-            assert isinstance(t, Pointer)
-            pt = t.pointee
-            pre.append(f"cdef {cy_type(pt, '_d_' + n, drop_const=False)}")
-            args.append(f"&_d_{n}")
-        elif role == "out_array":
-            assert isinstance(t, Pointer)
-            pt = t.pointee
-            elt = cy_type(pt, drop_const=True)
-            ln = f.param(cp.length or "").python
-            pre.append(f"if {ln} < 0:")
-            pre.append(f'{I4}raise _UsageError("{ln} must be >= 0, got %d" % {ln})')
-            pre.append(f"cdef {elt}* _oa_{n} = <{elt}*>PyMem_Malloc(max({ln}, 1) * sizeof({elt}))")
-            pre.append(f"if _oa_{n} == NULL:")
-            pre.append(f"{I4}raise MemoryError()")
-            pre.append(f"memset(_oa_{n}, 0, max({ln}, 1) * sizeof({elt}))")
-            cleanup.append(f"PyMem_Free(_oa_{n})")
-            args.append(f"_oa_{n}")
-            post.append(f"[{to_python(lib, pt, f'_oa_{n}[_i]')} for _i in range({ln})]")
-        elif role == "out_bytes":
-            cap = f.param(cp.capacity or "").python
-            lo = cp.length_out
-            pre.append(f"if {cap} < 0:")
-            pre.append(f'{I4}raise _UsageError("{cap} must be >= 0, got %d" % {cap})')
-            pre.append(f"cdef char* _ob_{n} = <char*>PyMem_Malloc(max({cap}, 1))")
-            pre.append(f"if _ob_{n} == NULL:")
-            pre.append(f"{I4}raise MemoryError()")
-            cleanup.append(f"PyMem_Free(_ob_{n})")
-            args.append(f"<void*>_ob_{n}")
-            post.append(f"_ob_{n}[:min(max(_d_{lo}, 0), {cap})]")
-        elif role == "out_str_array":
-            lo = cp.length_out
-            pre.append(f"cdef const char** _osa_{n} = NULL")
-            args.append(f"&_osa_{n}")
-            post.append(f"[_str_or_none(_osa_{n}[_i]) for _i in range(_d_{lo})] if _osa_{n} != NULL else []")
-        else:
-            raise ValueError(role)
+    return f'"""{chr(10).join(doc).rstrip()}"""'.replace("\n", "\n" + I4)
 
-    call = f"{f.name}({', '.join(args)})"
-    status = f.returns_status
-    ret = f.returns
-    call_lines: list[str] = []
-    if status:
-        call_lines.append(f"__status__ = {call}")
-    elif is_void(ret):
-        call_lines.append(call)
+
+def _result_declaration(f: Function) -> list[str]:
+    if f.returns_status:
+        return [f"cdef {cy_type(f.returns, '__status__', drop_const=True)}"]
+    if not is_void(f.returns):
+        return [f"cdef {cy_type(f.returns, '__ret__', drop_const=False)}"]
+    return []
+
+
+def _call(f: Function, call: str) -> list[str]:
+    if f.returns_status:
+        lines = [f"__status__ = {call}"]
+    elif is_void(f.returns):
+        lines = [call]
     else:
-        call_lines.append(f"__ret__ = {call}")
-    if f.releases_gil:
-        call_lines = ["with nogil:"] + [I4 + x for x in call_lines]
-    decls = []
-    if status:
-        decls.append(f"cdef {cy_type(ret, '__status__', drop_const=True)}")
-    elif not is_void(ret):
-        decls.append(f"cdef {cy_type(ret, '__ret__', drop_const=False)}")
+        lines = [f"__ret__ = {call}"]
+    return ["with nogil:"] + [I4 + x for x in lines] if f.releases_gil else lines
+
+
+def _check(lib: Library, f: Function) -> list[str]:
+    """Raise the library's error for a failing status (or a NULL return that means one)."""
     check: list[str] = []
-    if status:
+    if f.returns_status:
         codes = [m.value for m in lib.status_enum.members if m.c in (f.success or ())]
-        cond = " and ".join(f"__status__ != {c}" for c in codes)
-        check.append(f"if {cond}:")
+        check.append(f"if {' and '.join(f'__status__ != {c}' for c in codes)}:")
         check.append(f'{I4}_raise_error(__status__, "{f.name}")')
     if f.null_error:
         nonzero = " and ".join(f"{n} != 0" for n in f.null_error)
         null_code = lib.status_enum.value_of(lib.status.null_status or "")
         check.append(f"if __ret__ == NULL and {nonzero}:")
         check.append(f'{I4}_raise_error({null_code}, "{f.name}")')
-    results = []
-    if not status and not is_void(ret):
-        results.append(to_python(lib, ret, "__ret__"))
-    results += post
-    if not results:
-        tail = ["return None"]
-    elif len(results) == 1:
-        tail = [f"return {results[0]}"]
-    else:
-        tail = [f"return ({', '.join(results)})"]
+    return check
 
-    for cp in f.params:
-        for kept in cp.keeps:
-            # The call stores a pointer into kept's data in this struct: keep kept alive with it.
-            check.append(f'(<{lib.structs[cp.struct or ""].python}>_o_{cp.name})._refs["{kept}"] = _o_{kept}')
-    inner = call_lines + check + tail
-    if cleanup:
-        # Everything that can fail runs inside try, so finally frees what was
-        # allocated; Cython wants the declarations outside it.
-        hoisted, stmts = _hoist_declarations(pre)
-        body += decls + hoisted + ["try:"] + [I4 + x for x in stmts + inner] + ["finally:"]
-        body += [I4 + c for c in cleanup]
-    else:
-        body += decls + pre + inner
-    out = [f"def {f.python}({', '.join(sig)}):"] + [I4 + b for b in body]
-    return [line.rstrip() for line in "\n".join(out).split("\n")] + ["", ""]
+
+def _tail(lib: Library, pl: Plan) -> list[str]:
+    results = [] if pl.f.returns_status or is_void(pl.f.returns) else [to_python(lib, pl.f.returns, "__ret__")]
+    results += [x for r in pl.roles if (x := r.result()) is not None]
+    if not results:
+        return ["return None"]
+    if len(results) == 1:
+        return [f"return {results[0]}"]
+    return [f"return ({', '.join(results)})"]
 
 
 def untyped_params(signature: str) -> str:

@@ -1,9 +1,10 @@
 """The spec (what headers don't say) and the merge of spec and parsed headers into the IR.
 
 The IR is a plain JSON document. Everything an emitter needs is in it: the C
-declarations as parsed, and per function the Python name, each parameter's role,
-whether the GIL is released, the success statuses, and the version that first
-exported it. Emitters never read the spec or the headers.
+declarations as parsed, and per function the Python name, each parameter's role
+(roles.py: the names and attributes a spec may give), whether the GIL is released,
+the success statuses, and the version that first exported it. Emitters never read the
+spec or the headers; they read the IR as typed objects (ir_types.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ir_types import CType, Pointer, StructType, ctype, is_char_ptr, is_void
+import roles
+from ir_types import CType, Library, Pointer, StructType, ctype, is_char_ptr, is_void
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -23,21 +25,6 @@ else:  # pragma: no cover
 
 ROOT = Path(__file__).resolve().parent
 IR_FORMAT = 1
-
-# Parameter roles. The default is derived from the C type; the spec overrides it.
-ROLES = {
-    "in",             # a value, handle, address, string or struct from Python
-    "out",            # pointer to one value the call writes; returned
-    "in_array",       # pointer to `length` elements given as a Python sequence
-    "out_array",      # pointer to `length` elements the call writes; returned as a list
-    "out_bytes",      # buffer of `capacity` bytes, filled length in `length_out`; returns bytes
-    "out_str_array",  # const char*** with its count in `length_out`; returns list[str]
-    "out_discard",    # an output the Python API does not return (e.g. a string's length)
-    "length",         # an array length derived from the Python sequence
-    "inout",          # pointer to a struct the caller passes and the call updates in place
-    "out_str_buffer", # char buffer of `capacity_constant` bytes the call fills; returns str
-}
-
 
 def camel_to_snake(name: str) -> str:
     s = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
@@ -241,8 +228,7 @@ def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[
             ps = dict(pspec.get(p["name"], {}))
             t = ctype(p["type"])
             role = ps.pop("role", default_role(t, spec.scalar_pointers))
-            if role not in ROLES:
-                raise ValueError(f"{name}.{p['name']}: unknown role {role}")
+            roles.check(role, ps, f"{name}.{p['name']}")
             if role in ("in", "inout") and isinstance(t, Pointer) and not is_char_ptr(t) and not ps.get("address"):
                 pointee = t.pointee
                 if isinstance(pointee, StructType) and pointee.name in struct_names:
@@ -298,7 +284,7 @@ def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[
             entry["opaque"] = ss["opaque"]
         structs.append(entry)
     status_enum = spec.status["type"]
-    return {
+    ir = {
         "format": IR_FORMAT,
         "library": spec.name,
         "pretty": spec.pretty,
@@ -322,6 +308,16 @@ def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[
         "prefixes": list(spec.prefixes),
         "family_types": spec.family_types,
     }
+    _check_roles(ir)
+    return ir
+
+
+def _check_roles(ir: dict[str, Any]) -> None:
+    """The IR loads as typed objects, and a role class renders every bound parameter."""
+    lib = Library.from_json(ir)
+    for f in lib.bound:
+        for p in f.params:
+            roles.bind(lib, f, p)
 
 
 def _uses_in_progress(spec: Spec, f: dict[str, Any]) -> bool:

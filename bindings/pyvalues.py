@@ -34,10 +34,18 @@ def class_name(lib: Library, t: CType) -> str:
     """The Python class of an enum or struct type (through aliases)."""
     r = resolve(t)
     if isinstance(r, EnumType):
-        return lib.enums[r.name].python
+        return enum_of(lib, r).python
     if isinstance(r, StructType):
         return lib.structs[r.name].python
     raise ValueError(f"{t} has no Python class")
+
+
+def enum_of(lib: Library, t: CType) -> Enum:
+    """The enum declaration of an enum type (through aliases)."""
+    r = resolve(t)
+    if not isinstance(r, EnumType):
+        raise ValueError(f"{t} is not an enum")
+    return lib.enums[r.name]
 
 
 def enum_ctype(e: Enum) -> str:

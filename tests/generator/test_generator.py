@@ -6,11 +6,10 @@ import gc
 import json
 import os
 import pickle
-import shutil
 import subprocess
 import sys
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -22,6 +21,7 @@ from mpbind.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
 BINDINGS = REPO / "bindings"
+Generator = Callable[[str], ModuleType]
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE_GOLDEN = os.environ.get("MPBIND_UPDATE_GOLDEN") == "1"
 
@@ -38,20 +38,6 @@ GOLDEN_FUNCTIONS = [
 STUB_MARKER = "# --- stub ---"
 
 
-def _generator_module(name: str) -> ModuleType:
-    """Import one of the generator's modules (they live in bindings/, not in the package)."""
-    if not (BINDINGS / "generate.py").is_file():
-        pytest.skip("the generator is not in this checkout")
-    if str(BINDINGS) not in sys.path:
-        sys.path.insert(0, str(BINDINGS))
-    return __import__(name)
-
-
-@pytest.fixture(scope="module")
-def generate() -> ModuleType:
-    return _generator_module("generate")
-
-
 @pytest.fixture(scope="module")
 def ir(generate: ModuleType) -> dict[str, Any]:
     data: dict[str, Any] = generate.load_ir("nccl")
@@ -64,9 +50,7 @@ def _functions(ir: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 # -- --check and the frozen IR ---------------------------------------------------------
 
-def test_check_passes_on_the_checkout() -> None:
-    if not (BINDINGS / "generate.py").is_file():
-        pytest.skip("the generator is not in this checkout")
+def test_check_passes_on_the_checkout(generate: ModuleType) -> None:
     proc = subprocess.run([sys.executable, str(BINDINGS / "generate.py"), "--check"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -86,16 +70,16 @@ def _generated_files(generate: ModuleType) -> list[Path]:
     return paths
 
 
-def test_every_generated_file_carries_a_valid_seal(generate: ModuleType) -> None:
-    emit_common = _generator_module("emit_common")
+def test_every_generated_file_carries_a_valid_seal(generate: ModuleType, generator: Generator) -> None:
+    emit_common = generator("emit_common")
     for path in _generated_files(generate):
         digest, body = emit_common.unseal(path.read_text())
         assert digest is not None, f"{path.relative_to(REPO)} has no seal"
         assert digest == emit_common.body_digest(body), path.relative_to(REPO)
 
 
-def test_seal_detects_a_one_character_edit(generate: ModuleType) -> None:
-    emit_common = _generator_module("emit_common")
+def test_seal_detects_a_one_character_edit(generator: Generator) -> None:
+    emit_common = generator("emit_common")
     text = (REPO / "stubs" / "mpbind" / "bindings" / "nccl.pyi").read_text()
     digest, body = emit_common.unseal(text)
     assert digest is not None and digest == emit_common.body_digest(body)
@@ -108,26 +92,9 @@ def test_seal_detects_a_one_character_edit(generate: ModuleType) -> None:
     assert digest2 != emit_common.body_digest(body2)
 
 
-def _copy_tree(tmp: Path) -> Path:
-    """The generator and every generated file, copied so that --check can run on an edited copy."""
-    root = tmp / "repo"
-    shutil.copytree(BINDINGS, root / "bindings", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(REPO / "src" / "mpbind", root / "src" / "mpbind",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.c", "*.cpp"))
-    shutil.copytree(REPO / "stubs", root / "stubs")
-    return root
-
-
 def _check(root: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(root / "bindings" / "generate.py"), "--check"], cwd=root,
                           capture_output=True, text=True, timeout=120)
-
-
-@pytest.fixture()
-def tree_copy(tmp_path: Path) -> Iterator[Path]:
-    if not (BINDINGS / "generate.py").is_file():
-        pytest.skip("the generator is not in this checkout")
-    yield _copy_tree(tmp_path)
 
 
 def test_check_fails_on_a_hand_edited_file(tree_copy: Path) -> None:
@@ -140,8 +107,8 @@ def test_check_fails_on_a_hand_edited_file(tree_copy: Path) -> None:
     assert "stubs/mpbind/bindings/nccl.pyi: edited by hand" in proc.stdout
 
 
-def test_check_fails_on_a_stale_resealed_file(tree_copy: Path) -> None:
-    emit_common = _generator_module("emit_common")
+def test_check_fails_on_a_stale_resealed_file(tree_copy: Path, generator: Generator) -> None:
+    emit_common = generator("emit_common")
     path = tree_copy / "src" / "mpbind" / "bindings" / "cynccl.pxd"
     text = path.read_text()
     digest, body = emit_common.unseal(text)
@@ -156,9 +123,8 @@ def test_check_fails_on_a_stale_resealed_file(tree_copy: Path) -> None:
 
 # -- golden renderings ------------------------------------------------------------------
 
-def _render(generate: ModuleType, name: str) -> str:
-    emit_python = _generator_module("emit_python")
-    emit_stubs = _generator_module("emit_stubs")
+def _render(generator: Generator, name: str) -> str:
+    generate, emit_python, emit_stubs = (generator(m) for m in ("generate", "emit_python", "emit_stubs"))
     lib = generate.load_library("nccl")
     python = lib.function(name).python
     # The function as it appears in the rendered module: from its `def` line to the next
@@ -173,8 +139,8 @@ def _render(generate: ModuleType, name: str) -> str:
 
 
 @pytest.mark.parametrize("name", GOLDEN_FUNCTIONS)
-def test_golden_rendering(generate: ModuleType, name: str) -> None:
-    got = _render(generate, name)
+def test_golden_rendering(generator: Generator, name: str) -> None:
+    got = _render(generator, name)
     path = GOLDEN / f"{name}.txt"
     if UPDATE_GOLDEN:
         path.write_text(got)
@@ -267,8 +233,8 @@ def test_every_bound_function_has_a_since_version(ir: dict[str, Any]) -> None:
     assert missing == []
 
 
-def test_every_excluded_function_has_a_reason(ir: dict[str, Any]) -> None:
-    model = _generator_module("model")
+def test_every_excluded_function_has_a_reason(ir: dict[str, Any], generator: Generator) -> None:
+    model = generator("model")
     spec = model.Spec.load("nccl")
     assert all(reason.strip() for reason in spec.excluded.values()), spec.excluded
     excluded = [f for f in ir["functions"] if "excluded" in f]
@@ -276,8 +242,8 @@ def test_every_excluded_function_has_a_reason(ir: dict[str, Any]) -> None:
     assert [f["name"] for f in excluded if not str(f["excluded"]).strip()] == []
 
 
-def test_gil_keep_names_bound_functions(ir: dict[str, Any]) -> None:
-    model = _generator_module("model")
+def test_gil_keep_names_bound_functions(ir: dict[str, Any], generator: Generator) -> None:
+    model = generator("model")
     spec = model.Spec.load("nccl")
     functions = _functions(ir)
     assert sorted(spec.gil_keep - functions.keys()) == []
