@@ -1,4 +1,5 @@
-"""Shared by the emitters: C/Cython type rendering and the sealed header."""
+"""Shared by the emitters: C/Cython type rendering, Python names of constants, attribute tables,
+and the sealed header of every generated file."""
 
 from __future__ import annotations
 
@@ -104,3 +105,33 @@ def c_param_types(f: Function) -> str:
 
 def c_args(f: Function) -> str:
     return ", ".join(p.name for p in f.params)
+
+
+def const_name(lib: Library, name: str) -> str:
+    """The Python name of a constant: its C name without the library prefix (NCCL_SPLIT_NOCOLOR -> SPLIT_NOCOLOR)."""
+    for p in sorted(lib.prefixes, key=len, reverse=True):
+        if name.startswith(p.upper() + "_"):
+            return name[len(p) + 1:]
+    return name
+
+
+# struct format of each C type an attribute can take (enums are C ints).
+_ATTRIBUTE_FORMATS = {"int32_t": "i", "int": "i", "uint32_t": "I", "int64_t": "q", "uint64_t": "Q",
+                      "size_t": "Q", "float": "f", "double": "d", "void *": "Q", "const void *": "Q"}
+
+
+def attribute_table(lib: Library, enum_name: str) -> dict[str, tuple[str, str, str | None]]:
+    """C enumerator -> (C type, struct format, Python enum class or None), from the header's docs."""
+    e = lib.enums[enum_name]
+    table: dict[str, tuple[str, str, str | None]] = {}
+    for cname, ctype in e.value_types.items():
+        if ctype in lib.enums:
+            table[cname] = (ctype, "i", lib.enums[ctype].python)
+        elif ctype in _ATTRIBUTE_FORMATS:
+            table[cname] = (ctype, _ATTRIBUTE_FORMATS[ctype], None)
+        else:
+            raise ValueError(f"{enum_name}.{cname}: no format for attribute type {ctype}")
+    missing = [m.c for m in e.members if m.c not in table]
+    if missing:
+        raise ValueError(f"{enum_name}: the header documents no type for {missing}")
+    return table

@@ -4,19 +4,12 @@ from __future__ import annotations
 
 import ast
 
-from emit_common import I4, cy_type
+from emit_common import I4, attribute_table, const_name, cy_type
 from ir_types import Array, Field, Function, Library, Struct, TypedAttribute, is_void
 from plan import Plan, plan
 from pyvalues import class_name, enum_ctype, enum_of, to_python, value_kind
 
 I8 = I4 * 2
-
-
-def _const_name(lib: Library, name: str) -> str:
-    for p in sorted(lib.prefixes, key=len, reverse=True):
-        if name.startswith(p.upper() + "_"):
-            return name[len(p) + 1:]
-    return name
 
 
 # -- struct classes -----------------------------------------------------------------
@@ -297,28 +290,6 @@ def untyped_params(signature: str) -> str:
     return ", ".join(a.arg if d is None else f"{a.arg}={ast.unparse(d)}" for a, d in zip(args, defaults, strict=True))
 
 
-# struct format of each C type an attribute can take (enums are C ints).
-_ATTRIBUTE_FORMATS = {"int32_t": "i", "int": "i", "uint32_t": "I", "int64_t": "q", "uint64_t": "Q",
-                      "size_t": "Q", "float": "f", "double": "d", "void *": "Q", "const void *": "Q"}
-
-
-def attribute_table(lib: Library, enum_name: str) -> dict[str, tuple[str, str, str | None]]:
-    """C enumerator -> (C type, struct format, Python enum class or None), from the header's docs."""
-    e = lib.enums[enum_name]
-    table: dict[str, tuple[str, str, str | None]] = {}
-    for cname, ctype in e.value_types.items():
-        if ctype in lib.enums:
-            table[cname] = (ctype, "i", lib.enums[ctype].python)
-        elif ctype in _ATTRIBUTE_FORMATS:
-            table[cname] = (ctype, _ATTRIBUTE_FORMATS[ctype], None)
-        else:
-            raise ValueError(f"{enum_name}.{cname}: no format for attribute type {ctype}")
-    missing = [m.c for m in e.members if m.c not in table]
-    if missing:
-        raise ValueError(f"{enum_name}: the header documents no type for {missing}")
-    return table
-
-
 def _typed_attribute(lib: Library, enum_name: str, ta: TypedAttribute) -> list[str]:
     """<python>_set(obj, attr, value) / <python>_get(obj, attr) with each attribute's C type."""
     e = lib.enums[enum_name]
@@ -482,7 +453,7 @@ def python_pyx(lib: Library) -> str:
     ]
     # constants
     for c in lib.constants:
-        lines.append(f"{_const_name(lib, c.name)} = {c.value!r}")
+        lines.append(f"{const_name(lib, c.name)} = {c.value!r}")
     lines.append("")
     for cname, py in sorted(lib.handles.items()):
         lines.append(f'{py} = _NewType("{py}", int)  # {cname}')

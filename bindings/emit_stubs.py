@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from emit_common import I4
+from emit_common import I4, attribute_table, const_name
 from ir_types import Array, CType, HandleType, Library, Struct
 from plan import plan
 from pyvalues import class_name, py_type, value_kind
@@ -82,10 +82,8 @@ def _union(types: Iterable[str]) -> str:
 
 def stub(lib: Library) -> str:
     lines: list[str] = []
-    from emit_python import _const_name
-
     for c in lib.constants:
-        name = _const_name(lib, c.name)
+        name = const_name(lib, c.name)
         lines.append(f"{name}: {type(c.value).__name__}")
     lines.append("")
     for _, py in sorted(lib.handles.items()):
@@ -124,8 +122,6 @@ def stub(lib: Library) -> str:
                 a += f" = {pp.default}"
             args.append(a)
         lines.append(f"def {fam.python}({', '.join(args)}) -> {_union(q.return_type for q in plans)}: ...")
-    from emit_python import attribute_table
-
     for enum_name, ta in lib.typed_attributes.items():
         cls = lib.enums[enum_name].python
         handle = lib.function(ta.set).params[0].type
