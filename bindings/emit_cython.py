@@ -21,6 +21,7 @@ from emit_common import (
     loading_error,
     std_names,
 )
+from emit_shared import cimports
 from ir_types import CType, Library, is_void
 
 
@@ -149,8 +150,8 @@ def internal_pyx(lib: Library) -> str:
         "",
         "from libc.stdint cimport intptr_t",
         "",
-        'cdef extern from "<dlfcn.h>" nogil:',
-        f"{I4}void* dlsym(void* handle, const char* symbol)",
+        "from mpbind.bindings._common cimport dlsym",
+        *cimports("open_library", "function_not_found"),
         "",
         "import threading",
         "",
@@ -170,11 +171,11 @@ def internal_pyx(lib: Library) -> str:
         "",
         "cdef int _load() except -1:",
         f"{I4}global _initialized, " + ", ".join(f"__{n}" for n in names),
-        f"{I4}from mpbind import _loader",
+        f"{I4}cdef void* handle",
         f"{I4}with _lock:",
         f"{I4}{I4}if _initialized:",
         f"{I4}{I4}{I4}return 0",
-        f"{I4}{I4}handle = <void*><intptr_t>_loader.load(LIBRARY).handle",
+        f"{I4}{I4}handle = _open_library(LIBRARY)",
     ]
     lines += [f'{I4}{I4}__{n} = dlsym(handle, b"{n}")' for n in names]
     lines += [
@@ -190,8 +191,7 @@ def internal_pyx(lib: Library) -> str:
         "",
         "",
         "cdef int _not_found(str name) except -1:",
-        f"{I4}from mpbind import _loader",
-        f"{I4}raise _loader.function_not_found(LIBRARY, name, SINCE[name])",
+        f"{I4}return _function_not_found(LIBRARY, name, SINCE[name])",
         "",
         "",
         "def symbol_address(str name):",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 
 from emit_common import I4, attribute_table, const_name, cy_type
+from emit_shared import cimports
 from ir_types import Array, Field, Function, Library, Struct, TypedAttribute, is_void
 from plan import Plan, plan
 from pyvalues import class_name, enum_ctype, enum_of, to_python, value_kind
@@ -441,13 +442,14 @@ def python_pyx(lib: Library) -> str:
         "from libc.string cimport memcpy, memset",
         "",
         f"from mpbind.bindings.cy{lib.name} cimport *",
+        *cimports("enum_or_int", "str_or_none", "to_bytes", "raise_library_error"),
+        *(cimports("convert_mpi_comm") if any(p.convert == "mpi_comm" for f in lib.bound for p in f.params) else []),
         "",
         *(["import struct as _struct"] if lib.typed_attributes else []),
         "from enum import IntEnum as _IntEnum",
         "from typing import NewType as _NewType",
         "",
-        "from mpbind.errors import UsageError as _UsageError  # first: it loads mpbind._status",
-        "from mpbind import _status",
+        "from mpbind.errors import UsageError as _UsageError",
         "",
         "",
     ]
@@ -466,27 +468,6 @@ def python_pyx(lib: Library) -> str:
         for m in e.members:
             lines.append(f"{I4}{m.python} = {m.value}")
         lines += ["", ""]
-    lines += [
-        "cdef object _enum_or_int(cls, long long value):",
-        f"{I4}try:",
-        f"{I8}return cls(value)",
-        f"{I4}except ValueError:",
-        f"{I8}return value",
-        "",
-        "",
-        "cdef object _str_or_none(const char* s):",
-        f"{I4}return None if s == NULL else (<bytes>s).decode(errors=\"replace\")",
-        "",
-        "",
-        "cdef bytes _to_bytes(object value, str what):",
-        f"{I4}if isinstance(value, str):",
-        f"{I8}return (<str>value).encode()",
-        f"{I4}if isinstance(value, bytes):",
-        f"{I8}return <bytes>value",
-        f'{I4}raise TypeError("%s must be str or bytes, not %s" % (what, type(value).__name__))',
-        "",
-        "",
-    ]
     se = lib.status
     lines += [
         "cdef int _raise_error(int status, str function) except -1:",
@@ -508,7 +489,7 @@ def python_pyx(lib: Library) -> str:
             f"{I8}pass",
         ]
     lines += [
-        f'{I4}raise _status.make_error("{lib.name}", function, status, description, last)',
+        f'{I4}_raise_library_error("{lib.name}", function, status, description, last)',
         "",
         "",
         "def _raise_status(int status, str function):",
@@ -517,25 +498,6 @@ def python_pyx(lib: Library) -> str:
         "",
         "",
     ]
-    if any(p.convert == "mpi_comm" for f in lib.bound for p in f.params):
-        lines += [
-            "cdef intptr_t _convert_mpi_comm(object comm) except? 0:",
-            f'{I4}"""The address of an MPI_Comm: an int, an mpi4py communicator, or None (NULL)."""',
-            f"{I4}if comm is None:",
-            f"{I8}return 0",
-            f"{I4}if isinstance(comm, int):",
-            f"{I8}return comm",
-            f"{I4}try:",
-            f"{I8}from mpi4py import MPI",
-            f"{I4}except ImportError:",
-            f'{I8}raise TypeError("mpi_comm must be an int address or an mpi4py communicator") from None',
-            f"{I4}if not isinstance(comm, MPI.Comm):",
-            f'{I8}raise TypeError("mpi_comm must be an int address or an mpi4py communicator, not %s"'
-            f" % type(comm).__name__)",
-            f"{I4}return MPI._addressof(comm)",
-            "",
-            "",
-        ]
     structs, _, _ = lib.reachable_types()
     for name in structs:
         s = lib.structs[name]

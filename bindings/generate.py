@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import emit_cython  # noqa: E402
 import emit_python  # noqa: E402
+import emit_shared  # noqa: E402
 import emit_status  # noqa: E402
 import emit_stubs  # noqa: E402
 from emit_common import body_digest, seal, unseal  # noqa: E402
@@ -126,6 +127,8 @@ def render(irs: dict[str, dict[str, Any]]) -> dict[Path, str]:
         out[b / "_internal" / f"{name}.pyx"] = seal(emit_cython.internal_pyx(lib), "#", lib.source)
         out[b / f"{name}.pyx"] = seal(emit_python.python_pyx(lib), "#", lib.source)
         out[STUBS / "bindings" / f"{name}.pyi"] = seal(emit_stubs.stub(lib), "#", lib.source)
+    out[SRC / "bindings" / "_common.pxd"] = seal(emit_shared.common_pxd(), "#", emit_shared.SOURCE)
+    out[SRC / "bindings" / "_common.pyx"] = seal(emit_shared.common_pyx(), "#", emit_shared.SOURCE)
     every = [libs[name] for name in LIBRARIES if name in libs]
     agg = "bindings/ir/*.json (every library as pinned)"
     out[SRC / "_status.py"] = seal(emit_status.status_py(every), "#", agg)

@@ -6,6 +6,7 @@ import gc
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import tracemalloc
@@ -251,3 +252,17 @@ def test_gil_keep_names_bound_functions(ir: dict[str, Any], generator: Generator
     assert sorted(n for n in spec.gil_keep if functions[n]["gil"] != "keep") == []
     released = [f["name"] for f in functions.values() if "excluded" not in f and f["name"] not in spec.gil_keep]
     assert released and all(functions[n]["gil"] == "release" for n in released)
+
+
+# -- helpers shared by every library ----------------------------------------------------
+
+def test_shared_helpers_are_defined_once(generate: ModuleType, generator: Generator) -> None:
+    helpers = generator("emit_shared").HELPERS
+    bindings = REPO / "src" / "mpbind" / "bindings"
+    common = (bindings / "_common.pyx").read_text()
+    for name in helpers:
+        assert re.search(rf"^cdef [^(]*\b{name}\(", common, re.M), f"_common.pyx does not define {name}"
+    for lib in generate.LIBRARIES:
+        for path in (bindings / f"{lib}.pyx", bindings / "_internal" / f"{lib}.pyx"):
+            defined = [n for n in helpers if re.search(rf"^cdef [^(]*\b_?{n}\(", path.read_text(), re.M)]
+            assert defined == [], f"{path.relative_to(REPO)} defines {defined} instead of cimporting them"
