@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import ast
+import textwrap
 
 from emit_common import I4, attribute_table, const_name, cy_type
 from emit_shared import cimports
@@ -282,15 +282,6 @@ def _tail(lib: Library, pl: Plan) -> list[str]:
     return [f"return ({', '.join(results)})"]
 
 
-def untyped_params(signature: str) -> str:
-    """The parameter list of a Python signature "(a: int, b: X = None) -> R" without annotations."""
-    fn = ast.parse(f"def f{signature}: ...").body[0]
-    assert isinstance(fn, ast.FunctionDef)
-    args = fn.args.args
-    defaults = [None] * (len(args) - len(fn.args.defaults)) + list(fn.args.defaults)
-    return ", ".join(a.arg if d is None else f"{a.arg}={ast.unparse(d)}" for a, d in zip(args, defaults, strict=True))
-
-
 def _typed_attribute(lib: Library, enum_name: str, ta: TypedAttribute) -> list[str]:
     """<python>_set(obj, attr, value) / <python>_get(obj, attr) with each attribute's C type."""
     e = lib.enums[enum_name]
@@ -347,14 +338,12 @@ def _typed_attribute(lib: Library, enum_name: str, ta: TypedAttribute) -> list[s
     ]
 
 
-def _inline_function(f: Function) -> list[str]:
-    """A header's static inline function, reproduced by the spec over exported entry points."""
-    body = f.inline_body
-    assert body is not None
-    doc = f"{f.name}: static inline in the header; {body.doc}"
-    out = [f"def {f.python}({untyped_params(body.signature)}):", f'{I4}"""{doc}"""']
-    out += [I4 + line if line else "" for line in body.body.strip("\n").split("\n")]
-    return out + ["", ""]
+def _support(lib: Library) -> list[str]:
+    """The include of the hand-written support file (static inline functions, converters)."""
+    inline = [f.python or f.name for f in lib.bound if f.inline_body is not None]
+    text = f"Support code written by hand in bindings/{lib.support}" + (
+        f": the headers' static inline functions {', '.join(inline)}." if inline else ".")
+    return [f"# {line}" for line in textwrap.wrap(text, 96)] + [f'include "{lib.support}"', "", ""]
 
 
 def _families(lib: Library) -> list[str]:
@@ -511,14 +500,10 @@ def python_pyx(lib: Library) -> str:
             lines.append(f"{I8}return {cls}(value)")
         lines.append(f'{I4}raise TypeError("%s must be {cls}, not %s" % (what, type(value).__name__))')
         lines += ["", ""]
-    if lib.inline_support:
-        lines += ["# Support code from the spec (static inline functions, converters)."]
-        lines += lib.inline_support.strip("\n").split("\n") + ["", ""]
-    for f in lib.bound:
-        if f.inline_body is not None:
-            lines += _inline_function(f)
-        else:
-            lines += _function(lib, plan(lib, f))
+    if lib.support:
+        lines += _support(lib)
+    for f in lib.symbols:
+        lines += _function(lib, plan(lib, f))
     if lib.families:
         lines += _families(lib)
     for enum_name, ta in lib.typed_attributes.items():

@@ -168,12 +168,10 @@ class Param:
 
 @dataclass(frozen=True)
 class InlineBody:
-    """A static inline function of the header, reproduced in the support code."""
+    """A static inline function of the header, defined in the library's support file."""
 
     uses: str  # the exported entry point it calls (its `since`)
     signature: str  # the Python signature the stub shows
-    doc: str = ""
-    body: str = ""
     python: str | None = None
 
 
@@ -365,7 +363,7 @@ class Library:
     constants: tuple[Constant, ...]
     functions: tuple[Function, ...]
     families: tuple[Family, ...]
-    inline_support: str
+    support: str  # the hand-written file the Python module includes (bindings/support/<lib>.pxi), or ""
     typed_attributes: Mapping[str, TypedAttribute]  # by attribute enum
     prefixes: tuple[str, ...]
     family_types: Mapping[str, str]  # family type name -> NumPy dtype name

@@ -108,7 +108,7 @@ class Spec:
     python_prefixes: dict[str, str]
     family_types: dict[str, str]
     inline: dict[str, dict[str, Any]]
-    inline_support: str
+    support: str  # the hand-written support file the module includes (relative to bindings/), or ""
     scalar_pointers: str
     device_only_patterns: list[str]
     foreign_enums: list[str]
@@ -147,7 +147,7 @@ class Spec:
             python_prefixes=lib.get("python_prefixes", {f"{lib['prefixes'][0]}": ""}),
             family_types=d.get("families", {}).get("types", {}),
             inline=d.get("inline", {}),
-            inline_support=d.get("inline_support", {}).get("code", ""),
+            support=f"support/{lib['name']}.pxi" if (ROOT / "support" / f"{lib['name']}.pxi").is_file() else "",
             scalar_pointers=lib.get("scalar_pointers", "out"),
             device_only_patterns=lib.get("device_only_patterns", []),
             foreign_enums=lib.get("foreign_enums", []),
@@ -217,7 +217,7 @@ def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[
         if name in spec.status.get("null_error", {}):
             entry["null_error"] = [camel_to_snake(n) for n in spec.status["null_error"][name]]
         if name in spec.inline:
-            # static inline in the header: the spec reproduces it over exported entry points.
+            # static inline in the header: the support file defines it over exported entry points.
             entry["inline_body"] = spec.inline[name]
         pspec = fs.get("params", {})
         for pname in pspec:
@@ -252,6 +252,7 @@ def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[
                 raise ValueError(f"{f['name']} and {pynames[f['python']]} both map to {f['python']}")
             pynames[f["python"]] = f["name"]
     families = _families(spec, functions, pynames)
+    _check_support(spec, [f["python"] for f in functions if "inline_body" in f])
 
     enums = []
     for e in parsed["enums"]:
@@ -303,13 +304,25 @@ def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[
         "constants": parsed["constants"],
         "functions": functions,
         "families": families,
-        "inline_support": spec.inline_support,
+        "support": spec.support,
         "typed_attributes": spec.typed_attributes,
         "prefixes": list(spec.prefixes),
         "family_types": spec.family_types,
     }
     _check_roles(ir)
     return ir
+
+
+def _check_support(spec: Spec, inline: list[str]) -> None:
+    """The support file defines every static inline function the spec reproduces."""
+    if not inline:
+        return
+    if not spec.support:
+        raise ValueError(f"{spec.name}: {inline} are defined in bindings/support/{spec.name}.pxi, which is missing")
+    text = (ROOT / spec.support).read_text()
+    missing = [py for py in inline if not re.search(rf"^def {py}\(", text, re.M)]
+    if missing:
+        raise ValueError(f"bindings/{spec.support} does not define {missing}")
 
 
 def _check_roles(ir: dict[str, Any]) -> None:
