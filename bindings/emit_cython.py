@@ -22,7 +22,7 @@ from emit_common import (
     std_names,
 )
 from emit_shared import cimports
-from ir_types import CType, Library, is_void
+from ir_types import CType, Function, Library, is_void
 
 
 def _types_block(lib: Library) -> list[str]:
@@ -142,9 +142,8 @@ def internal_pxd(lib: Library) -> str:
 
 
 def internal_pyx(lib: Library) -> str:
+    """_internal/<lib>.pyx: the function-pointer table, filled by dlsym on the library's one handle."""
     names = [f.name for f in lib.symbols]
-    since = {f.name: f.since for f in lib.symbols}
-    vf = lib.version_function.function
     lines = [
         "# cython: language_level=3",
         "",
@@ -157,18 +156,24 @@ def internal_pyx(lib: Library) -> str:
         "",
         f'LIBRARY = "{lib.name}"',
         "SINCE = {",
-    ]
-    lines += [f'{I4}"{n}": "{since[n]}",' for n in names]
-    lines += [
+        *(f'{I4}"{f.name}": "{f.since}",' for f in lib.symbols),
         "}",
         "",
         "cdef object _lock = threading.Lock()",
         "cdef bint _initialized = False",
+        *(f"cdef void* __{n} = NULL" for n in names),
+        "",
+        "",
     ]
-    lines += [f"cdef void* __{n} = NULL" for n in names]
-    lines += [
-        "",
-        "",
+    lines += _loader(names) + _addresses(names) + _version_code(lib)
+    for f in lib.symbols:
+        lines += _entry_point(lib, f)
+    return "\n".join(lines) + "\n"
+
+
+def _loader(names: list[str]) -> list[str]:
+    """_load (every dlsym, once, under a lock), its fast check, and the missing-symbol error."""
+    return [
         "cdef int _load() except -1:",
         f"{I4}global _initialized, " + ", ".join(f"__{n}" for n in names),
         f"{I4}cdef void* handle",
@@ -176,9 +181,7 @@ def internal_pyx(lib: Library) -> str:
         f"{I4}{I4}if _initialized:",
         f"{I4}{I4}{I4}return 0",
         f"{I4}{I4}handle = _open_library(LIBRARY)",
-    ]
-    lines += [f'{I4}{I4}__{n} = dlsym(handle, b"{n}")' for n in names]
-    lines += [
+        *(f'{I4}{I4}__{n} = dlsym(handle, b"{n}")' for n in names),
         f"{I4}{I4}_initialized = True",
         f"{I4}return 0",
         "",
@@ -194,6 +197,11 @@ def internal_pyx(lib: Library) -> str:
         f"{I4}return _function_not_found(LIBRARY, name, SINCE[name])",
         "",
         "",
+    ]
+
+
+def _addresses(names: list[str]) -> list[str]:
+    return [
         "def symbol_address(str name):",
         f'{I4}"""Address of a bound symbol in the loaded library (0 when it lacks it)."""',
         f"{I4}_ensure_loaded()",
@@ -202,12 +210,16 @@ def internal_pyx(lib: Library) -> str:
         "",
         "cdef dict _addresses():",
         f"{I4}return {{",
-    ]
-    lines += [f'{I4}{I4}"{n}": <intptr_t>__{n},' for n in names]
-    lines += [
+        *(f'{I4}{I4}"{n}": <intptr_t>__{n},' for n in names),
         f"{I4}}}",
         "",
         "",
+    ]
+
+
+def _version_code(lib: Library) -> list[str]:
+    vf = lib.version_function.function
+    lines = [
         "def library_version_code():",
         f'{I4}"""The loaded library\'s version from {vf}, or None if it lacks it."""',
         f"{I4}_ensure_loaded()",
@@ -216,35 +228,33 @@ def internal_pyx(lib: Library) -> str:
     ]
     if lib.version_function.format == "triple":
         # void f(int* major, int* minor, int* patch)
-        lines += [
+        return lines + [
             f"{I4}cdef int major = 0, minor = 0, patch = 0",
             f"{I4}(<void (*)(int*, int*, int*) noexcept nogil>__{vf})(&major, &minor, &patch)",
             f"{I4}return (major, minor, patch)",
             "",
         ]
-    else:
-        # status f(int* code)
-        lines += [
-            f"{I4}cdef int code = 0",
-            f"{I4}if (<int (*)(int*) noexcept nogil>__{vf})(&code) != 0:",
-            f"{I4}{I4}return None",
-            f"{I4}return code",
-            "",
-        ]
-    for f in lib.symbols:
-        n = f.name
-        ret = cy_type(f.returns)
-        fptr = f"<{ret} (*)({c_param_types(f)}) noexcept nogil>__{n}"
-        lines.append("")
-        lines.append(f"cdef {cy_type(f.returns, '_' + n)}({c_params(f)}) "
-                     f"{except_clause(lib, f.returns)} nogil:")
-        lines.append(f"{I4}_ensure_loaded()")
-        lines.append(f"{I4}if __{n} == NULL:")
-        lines.append(f"{I4}{I4}with gil:")
-        lines.append(f'{I4}{I4}{I4}_not_found("{n}")')
-        call = f"({fptr})({c_args(f)})"
-        if is_void(f.returns):
-            lines.append(f"{I4}{call}")
-        else:
-            lines.append(f"{I4}return {call}")
-    return "\n".join(lines) + "\n"
+    # status f(int* code)
+    return lines + [
+        f"{I4}cdef int code = 0",
+        f"{I4}if (<int (*)(int*) noexcept nogil>__{vf})(&code) != 0:",
+        f"{I4}{I4}return None",
+        f"{I4}return code",
+        "",
+    ]
+
+
+def _entry_point(lib: Library, f: Function) -> list[str]:
+    """_<name>(...): load on first use, raise FunctionNotFoundError for a missing symbol, call."""
+    n = f.name
+    fptr = f"<{cy_type(f.returns)} (*)({c_param_types(f)}) noexcept nogil>__{n}"
+    call = f"({fptr})({c_args(f)})"
+    return [
+        "",
+        f"cdef {cy_type(f.returns, '_' + n)}({c_params(f)}) {except_clause(lib, f.returns)} nogil:",
+        f"{I4}_ensure_loaded()",
+        f"{I4}if __{n} == NULL:",
+        f"{I4}{I4}with gil:",
+        f'{I4}{I4}{I4}_not_found("{n}")',
+        f"{I4}{call}" if is_void(f.returns) else f"{I4}return {call}",
+    ]

@@ -6,203 +6,12 @@ import textwrap
 
 from emit_common import I4, attribute_table, const_name, cy_type
 from emit_shared import cimports
-from ir_types import Array, Field, Function, Library, Struct, TypedAttribute, is_void
+from emit_structs import struct_class
+from ir_types import Function, Library, TypedAttribute, is_void
 from plan import Plan, plan
-from pyvalues import class_name, enum_ctype, enum_of, to_python, value_kind
+from pyvalues import to_python
 
 I8 = I4 * 2
-
-
-# -- struct classes -----------------------------------------------------------------
-
-def _field_get(lib: Library, f: Field) -> list[str]:
-    t = f.type
-    n = f.name
-    if isinstance(t, Array):
-        el = t.element
-        vk = value_kind(el)
-        if vk == "struct":
-            return [f"return tuple({class_name(lib, el)}._from_data(self._data.{n}[i]) for i in range({t.length}))"]
-        if vk == "bool":
-            return [f"return tuple(bool(self._data.{n}[i]) for i in range({t.length}))"]
-        if vk in ("handle", "address"):
-            return [f"return tuple(<intptr_t>self._data.{n}[i] for i in range({t.length}))"]
-        return [f"return tuple(self._data.{n}[i] for i in range({t.length}))"]
-    vk = value_kind(t)
-    if vk in ("int", "float"):
-        return [f"return self._data.{n}"]
-    if vk == "bool":
-        return [f"return bool(self._data.{n})"]
-    if vk == "enum":
-        return [f"return _enum_or_int({class_name(lib, t)}, self._data.{n})"]
-    if vk in ("handle", "address"):
-        return [f"return <intptr_t>self._data.{n}"]
-    if vk == "str":
-        return [f"return None if self._data.{n} == NULL else (<bytes>self._data.{n}).decode()"]
-    if vk == "struct":
-        return [f"return {class_name(lib, t)}._from_data(self._data.{n})"]
-    raise ValueError(vk)
-
-
-def _field_set(lib: Library, f: Field) -> list[str]:
-    t = f.type
-    n = f.name
-    if isinstance(t, Array):
-        el = t.element
-        vk = value_kind(el)
-        ln = t.length
-        out = [f"if len(value) != {ln}:",
-               f'{I4}raise _UsageError("{n} takes exactly {ln} values, got %d" % len(value))',
-               f"for i in range({ln}):"]
-        if vk == "struct":
-            out.append(f"{I4}self._data.{n}[i] = (<{class_name(lib, el)}?>value[i])._data")
-        elif vk in ("handle", "address"):
-            out.append(f"{I4}self._data.{n}[i] = <{cy_type(el, drop_const=True)}><intptr_t>value[i]")
-        else:
-            out.append(f"{I4}self._data.{n}[i] = value[i]")
-        return out
-    vk = value_kind(t)
-    ct = cy_type(t, drop_const=True)
-    if vk in ("int", "float", "bool"):
-        return [f"self._data.{n} = value"]
-    if vk == "enum":
-        return [f"self._data.{n} = <{ct}><{enum_ctype(enum_of(lib, t))}>value"]
-    if vk in ("handle", "address"):
-        return [f"self._data.{n} = <{ct}><intptr_t>value"]
-    if vk == "str":
-        return ["if value is None:",
-                f"{I4}self._data.{n} = NULL",
-                f'{I4}self._refs.pop("{n}", None)',
-                "else:",
-                f"{I4}b = _to_bytes(value, \"{n}\")",
-                f'{I4}self._refs["{n}"] = b',
-                f"{I4}self._data.{n} = <const char*>b"]
-    if vk == "struct":
-        return [f"self._data.{n} = (<{class_name(lib, t)}?>value)._data"]
-    raise ValueError(vk)
-
-
-def _struct_class(lib: Library, s: Struct) -> list[str]:
-    cls = s.python
-    name = s.name
-    init = s.initializer
-    fields = s.field_list
-    internal = s.internal_fields()
-    lines = [f"cdef class {cls}:"]
-    if s.is_bytes:
-        doc = f"{name}: {s.size} opaque bytes; bytes-like, comparable, hashable and picklable."
-    elif s.opaque is not None:
-        doc = f"{name}: opaque ({s.opaque}). `ptr` is its address, `bytes(obj)` its content."
-    else:
-        dflt = f" Defaults come from {init.macro}." if init else ""
-        doc = f"{name} with attribute access to its fields.{dflt}"
-    lines += [f'{I4}"""{doc}"""', "", f"{I4}cdef {name} _data", f"{I4}cdef dict _refs", ""]
-    # Construction
-    lines += [f"{I4}def __cinit__(self):", f"{I8}self._refs = {{}}"]
-    if init:
-        # The bytes of the *_INITIALIZER value, as the compiler laid it out.
-        lines += [f"{I8}memcpy(&self._data, <const char*>{bytes.fromhex(init.image)!r}, sizeof({name}))", ""]
-    else:
-        lines += [f"{I8}memset(&self._data, 0, sizeof({name}))", ""]
-    if s.is_bytes:
-        lines += [
-            f"{I4}def __init__(self, data=None):",
-            f"{I8}if data is not None:",
-            f"{I8}{I4}b = bytes(memoryview(data))  # bytes-like only: bytes(n) would make n zeros",
-            f"{I8}{I4}if len(b) != sizeof({name}):",
-            f'{I8}{I4}{I4}raise _UsageError("{cls} takes exactly %d bytes, got %d" % (sizeof({name}), len(b)))',
-            f"{I8}{I4}memcpy(&self._data, <const char*>b, sizeof({name}))",
-            "",
-            f"{I4}def __bytes__(self):",
-            f"{I8}return (<const char*>&self._data)[:sizeof({name})]",
-            "",
-            f"{I4}def __len__(self):",
-            f"{I8}return sizeof({name})",
-            "",
-            f"{I4}def __getbuffer__(self, Py_buffer* buffer, int flags):",
-            f"{I8}PyBuffer_FillInfo(buffer, self, &self._data, sizeof({name}), 1, flags)",
-            "",
-            f"{I4}def __releasebuffer__(self, Py_buffer* buffer):",
-            f"{I8}pass",
-            "",
-            f"{I4}def __eq__(self, other):",
-            f"{I8}if not isinstance(other, {cls}):",
-            f"{I8}{I4}return NotImplemented",
-            f"{I8}return bytes(self) == bytes(other)",
-            "",
-            f"{I4}def __hash__(self):",
-            f"{I8}return hash(bytes(self))",
-            "",
-            f"{I4}def __reduce__(self):",
-            f"{I8}return ({cls}, (bytes(self),))",
-            "",
-            f"{I4}def __repr__(self):",
-            f'{I8}return "{cls}(%s...)" % bytes(self)[:8].hex()',
-            "",
-        ]
-    elif s.opaque is not None:
-        lines += [
-            f"{I4}def __bytes__(self):",
-            f"{I8}return (<const char*>&self._data)[:sizeof({name})]",
-            "",
-            f"{I4}def __repr__(self):",
-            f'{I8}return "<{cls} at 0x%x>" % <intptr_t>&self._data',
-            "",
-        ]
-    else:
-        names = [f.name for f in fields if f.name not in internal]
-        lines += [
-            f"{I4}def __init__(self, **fields):",
-            f"{I8}for key, value in fields.items():",
-            f"{I8}{I4}if key not in {cls}._FIELDS:",
-            f'{I8}{I4}{I4}raise TypeError("{cls} has no settable field %r (fields: %s)"'
-            f' % (key, ", ".join({cls}._FIELDS)))',
-            f"{I8}{I4}setattr(self, key, value)",
-            "",
-            f"{I4}_FIELDS = {tuple(names)!r}",
-            "",
-            f"{I4}def __repr__(self):",
-            f'{I8}return "{cls}(%s)" % ", ".join("%s=%r" % (k, getattr(self, k)) for k in {cls}._FIELDS)',
-            "",
-        ]
-        for f in fields:
-            n = f.name
-            lines.append(f"{I4}@property")
-            lines.append(f"{I4}def {n}(self):")
-            lines += [f"{I8}{x}" for x in _field_get(lib, f)]
-            lines.append("")
-            if n in internal:
-                continue
-            lines.append(f"{I4}@{n}.setter")
-            lines.append(f"{I4}def {n}(self, value):")
-            lines += [f"{I8}{x}" for x in _field_set(lib, f)]
-            lines.append("")
-    lines += [
-        f"{I4}@property",
-        f"{I4}def ptr(self):",
-        f'{I8}"""Address of the C struct (valid while this object lives)."""',
-        f"{I8}return <intptr_t>&self._data",
-        "",
-        f"{I4}@property",
-        f"{I4}def nbytes(self):",
-        f"{I8}return sizeof({name})",
-        "",
-        f"{I4}@staticmethod",
-        f"{I4}def from_ptr(intptr_t address):",
-        f'{I8}"""A copy of the {name} at `address` (for example one a library call returned)."""',
-        f"{I8}if address == 0:",
-        f'{I8}{I4}raise _UsageError("{cls}.from_ptr: NULL address")',
-        f"{I8}return {cls}._from_data((<{name}*>address)[0])",
-        "",
-        f"{I4}@staticmethod",
-        f"{I4}cdef {cls} _from_data({name} data):",
-        f"{I8}cdef {cls} obj = {cls}.__new__({cls})",
-        f"{I8}obj._data = data",
-        f"{I8}return obj",
-        "",
-        "",
-    ]
-    return lines
 
 
 # -- functions ------------------------------------------------------------------------
@@ -416,7 +225,27 @@ def _hoist_declarations(pre: list[str]) -> tuple[list[str], list[str]]:
 
 
 def python_pyx(lib: Library) -> str:
-    lines = [
+    """<lib>.pyx, in order: imports, constants, handle types, enums, errors, struct classes, the
+    support file's include, one function per C function, family dispatchers, typed attributes."""
+    lines = _head(lib) + _constants(lib) + _enums(lib) + _raise_error(lib)
+    structs, _, _ = lib.reachable_types()
+    for name in structs:
+        lines += struct_class(lib, lib.structs[name])
+    if lib.support:
+        lines += _support(lib)
+    for f in lib.symbols:
+        lines += _function(lib, plan(lib, f))
+    if lib.families:
+        lines += _families(lib)
+    for enum_name, ta in lib.typed_attributes.items():
+        lines += _typed_attribute(lib, enum_name, ta)
+    text = "\n".join(lines)
+    return "\n".join(line.rstrip() for line in text.split("\n")).rstrip() + "\n"
+
+
+def _head(lib: Library) -> list[str]:
+    mpi_comm = any(p.convert == "mpi_comm" for f in lib.bound for p in f.params)
+    return [
         "# cython: language_level=3",
         f'"""Flat bindings for {lib.pretty} {lib.version}: every host function of the pinned headers.',
         "",
@@ -432,7 +261,7 @@ def python_pyx(lib: Library) -> str:
         "",
         f"from mpbind.bindings.cy{lib.name} cimport *",
         *cimports("enum_or_int", "str_or_none", "to_bytes", "raise_library_error"),
-        *(cimports("convert_mpi_comm") if any(p.convert == "mpi_comm" for f in lib.bound for p in f.params) else []),
+        *(cimports("convert_mpi_comm") if mpi_comm else []),
         "",
         *(["import struct as _struct"] if lib.typed_attributes else []),
         "from enum import IntEnum as _IntEnum",
@@ -442,42 +271,40 @@ def python_pyx(lib: Library) -> str:
         "",
         "",
     ]
-    # constants
-    for c in lib.constants:
-        lines.append(f"{const_name(lib, c.name)} = {c.value!r}")
-    lines.append("")
+
+
+def _constants(lib: Library) -> list[str]:
+    """Constants, then one NewType per handle type."""
+    lines = [f"{const_name(lib, c.name)} = {c.value!r}" for c in lib.constants] + [""]
     for cname, py in sorted(lib.handles.items()):
         lines.append(f'{py} = _NewType("{py}", int)  # {cname}')
         # NewType takes its module from the caller's frame, which Cython lacks.
         lines.append(f"{py}.__module__ = __name__")
-    lines += ["", ""]
+    return lines + ["", ""]
+
+
+def _enums(lib: Library) -> list[str]:
+    lines = []
     for e in lib.enums.values():
-        lines.append(f"class {e.python}(_IntEnum):")
-        lines.append(f'{I4}"""{e.name}"""')
-        for m in e.members:
-            lines.append(f"{I4}{m.python} = {m.value}")
+        lines += [f"class {e.python}(_IntEnum):", f'{I4}"""{e.name}"""']
+        lines += [f"{I4}{m.python} = {m.value}" for m in e.members]
         lines += ["", ""]
+    return lines
+
+
+def _raise_error(lib: Library) -> list[str]:
+    """_raise_error: the library's own strings for a status, then the shared typed error."""
     se = lib.status
-    lines += [
+    lines = [
         "cdef int _raise_error(int status, str function) except -1:",
         f"{I4}description = None",
         f"{I4}last = None",
     ]
-    if se.error_string:
-        lines += [
-            f"{I4}try:",
-            f"{I8}description = _str_or_none({se.error_string}(<{se.type}>status))",
-            f"{I4}except Exception:",
-            f"{I8}pass",
-        ]
-    if se.last_error:
-        lines += [
-            f"{I4}try:",
-            f"{I8}last = _str_or_none({se.last_error}(NULL))",
-            f"{I4}except Exception:",
-            f"{I8}pass",
-        ]
-    lines += [
+    for var, call in (("description", f"{se.error_string}(<{se.type}>status)" if se.error_string else None),
+                      ("last", f"{se.last_error}(NULL)" if se.last_error else None)):
+        if call is not None:
+            lines += [f"{I4}try:", f"{I8}{var} = _str_or_none({call})", f"{I4}except Exception:", f"{I8}pass"]
+    return lines + [
         f'{I4}_raise_library_error("{lib.name}", function, status, description, last)',
         "",
         "",
@@ -487,26 +314,3 @@ def python_pyx(lib: Library) -> str:
         "",
         "",
     ]
-    structs, _, _ = lib.reachable_types()
-    for name in structs:
-        s = lib.structs[name]
-        lines += _struct_class(lib, s)
-        cls = s.python
-        lines.append(f"cdef object _as_{cls}(object value, str what):")
-        lines.append(f"{I4}if isinstance(value, {cls}):")
-        lines.append(f"{I8}return value")
-        if s.is_bytes:
-            lines.append(f"{I4}if isinstance(value, (bytes, bytearray, memoryview)):")
-            lines.append(f"{I8}return {cls}(value)")
-        lines.append(f'{I4}raise TypeError("%s must be {cls}, not %s" % (what, type(value).__name__))')
-        lines += ["", ""]
-    if lib.support:
-        lines += _support(lib)
-    for f in lib.symbols:
-        lines += _function(lib, plan(lib, f))
-    if lib.families:
-        lines += _families(lib)
-    for enum_name, ta in lib.typed_attributes.items():
-        lines += _typed_attribute(lib, enum_name, ta)
-    text = "\n".join(lines)
-    return "\n".join(line.rstrip() for line in text.split("\n")).rstrip() + "\n"

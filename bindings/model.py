@@ -183,68 +183,13 @@ def default_role(t: CType, scalar_pointers: str = "out") -> str:
 def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[str, str],
              exports: set[str]) -> dict[str, Any]:
     """Merge the parsed headers and the spec into the IR."""
-    prefix = spec.prefixes[0]
     struct_names = {s["name"] for s in parsed["structs"]}
     _void_unknown_pointees(parsed, struct_names)
-    functions = []
     known = {f["name"] for f in parsed["functions"]}
     for name in list(spec.functions) + list(spec.excluded) + list(spec.gil_keep) + list(spec.inline):
         if name not in known and name not in spec.excluded:
             raise ValueError(f"spec names {name}, which the pinned headers do not declare")
-    for f in parsed["functions"]:
-        name = f["name"]
-        fs = spec.functions.get(name, {})
-        entry: dict[str, Any] = dict(f)
-        reason = spec.excluded.get(name)
-        if reason is None and f.get("device_only"):
-            reason = "device-only (__device__): not callable from the host"
-        if reason is None and any(re.search(p, name) for p in spec.device_only_patterns) and name not in exports:
-            reason = "device-only (thread-group variant): not callable from the host"
-        if reason is None and name not in spec.inline and (f["inline"] or name not in exports):
-            reason = f"not exported by {Path(spec.binary).name} (header-inline or device-only)"
-        if reason is not None:
-            entry["excluded"] = reason
-            functions.append(entry)
-            continue
-        # A reproduced static inline function needs what its body calls.
-        since_of = spec.inline[name]["uses"] if name in spec.inline else name
-        if since_of not in spec.since:
-            raise ValueError(f"spec has no 'since' version for {since_of}")
-        entry["since"] = spec.since[since_of]
-        entry["python"] = fs.get("python", spec.python_name(name))
-        entry["gil"] = "keep" if name in spec.gil_keep else "release"
-        entry["success"] = _success(spec, f)
-        if name in spec.status.get("null_error", {}):
-            entry["null_error"] = [camel_to_snake(n) for n in spec.status["null_error"][name]]
-        if name in spec.inline:
-            # static inline in the header: the support file defines it over exported entry points.
-            entry["inline_body"] = spec.inline[name]
-        pspec = fs.get("params", {})
-        for pname in pspec:
-            if pname not in {p["name"] for p in f["params"]}:
-                raise ValueError(f"spec for {name} names unknown parameter {pname}")
-        params = []
-        for p in f["params"]:
-            ps = dict(pspec.get(p["name"], {}))
-            t = ctype(p["type"])
-            role = ps.pop("role", default_role(t, spec.scalar_pointers))
-            roles.check(role, ps, f"{name}.{p['name']}")
-            if role in ("in", "inout") and isinstance(t, Pointer) and not is_char_ptr(t) and not ps.get("address"):
-                pointee = t.pointee
-                if isinstance(pointee, StructType) and pointee.name in struct_names:
-                    ps.setdefault("struct", pointee.name)
-            if spec.scalar_pointers == "address" and role == "in" and is_char_ptr(t):
-                ps.setdefault("address", True)  # a char buffer (nvshmem_char_put), not a string
-            params.append({**p, "role": role, "python": camel_to_snake(p["name"]), **ps})
-        # Lengths of input arrays come from the Python sequence.
-        for p in params:
-            if p["role"] == "in_array" and not p.get("explicit_length"):
-                for q in params:
-                    if q["name"] == p["length"]:
-                        q["role"] = "length"
-                        q["length_of"] = p["name"]
-        entry["params"] = params
-        functions.append(entry)
+    functions = [_function(spec, f, exports, struct_names) for f in parsed["functions"]]
     pynames: dict[str, str] = {}
     for f in functions:
         if "python" in f:
@@ -253,54 +198,22 @@ def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[
             pynames[f["python"]] = f["name"]
     families = _families(spec, functions, pynames)
     _check_support(spec, [f["python"] for f in functions if "inline_body" in f])
-
-    enums = []
-    for e in parsed["enums"]:
-        es = spec.enums.get(e["name"], {})
-        names = [v[0] for v in e["values"]]
-        py = es.get("members") or enum_member_names(names, spec.name)
-        if es.get("strip"):
-            py = [m[len(es["strip"]):] if m.startswith(es["strip"]) else m for m in py]
-        if len(set(py)) != len(py):
-            # Shortened names collide (e.g. an enum listing both RDXN_OP_AND and
-            # NVSHMEMI_AND): keep the C names.
-            py = names
-        if len(set(py)) != len(py):
-            raise ValueError(f"enum {e['name']}: Python member names collide: {py}")
-        enums.append({**e, "python": es.get("python", enum_class_name(e["name"], spec.prefixes)),
-                      "members": [[c, p, v] for (c, v), p in zip(e["values"], py, strict=True)]})
-    structs = []
-    for s in parsed["structs"]:
-        if not spec.structs.get(s["name"], {}).get("python") and \
-                not enum_class_name(s["name"], spec.prefixes)[:1].isalpha():
-            raise ValueError(f"struct {s['name']} needs a Python name in the spec")
-        ss = spec.structs.get(s["name"], {})
-        entry = {**s, "python": ss.get("python", enum_class_name(s["name"], spec.prefixes))}
-        if ss.get("kind"):
-            entry["kind"] = ss["kind"]
-        if ss.get("expose"):
-            entry["expose"] = True  # emitted even though no function signature names it
-        if ss.get("opaque"):
-            entry.pop("fields", None)
-            entry["opaque"] = ss["opaque"]
-        structs.append(entry)
-    status_enum = spec.status["type"]
     ir = {
         "format": IR_FORMAT,
         "library": spec.name,
         "pretty": spec.pretty,
-        "prefix": prefix,
+        "prefix": spec.prefixes[0],
         "wheel": spec.wheel,
         "version": version,
         "headers": header_sha,
-        "status": {**spec.status, "enum": status_enum},
+        "status": {**spec.status, "enum": spec.status["type"]},
         "version_function": spec.version,
         "handles": spec.handles,
         "handle_tags": parsed["handle_tags"],
         "foreign_handles": spec.foreign_handles,
         "aliases": parsed["aliases"],
-        "enums": enums,
-        "structs": structs,
+        "enums": [_enum(spec, e) for e in parsed["enums"]],
+        "structs": [_struct(spec, s) for s in parsed["structs"]],
         "constants": parsed["constants"],
         "functions": functions,
         "families": families,
@@ -311,6 +224,105 @@ def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[
     }
     _check_roles(ir)
     return ir
+
+
+def _exclusion(spec: Spec, f: dict[str, Any], exports: set[str]) -> str | None:
+    """Why a declared function is not bound, or None."""
+    name = f["name"]
+    reason = spec.excluded.get(name)
+    if reason is None and f.get("device_only"):
+        reason = "device-only (__device__): not callable from the host"
+    if reason is None and any(re.search(p, name) for p in spec.device_only_patterns) and name not in exports:
+        reason = "device-only (thread-group variant): not callable from the host"
+    if reason is None and name not in spec.inline and (f["inline"] or name not in exports):
+        reason = f"not exported by {Path(spec.binary).name} (header-inline or device-only)"
+    return reason
+
+
+def _function(spec: Spec, f: dict[str, Any], exports: set[str], struct_names: set[str]) -> dict[str, Any]:
+    """The IR entry of one declared function: why it is excluded, or how Python calls it."""
+    name = f["name"]
+    fs = spec.functions.get(name, {})
+    entry: dict[str, Any] = dict(f)
+    reason = _exclusion(spec, f, exports)
+    if reason is not None:
+        entry["excluded"] = reason
+        return entry
+    # A reproduced static inline function needs what its body calls.
+    since_of = spec.inline[name]["uses"] if name in spec.inline else name
+    if since_of not in spec.since:
+        raise ValueError(f"spec has no 'since' version for {since_of}")
+    entry["since"] = spec.since[since_of]
+    entry["python"] = fs.get("python", spec.python_name(name))
+    entry["gil"] = "keep" if name in spec.gil_keep else "release"
+    entry["success"] = _success(spec, f)
+    if name in spec.status.get("null_error", {}):
+        entry["null_error"] = [camel_to_snake(n) for n in spec.status["null_error"][name]]
+    if name in spec.inline:
+        # static inline in the header: the support file defines it over exported entry points.
+        entry["inline_body"] = spec.inline[name]
+    entry["params"] = _params(spec, f, fs.get("params", {}), struct_names)
+    return entry
+
+
+def _params(spec: Spec, f: dict[str, Any], pspec: dict[str, Any], struct_names: set[str]) -> list[dict[str, Any]]:
+    """Each parameter with its role (the spec's, or the default for its C type) and attributes."""
+    for pname in pspec:
+        if pname not in {p["name"] for p in f["params"]}:
+            raise ValueError(f"spec for {f['name']} names unknown parameter {pname}")
+    params = []
+    for p in f["params"]:
+        ps = dict(pspec.get(p["name"], {}))
+        t = ctype(p["type"])
+        role = ps.pop("role", default_role(t, spec.scalar_pointers))
+        roles.check(role, ps, f"{f['name']}.{p['name']}")
+        if role in ("in", "inout") and isinstance(t, Pointer) and not is_char_ptr(t) and not ps.get("address"):
+            pointee = t.pointee
+            if isinstance(pointee, StructType) and pointee.name in struct_names:
+                ps.setdefault("struct", pointee.name)
+        if spec.scalar_pointers == "address" and role == "in" and is_char_ptr(t):
+            ps.setdefault("address", True)  # a char buffer (nvshmem_char_put), not a string
+        params.append({**p, "role": role, "python": camel_to_snake(p["name"]), **ps})
+    # Lengths of input arrays come from the Python sequence.
+    for p in params:
+        if p["role"] == "in_array" and not p.get("explicit_length"):
+            for q in params:
+                if q["name"] == p["length"]:
+                    q["role"] = "length"
+                    q["length_of"] = p["name"]
+    return params
+
+
+def _enum(spec: Spec, e: dict[str, Any]) -> dict[str, Any]:
+    es = spec.enums.get(e["name"], {})
+    names = [v[0] for v in e["values"]]
+    py = es.get("members") or enum_member_names(names, spec.name)
+    if es.get("strip"):
+        py = [m[len(es["strip"]):] if m.startswith(es["strip"]) else m for m in py]
+    if len(set(py)) != len(py):
+        # Shortened names collide (e.g. an enum listing both RDXN_OP_AND and
+        # NVSHMEMI_AND): keep the C names.
+        py = names
+    if len(set(py)) != len(py):
+        raise ValueError(f"enum {e['name']}: Python member names collide: {py}")
+    return {**e, "python": es.get("python", enum_class_name(e["name"], spec.prefixes)),
+            "members": [[c, p, v] for (c, v), p in zip(e["values"], py, strict=True)]}
+
+
+def _struct(spec: Spec, s: dict[str, Any]) -> dict[str, Any]:
+    if not spec.structs.get(s["name"], {}).get("python") and \
+            not enum_class_name(s["name"], spec.prefixes)[:1].isalpha():
+        raise ValueError(f"struct {s['name']} needs a Python name in the spec")
+    ss = spec.structs.get(s["name"], {})
+    entry = {**s, "python": ss.get("python", enum_class_name(s["name"], spec.prefixes))}
+    if ss.get("kind"):
+        entry["kind"] = ss["kind"]
+    if ss.get("expose"):
+        entry["expose"] = True  # emitted even though no function signature names it
+    if ss.get("opaque"):
+        entry.pop("fields", None)
+        entry["opaque"] = ss["opaque"]
+    return entry
 
 
 def _check_support(spec: Spec, inline: list[str]) -> None:

@@ -1,4 +1,4 @@
-"""The generator's own code: no module reaching into another's private names."""
+"""The generator's own code: short functions, and no module reaching into another's private names."""
 
 from __future__ import annotations
 
@@ -9,10 +9,20 @@ import pytest
 
 BINDINGS = Path(__file__).resolve().parents[2] / "bindings"
 SOURCES = sorted(BINDINGS.glob("*.py"))
+MAX_LINES = 80
 
 
 def _tree(path: Path) -> ast.Module:
     return ast.parse(path.read_text(), filename=str(path))
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.name)
+def test_no_function_is_longer_than_80_lines(path: Path) -> None:
+    long = [f"{node.name} ({node.end_lineno - node.lineno + 1} lines, line {node.lineno})"
+            for node in ast.walk(_tree(path))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None
+            and node.end_lineno - node.lineno + 1 > MAX_LINES]
+    assert long == [], f"{path.name}: split {', '.join(long)}"
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.name)
