@@ -66,7 +66,11 @@ class Role:
         return None
 
     def guard(self) -> list[str]:
-        """Checks of the Python value that raise before anything is converted or called."""
+        """Checks of the Python value that raise before anything is converted or called.
+
+        The place for per-role refusals (a handle that is negative or NULL where the library
+        does not check, an int argument given a float or bool). A check that must see the Python
+        object rather than its C value also makes the role's `typed_decl` untyped."""
         return []
 
     def convert(self) -> list[str]:
@@ -169,9 +173,6 @@ class Converted(Input):
     def stub_type(self) -> str:
         return "int | Any"
 
-    def typed_decl(self) -> str:
-        return self.py
-
     def convert(self) -> list[str]:
         return [f"cdef intptr_t _h_{self.n} = _convert_{self.p.convert}({self.py})"]
 
@@ -193,9 +194,6 @@ class StructPointer(Input):
 
     def stub_type(self) -> str:
         return self.cls + (" | bytes" if self.lib.structs[self.p.struct or ""].is_bytes else "")
-
-    def typed_decl(self) -> str:
-        return self.py
 
     def convert(self) -> list[str]:
         n, py, cls = self.n, self.py, self.cls
