@@ -18,18 +18,20 @@ docs/DESIGN.md ("Bumping a library version") has the checklist that follows.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import since  # noqa: E402
 import versions  # noqa: E402
+from emit_common import c_type  # noqa: E402
+from generate import load_library  # noqa: E402
+from ir_types import Enum, Function, Library, Pointer, Struct  # noqa: E402
 from model import ROOT, Spec, default_role  # noqa: E402
 
 REPO = ROOT.parent
@@ -37,8 +39,6 @@ LIBRARIES = since.LIBRARIES
 # Hand-written places that may name a version.
 MENTIONS = ["README.md", "docs", "examples", "benchmarks", "tests", "src/mpbind"]
 MENTION_SUFFIXES = {".md", ".py", ".pyi", ".cpp", ".hpp", ".txt", ".toml"}
-
-IR = dict[str, Any]
 
 
 def dependents(lib: str, pins: dict[str, versions.Pin]) -> list[str]:
@@ -67,11 +67,16 @@ def run(cmd: list[str]) -> None:
 # -- the review list ---------------------------------------------------------------------------
 
 
-def _diff(kind: str, old: Iterable[IR], new: Iterable[IR], describe: Callable[[IR], Any],
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+def _diff(kind: str, old: Iterable[_Named], new: Iterable[_Named], describe: Callable[[Any], Any],
           presence: bool = True) -> list[str]:
     """Named IR entries added, removed (when `presence`) or changed (as `describe` sees them)."""
-    a = {e["name"]: e for e in old}
-    b = {e["name"]: e for e in new}
+    a = {e.name: e for e in old}
+    b = {e.name: e for e in new}
     out = [f"new {kind} {n}" for n in sorted(set(b) - set(a))] if presence else []
     out += [f"{kind} {n} is gone" for n in sorted(set(a) - set(b))] if presence else []
     out += [f"{kind} {n} changed: {describe(a[n])} -> {describe(b[n])}"
@@ -79,67 +84,56 @@ def _diff(kind: str, old: Iterable[IR], new: Iterable[IR], describe: Callable[[I
     return out
 
 
-def _ctype(t: IR) -> str:
-    if t["kind"] == "pointer":
-        return ("const " if t["pointee"].get("const") else "") + _ctype(t["pointee"]) + "*"
-    if t["kind"] == "array":
-        return f"{_ctype(t['element'])}[{t.get('length', '')}]"
-    return str(t.get("name", t["kind"]))
+def _signature(f: Function) -> str:
+    return f"{c_type(f.returns)}({', '.join(c_type(p.type, p.name) for p in f.params)})"
 
 
-def _signature(f: IR) -> str:
-    params = ", ".join(_ctype(p["type"]) + " " + p["name"] for p in f["params"])
-    return f"{_ctype(f['returns'])}({params})"
+def _layout(s: Struct) -> tuple[int, list[tuple[str, int]]]:
+    return s.size, [(x.name, x.offset) for x in s.field_list]
 
 
-def ir_changes(old: IR, new: IR) -> list[str]:
+def ir_changes(old: Library, new: Library) -> list[str]:
     """What a reviewer reads in the IR's diff, one line per change."""
-    fns_old, fns_new = old["functions"], new["functions"]
-    out = _diff("function", fns_old, fns_new, _signature)
-    out += _diff("binding of", fns_old, fns_new, lambda f: f.get("python") or f"excluded: {f.get('excluded')}",
+    out = _diff("function", old.functions, new.functions, _signature)
+    out += _diff("binding of", old.functions, new.functions, lambda f: f.python or f"excluded: {f.excluded}",
                  presence=False)
-    out += _diff("since of", fns_old, fns_new, lambda f: f.get("since"), presence=False)
-    out += _diff("enum", old["enums"], new["enums"], lambda e: None)
-    out += [line for a, b in _pairs(old["enums"], new["enums"]) for line in _member_changes(a, b)]
-    out += _diff("struct", old["structs"], new["structs"],
-                 lambda s: (s.get("size"), [(x["name"], x.get("offset")) for x in s.get("fields", [])]))
-    out += _diff("constant", old["constants"], new["constants"], lambda c: c["value"])
+    out += _diff("since of", old.functions, new.functions, lambda f: f.since, presence=False)
+    out += _diff("enum", old.enums.values(), new.enums.values(), lambda e: None)
+    out += [line for name, e in new.enums.items() if name in old.enums
+            for line in _member_changes(old.enums[name], e)]
+    out += _diff("struct", old.structs.values(), new.structs.values(), _layout)
+    out += _diff("constant", old.constants, new.constants, lambda c: c.value)
     return out
 
 
-def _pairs(old: Iterable[IR], new: Iterable[IR]) -> list[tuple[IR, IR]]:
-    b = {e["name"]: e for e in new}
-    return [(e, b[e["name"]]) for e in old if e["name"] in b]
-
-
-def _member_changes(old: IR, new: IR) -> list[str]:
-    a = {c: v for c, _, v in old["members"]}
-    b = {c: v for c, _, v in new["members"]}
-    out = [f"enum {new['name']}: new member {c} = {b[c]}" for c in b if c not in a]
-    out += [f"enum {new['name']}: member {c} is gone" for c in a if c not in b]
-    out += [f"enum {new['name']}: {c} changed: {a[c]} -> {b[c]}" for c in a if c in b and a[c] != b[c]]
+def _member_changes(old: Enum, new: Enum) -> list[str]:
+    a = {m.c: m.value for m in old.members}
+    b = {m.c: m.value for m in new.members}
+    out = [f"enum {new.name}: new member {c} = {b[c]}" for c in b if c not in a]
+    out += [f"enum {new.name}: member {c} is gone" for c in a if c not in b]
+    out += [f"enum {new.name}: {c} changed: {a[c]} -> {b[c]}" for c in a if c in b and a[c] != b[c]]
     return out
 
 
-def default_roles(old: IR, new: IR, scalar_pointers: str) -> list[str]:
+def default_roles(old: Library, new: Library, scalar_pointers: str) -> list[str]:
     """New bound functions with pointer parameters whose role the spec does not give."""
-    known = {f["name"] for f in old["functions"]}
+    known = {f.name for f in old.functions}
     out = []
-    for f in new["functions"]:
-        if f["name"] in known or "excluded" in f:
+    for f in new.bound:
+        if f.name in known:
             continue
-        pointers = [f"{p['name']} ({p['role']})" for p in f["params"]
-                    if p["type"]["kind"] == "pointer" and p["role"] == default_role(p["type"], scalar_pointers)]
-        gil = "keeps" if f.get("gil") == "keep" else "releases"
+        pointers = [f"{p.name} ({p.role})" for p in f.params
+                    if isinstance(p.type, Pointer) and p.role == default_role(p.type, scalar_pointers)]
+        gil = "keeps" if f.gil == "keep" else "releases"
         if pointers:
-            out.append(f"{f['name']}: pointer parameters with the default role: {', '.join(pointers)}; {gil} the GIL")
+            out.append(f"{f.name}: pointer parameters with the default role: {', '.join(pointers)}; {gil} the GIL")
         else:
-            out.append(f"{f['name']}: {gil} the GIL")
+            out.append(f"{f.name}: {gil} the GIL")
     return out
 
 
-def undeclared_exports(lib: str, release: str, ir: IR) -> list[str]:
-    declared = {f["name"] for f in ir["functions"]}
+def undeclared_exports(lib: str, release: str, ir: Library) -> list[str]:
+    declared = {f.name for f in ir.functions}
     return sorted(since.load_record(lib).exports[release] - declared)
 
 
@@ -161,7 +155,8 @@ def mentions(old_version: str) -> list[str]:
     return out
 
 
-def review(lib: str, old_version: str, new_version: str, before: dict[str, IR], after: dict[str, IR]) -> None:
+def review(lib: str, old_version: str, new_version: str, before: dict[str, Library],
+           after: dict[str, Library]) -> None:
     def section(title: str, lines: list[str]) -> None:
         print(f"\n{title}" + ("" if lines else ": nothing"))
         for line in lines:
@@ -196,7 +191,7 @@ def main() -> int:
     if a.version not in {f.version for f in since.index_files(wheel, a.index_url)}:
         raise SystemExit(f"{wheel} {a.version} is not on {a.index_url} (as a Linux x86-64 wheel)")
     libs = dependents(a.lib, pins)
-    before = {other: json.loads((ROOT / "ir" / f"{other}.json").read_text()) for other in libs}
+    before = {other: load_library(other) for other in libs}
     old_version = set_pin(a.lib, a.version)
     print(f"{a.lib}: {old_version} -> {a.version} in bindings/versions.toml and pyproject.toml")
     if not a.no_install:
@@ -205,7 +200,7 @@ def main() -> int:
     added = since.update(a.lib, a.index_url)
     print(f"{a.lib}: symbol record: {', '.join(added) or 'nothing new'} read")
     run([sys.executable, str(ROOT / "generate.py"), *(arg for other in libs for arg in ("--lib", other))])
-    after = {other: json.loads((ROOT / "ir" / f"{other}.json").read_text()) for other in libs}
+    after = {other: load_library(other) for other in libs}
     review(a.lib, old_version, a.version, before, after)
     return 0
 

@@ -1,4 +1,4 @@
-"""Render the C++ core's ABI headers (src/mpbind/_core/abi/*.hpp) from the IR.
+"""Render the C++ core's ABI headers (src/mpbind/_core/abi/*.hpp) from the typed IR (ir_types).
 
 The core calls each library through the C entry points the generated cy<lib> module exports
 in ``__pyx_capi__``, and checks every pointer, when it looks it up, against the signature
@@ -28,24 +28,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from emit_common import LOADING_ERROR_VALUE, except_clause, loading_error
+from emit_common import I4, LOADING_ERROR_VALUE, except_clause, loading_error
+from ir_types import (
+    Alias,
+    Array,
+    Builtin,
+    CType,
+    EnumType,
+    Function,
+    HandleType,
+    Library,
+    Pointer,
+    Struct,
+    StructType,
+)
 from model import ROOT, tomllib
 
 SPEC = ROOT / "specs" / "core.toml"
 SPEC_NAME = "bindings/specs/core.toml"
 DRIVER = "cuda_driver"
-I4 = "    "
-
-
-@dataclass(frozen=True)
-class CType:
-    """A C type as the core's headers declare it."""
-
-    kind: str  # builtin | alias | handle | enum | struct | pointer | array
-    name: str = ""
-    const: bool = False
-    of: CType | None = None  # pointee, element or alias target
-    length: int = 0
 
 
 @dataclass(frozen=True)
@@ -62,17 +63,11 @@ class Entry:
 
 @dataclass(frozen=True)
 class Enum:
+    """An enum as the core's headers declare it (the driver's come from the spec, not an IR)."""
+
     name: str
     underlying: str
     members: tuple[tuple[str, int], ...]
-
-
-@dataclass(frozen=True)
-class Struct:
-    name: str
-    size: int
-    align: int
-    fields: tuple[tuple[str, CType, int], ...] | None  # None: opaque
 
 
 @dataclass
@@ -96,89 +91,63 @@ class Abi:
     layouts: list[str] = field(default_factory=list)  # structs defined with fields, dependencies first
 
 
-# -- the library IR: every access to it is in these helpers ---------------------------------------
+# -- a library, from its typed IR ---------------------------------------------------------------
 
-def _ctype(t: dict[str, Any]) -> CType:
-    k = t["kind"]
-    const = bool(t.get("const"))
-    if k == "pointer":
-        return CType("pointer", const=const, of=_ctype(t["pointee"]))
-    if k == "array":
-        return CType("array", of=_ctype(t["element"]), length=t["length"])
-    if k == "alias":
-        return CType("alias", t["name"], const, _ctype(t["target"]))
-    return CType(k, t["name"], const)
-
-
-def _ir_entry(ir: dict[str, Any], f: dict[str, Any]) -> Entry:
-    clause = except_clause(ir, f["returns"])
+def _entry(lib: Library, f: Function) -> Entry:
     raised = {
-        f"except?{loading_error(ir)}": "capi::except_value(loading_error)",
+        f"except?{loading_error(lib)}": "capi::except_value(loading_error)",
         "except?NULL": "capi::except_value(0)",
         "except?-1": "capi::except_value(-1)",
         "except?-1.0": "capi::except_value(-1)",
         "except *": "capi::except_any()",
-    }[clause]
-    return Entry(f["name"], _ctype(f["returns"]), tuple(_ctype(p["type"]) for p in f["params"]),
-                 bool(f.get("success")), f["gil"] == "release", raised)
+    }[except_clause(lib, f.returns)]
+    return Entry(f.name, f.returns, tuple(p.type for p in f.params), f.returns_status, f.releases_gil, raised)
 
 
-def library_entries(ir: dict[str, Any], names: list[str] | None = None) -> list[Entry]:
+def library_entries(lib: Library, names: list[str] | None = None) -> list[Entry]:
     """Table entries of the C entry points `names` (default: every one) of a library."""
-    bound = {f["name"]: f for f in ir["functions"] if "excluded" not in f and "inline_body" not in f}
+    bound = {f.name: f for f in lib.symbols}
     if names is None:
         names = list(bound)
     missing = [n for n in names if n not in bound]
     if missing:
-        raise KeyError(f"{SPEC_NAME}: {ir['library']} binds no C entry point {', '.join(missing)}")
-    return [_ir_entry(ir, bound[n]) for n in names]
+        raise KeyError(f"{SPEC_NAME}: {lib.name} binds no C entry point {', '.join(missing)}")
+    return [_entry(lib, bound[n]) for n in names]
 
 
-def _ir_enum(ir: dict[str, Any], name: str) -> Enum:
-    e = next(e for e in ir["enums"] if e["name"] == name)
-    return Enum(name, e["underlying"], tuple((cn, v) for cn, _, v in e["members"]))
+def _enum(lib: Library, name: str) -> Enum:
+    e = lib.enums[name]
+    return Enum(name, e.underlying, tuple((m.c, m.value) for m in e.members))
 
 
-def _ir_struct(ir: dict[str, Any], name: str) -> Struct:
-    s = next(s for s in ir["structs"] if s["name"] == name)
-    fields = s.get("fields")
-    return Struct(name, s["size"], s["align"],
-                  None if fields is None else tuple((f["name"], _ctype(f["type"]), f["offset"]) for f in fields))
-
-
-def _ir_constant(ir: dict[str, Any], name: str) -> int | float:
-    value: int | float = next(c["value"] for c in ir["constants"] if c["name"] == name)
-    return value
-
-
-def _ir_abi(ir: dict[str, Any], uses: dict[str, Any]) -> Abi:
-    status = ir["status"]
-    abi = Abi(name=ir["library"], pretty=f"{ir['pretty']} {ir['version']}",
-              module=f"mpbind.bindings.cy{ir['library']}", typed_errors=True, status_type=status["type"],
-              success=status["success"][0], in_progress=status.get("in_progress"), loading_error=True,
-              functions=library_entries(ir, uses["functions"]))
-    _complete(abi, uses, lambda n: _ir_enum(ir, n), lambda n: _ir_struct(ir, n))
-    abi.constants = [(c, _ir_constant(ir, c)) for c in uses.get("constants", [])]
+def _library_abi(lib: Library, uses: dict[str, Any]) -> Abi:
+    abi = Abi(name=lib.name, pretty=f"{lib.pretty} {lib.version}", module=f"mpbind.bindings.cy{lib.name}",
+              typed_errors=True, status_type=lib.status.type, success=lib.status.success[0],
+              in_progress=lib.status.in_progress, loading_error=True,
+              functions=library_entries(lib, uses["functions"]))
+    _complete(abi, uses, lambda n: _enum(lib, n), lib.structs.__getitem__)
+    abi.constants = [(c, lib.constant(c).value) for c in uses.get("constants", [])]
     return abi
 
 
 # -- the CUDA driver, from the spec ------------------------------------------------------------
 
-def _parse_cython_type(text: str, kinds: dict[str, str]) -> CType:
+def _parse_cython_type(text: str, kinds: dict[str, type[HandleType] | type[EnumType]]) -> CType:
     """A parameter or return type as Cython spells it in a capsule ("CUgraph *")."""
     text = text.strip()
     base = text.rstrip("* ")
     const = base.endswith(" const")
     base = base.removesuffix(" const")
     c_name = {v: k for k, v in CYTHON_SPELLING.items()}.get(base, base)
-    t = CType(kinds.get(c_name, "builtin"), c_name, const)
+    t: CType = kinds.get(c_name, Builtin)(c_name, const)
     for _ in range(text[len(base):].count("*")):
-        t = CType("pointer", of=t)
+        t = Pointer(t)
     return t
 
 
 def _driver_abi(spec: dict[str, Any]) -> Abi:
-    kinds = {h: "handle" for h in spec["handles"]} | {e: "enum" for e in spec["enums"]}
+    kinds: dict[str, type[HandleType] | type[EnumType]] = {h: HandleType for h in spec["handles"]}
+    kinds |= {e: EnumType for e in spec["enums"]}
     entries = []
     for name, signature in spec["functions"].items():
         ret, params = signature.split(" (", 1)
@@ -208,21 +177,18 @@ def _complete(abi: Abi, uses: dict[str, Any], enum_of: Callable[[str], Enum],
     """Add the types the prototypes and `uses` need to `abi`, dependencies first."""
 
     def need(t: CType, by_value: bool) -> None:
-        if t.kind == "pointer":
-            assert t.of is not None
-            need(t.of, False)
-        elif t.kind == "array":
-            assert t.of is not None
-            need(t.of, by_value)
-        elif t.kind == "alias":
-            assert t.of is not None
-            need(t.of, by_value)
-            abi.aliases.setdefault(t.name, t.of)
-        elif t.kind == "handle" and t.name not in abi.handles:
+        if isinstance(t, Pointer):
+            need(t.pointee, False)
+        elif isinstance(t, Array):
+            need(t.element, by_value)
+        elif isinstance(t, Alias):
+            need(t.target, by_value)
+            abi.aliases.setdefault(t.name, t.target)
+        elif isinstance(t, HandleType) and t.name not in abi.handles:
             abi.handles.append(t.name)
-        elif t.kind == "enum" and t.name not in abi.enums:
+        elif isinstance(t, EnumType) and t.name not in abi.enums:
             abi.enums[t.name] = enum_of(t.name)
-        elif t.kind == "struct":
+        elif isinstance(t, StructType):
             abi.structs.setdefault(t.name, struct_of(t.name))
             if by_value:
                 layout(t.name)
@@ -231,8 +197,8 @@ def _complete(abi: Abi, uses: dict[str, Any], enum_of: Callable[[str], Enum],
         if name in abi.layouts:
             return
         s = abi.structs.setdefault(name, struct_of(name))
-        for _, t, _ in s.fields or ():
-            need(t, True)
+        for f in s.field_list:
+            need(f.type, True)
         abi.layouts.append(name)
 
     for f in abi.functions:
@@ -242,7 +208,7 @@ def _complete(abi: Abi, uses: dict[str, Any], enum_of: Callable[[str], Enum],
     for name in uses.get("structs", []):
         layout(name)
     for name in uses.get("enums", []):
-        need(CType("enum", name), True)
+        need(EnumType(name), True)
 
 
 # -- spelling ------------------------------------------------------------------------------
@@ -253,10 +219,9 @@ CYTHON_SPELLING = {"long long": "PY_LONG_LONG", "unsigned long long": "unsigned 
 
 def cython_type(t: CType, entity: str = "") -> str:
     """`t` declaring `entity` as Cython writes it in a capsule: base type first, then `const`."""
-    if t.kind == "pointer":
-        assert t.of is not None
-        return cython_type(t.of, "*" + entity)  # a const pointer: Cython's pxd drops that const
-    if t.kind == "array":
+    if isinstance(t, Pointer):
+        return cython_type(t.pointee, "*" + entity)  # a const pointer: Cython's pxd drops that const
+    if isinstance(t, Array):
         raise ValueError("an array parameter has no capsule spelling")
     if t.const:
         entity = "const " + entity
@@ -272,12 +237,10 @@ def capsule_signature(f: Entry) -> str:
 
 def cpp_type(t: CType, entity: str = "") -> str:
     """A C++ declaration of `entity` with type t."""
-    if t.kind == "pointer":
-        assert t.of is not None
-        return cpp_type(t.of, ("* const " if t.const else "*") + entity)
-    if t.kind == "array":
-        assert t.of is not None
-        return cpp_type(t.of, f"{entity}[{t.length}]")
+    if isinstance(t, Pointer):
+        return cpp_type(t.pointee, ("* const " if t.const else "*") + entity)
+    if isinstance(t, Array):
+        return cpp_type(t.element, f"{entity}[{t.length}]")
     base = ("const " if t.const else "") + t.name
     return f"{base} {entity}" if entity else base
 
@@ -307,12 +270,12 @@ def _layout(s: Struct) -> list[str]:
     if s.fields is None:
         lines = [f"struct alignas({s.align}) {s.name} {{", f"{I4}unsigned char opaque[{s.size}];", "};"]
     else:
-        lines = [f"struct {s.name} {{", *(f"{I4}{cpp_type(t, n)};" for n, t, _ in s.fields), "};"]
+        lines = [f"struct {s.name} {{", *(f"{I4}{cpp_type(f.type, f.name)};" for f in s.fields), "};"]
     what = "as clang measured it in the C header"
     lines.append(f'static_assert(sizeof({s.name}) == {s.size} && alignof({s.name}) == {s.align}, '
                  f'"{s.name}: size and alignment {what}");')
-    for n, _, offset in s.fields or ():
-        lines.append(f'static_assert(offsetof({s.name}, {n}) == {offset}, "{s.name}.{n}: offset {what}");')
+    for f in s.field_list:
+        lines.append(f'static_assert(offsetof({s.name}, {f.name}) == {f.offset}, "{s.name}.{f.name}: offset {what}");')
     return lines
 
 
@@ -396,16 +359,16 @@ def spec() -> dict[str, Any]:
     return tomllib.loads(SPEC.read_text())
 
 
-def abis(irs: dict[str, dict[str, Any]]) -> list[Abi]:
+def abis(libs: dict[str, Library]) -> list[Abi]:
     uses = spec()
-    out = [_ir_abi(ir, uses[lib]) for lib, ir in irs.items()]
+    out = [_library_abi(lib, uses[name]) for name, lib in libs.items()]
     return out + [_driver_abi(uses[DRIVER])]
 
 
-def headers(irs: dict[str, dict[str, Any]]) -> dict[str, tuple[str, str]]:
+def headers(libs: dict[str, Library]) -> dict[str, tuple[str, str]]:
     """File name under src/mpbind/_core/abi -> (body, what it is generated from)."""
     out: dict[str, tuple[str, str]] = {}
-    all_abis = abis(irs)
+    all_abis = abis(libs)
     for abi in all_abis:
         origin = (f"{SPEC_NAME} ({abi.pretty})" if abi.name == DRIVER else
                   f"bindings/ir/{abi.name}.json and {SPEC_NAME} ({abi.pretty})")

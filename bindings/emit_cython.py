@@ -9,11 +9,9 @@ dlsym on the one handle mpbind._loader opened.
 
 from __future__ import annotations
 
-from typing import Any
-
 from emit_common import (
+    I4,
     LOADING_ERROR_VALUE,
-    Index,
     c_args,
     c_param_types,
     c_params,
@@ -24,72 +22,69 @@ from emit_common import (
     loading_error,
     std_names,
 )
+from emit_shared import cimports
+from ir_types import CType, Function, Library, is_void
 
-I4 = "    "
 
-
-def _types_block(ix: Index) -> list[str]:
-    ir = ix.ir
-    lib = ix.lib
-    structs, aliases, handles = ix.reachable_types()
-    guard = f"MPBIND_CY{lib.upper()}_TYPES_H"
+def _types_block(lib: Library) -> list[str]:
+    structs, aliases, handles = lib.reachable_types()
+    guard = f"MPBIND_CY{lib.name.upper()}_TYPES_H"
     c: list[str] = [f"#ifndef {guard}", f"#define {guard}", "#include <stddef.h>",
                     "#include <stdint.h>", "#include <stdbool.h>"]
     # Returned by an entry point whose symbol is missing, with a Python exception set.
-    c.append(f"#define {loading_error(ir)} (({ir['status']['type']}){LOADING_ERROR_VALUE})")
+    c.append(f"#define {loading_error(lib)} (({lib.status.type}){LOADING_ERROR_VALUE})")
     # Handles are declared with the struct tag the library's header uses, so that two
     # modules declaring the same handle (cynccl, cycublasmp: ncclComm_t) agree.
-    tags = ir.get("handle_tags", {})
-    for name in sorted(set(ix.foreign) | set(handles)):
-        tag = tags.get(name) or _foreign_tag(name)
+    for name in sorted(set(lib.foreign_handles) | set(handles)):
+        tag = lib.handle_tags.get(name) or _foreign_tag(name)
         c.append(f"typedef struct {tag} *{name};")
     for name in aliases:
-        c.append(f"typedef {c_type(ix.aliases[name], name)};")
-    for e in ir["enums"]:
-        body = ", ".join(f"{cn} = {v}" for cn, _, v in e["members"])
+        c.append(f"typedef {c_type(lib.aliases[name], name)};")
+    for e in lib.enums.values():
+        body = ", ".join(f"{m.c} = {m.value}" for m in e.members)
         # Guarded one by one: two modules may both declare an enum another header owns
         # (cudaDataType_t in cycublasmp and cycufftmp), and one unit may cimport both.
-        guard_e = f"MPBIND_ENUM_{e['name']}"
-        c += [f"#ifndef {guard_e}", f"#define {guard_e}", f"typedef enum {{ {body} }} {e['name']};", "#endif"]
+        guard_e = f"MPBIND_ENUM_{e.name}"
+        c += [f"#ifndef {guard_e}", f"#define {guard_e}", f"typedef enum {{ {body} }} {e.name};", "#endif"]
     for name in structs:
         c.append(f"typedef struct mpbind_{name} {name};")
     for name in structs:
-        s = ix.structs[name]
-        if "fields" in s:
-            fields = " ".join(f"{c_type(f['type'], f['name'])};" for f in s["fields"])
+        s = lib.structs[name]
+        if s.fields is not None:
+            fields = " ".join(f"{c_type(f.type, f.name)};" for f in s.fields)
         else:
-            fields = f"_Alignas({s['align']}) unsigned char _opaque[{s['size']}];"
+            fields = f"_Alignas({s.align}) unsigned char _opaque[{s.size}];"
         c.append(f"struct mpbind_{name} {{ {fields} }};")
-        c.append(f'_Static_assert(sizeof({name}) == {s["size"]}, "size of {name}");')
-        for f in s.get("fields", []):
-            c.append(f'_Static_assert(offsetof({name}, {f["name"]}) == {f["offset"]}, '
-                     f'"offset of {name}.{f["name"]}");')
+        c.append(f'_Static_assert(sizeof({name}) == {s.size}, "size of {name}");')
+        for f in s.field_list:
+            c.append(f'_Static_assert(offsetof({name}, {f.name}) == {f.offset}, '
+                     f'"offset of {name}.{f.name}");')
     c.append(f"#endif  /* {guard} */")
 
     out = ["cdef extern from *:", f'{I4}"""']
     out += [f"{I4}{line}" for line in c]
     out.append(f'{I4}"""')
-    for name in sorted(ix.foreign):
+    for name in sorted(lib.foreign_handles):
         out.append(f"{I4}ctypedef void* {name}")
     for name in handles:
-        if name not in ix.foreign:
+        if name not in lib.foreign_handles:
             out.append(f"{I4}ctypedef void* {name}")
     for name in aliases:
-        out.append(f"{I4}ctypedef {cy_type(ix.aliases[name], name)}")
-    for e in ir["enums"]:
-        out.append(f"{I4}ctypedef enum {e['name']}:")
-        for cn, _, _ in e["members"]:
-            out.append(f"{I4}{I4}{cn}")
-        if e["name"] == ir["status"]["type"]:
-            out.append(f"{I4}{I4}{loading_error(ir)}")
+        out.append(f"{I4}ctypedef {cy_type(lib.aliases[name], name)}")
+    for e in lib.enums.values():
+        out.append(f"{I4}ctypedef enum {e.name}:")
+        for m in e.members:
+            out.append(f"{I4}{I4}{m.c}")
+        if e.name == lib.status.type:
+            out.append(f"{I4}{I4}{loading_error(lib)}")
     for name in structs:
-        s = ix.structs[name]
+        s = lib.structs[name]
         out.append(f"{I4}ctypedef struct {name}:")
-        if "fields" in s:
-            for f in s["fields"]:
-                out.append(f"{I4}{I4}{cy_type(f['type'], f['name'])}")
+        if s.fields is not None:
+            for f in s.fields:
+                out.append(f"{I4}{I4}{cy_type(f.type, f.name)}")
         else:
-            out.append(f"{I4}{I4}unsigned char _opaque[{s['size']}]")
+            out.append(f"{I4}{I4}unsigned char _opaque[{s.size}]")
     return out
 
 
@@ -99,38 +94,38 @@ def _foreign_tag(name: str) -> str:
     return {"cudaStream_t": "CUstream_st", "cudaEvent_t": "CUevent_st"}.get(name, f"{name}_opaque")
 
 
-def _all_types(ix: Index) -> list[dict[str, Any]]:
-    ts = []
-    for f in ix.symbols:
-        ts.append(f["returns"])
-        ts += [p["type"] for p in f["params"]]
-    for s in ix.ir["structs"]:
-        ts += [f["type"] for f in s.get("fields", [])]
-    ts += list(ix.aliases.values())
+def _all_types(lib: Library) -> list[CType]:
+    ts: list[CType] = []
+    for f in lib.symbols:
+        ts.append(f.returns)
+        ts += [p.type for p in f.params]
+    for s in lib.structs.values():
+        ts += [f.type for f in s.field_list]
+    ts += list(lib.aliases.values())
     return ts
 
 
-def cy_pxd(ix: Index) -> str:
+def cy_pxd(lib: Library) -> str:
     lines = ["# cython: language_level=3", ""]
-    lines += cimport_lines(std_names(_all_types(ix)))
+    lines += cimport_lines(std_names(_all_types(lib)))
     lines.append("")
-    lines += _types_block(ix)
+    lines += _types_block(lib)
     lines += ["", "", "# Entry points: callable without the GIL; each raises FunctionNotFoundError",
               "# (taking the GIL) when the loaded library lacks the symbol.", ""]
-    for f in ix.symbols:
-        lines.append(f"cdef {cy_type(f['returns'], f['name'])}({c_params(f)}) "
-                     f"{except_clause(ix.ir, f['returns'])} nogil")
+    for f in lib.symbols:
+        lines.append(f"cdef {cy_type(f.returns, f.name)}({c_params(f)}) "
+                     f"{except_clause(lib, f.returns)} nogil")
     return "\n".join(lines) + "\n"
 
 
-def cy_pyx(ix: Index) -> str:
+def cy_pyx(lib: Library) -> str:
     lines = ["# cython: language_level=3", "",
-             f"from mpbind.bindings._internal cimport {ix.lib} as _{ix.lib}", ""]
-    for f in ix.symbols:
-        lines.append(f"cdef {cy_type(f['returns'], f['name'])}({c_params(f)}) "
-                     f"{except_clause(ix.ir, f['returns'])} nogil:")
-        call = f"_{ix.lib}._{f['name']}({c_args(f)})"
-        if f["returns"]["kind"] == "builtin" and f["returns"]["name"] == "void":
+             f"from mpbind.bindings._internal cimport {lib.name} as _{lib.name}", ""]
+    for f in lib.symbols:
+        lines.append(f"cdef {cy_type(f.returns, f.name)}({c_params(f)}) "
+                     f"{except_clause(lib, f.returns)} nogil:")
+        call = f"_{lib.name}._{f.name}({c_args(f)})"
+        if is_void(f.returns):
             lines.append(f"{I4}{call}")
         else:
             lines.append(f"{I4}return {call}")
@@ -138,55 +133,56 @@ def cy_pyx(ix: Index) -> str:
     return "\n".join(lines)
 
 
-def internal_pxd(ix: Index) -> str:
+def internal_pxd(lib: Library) -> str:
     lines = ["# cython: language_level=3", "",
-             f"from mpbind.bindings.cy{ix.lib} cimport *", ""]
-    for f in ix.symbols:
-        lines.append(f"cdef {cy_type(f['returns'], '_' + f['name'])}({c_params(f)}) "
-                     f"{except_clause(ix.ir, f['returns'])} nogil")
+             f"from mpbind.bindings.cy{lib.name} cimport *", ""]
+    for f in lib.symbols:
+        lines.append(f"cdef {cy_type(f.returns, '_' + f.name)}({c_params(f)}) "
+                     f"{except_clause(lib, f.returns)} nogil")
     return "\n".join(lines) + "\n"
 
 
-def internal_pyx(ix: Index) -> str:
-    lib = ix.lib
-    ir = ix.ir
-    names = [f["name"] for f in ix.symbols]
-    since = {f["name"]: f["since"] for f in ix.symbols}
-    vf = ir["version_function"]["function"]
+def internal_pyx(lib: Library) -> str:
+    """_internal/<lib>.pyx: the function-pointer table, filled by dlsym on the library's one handle."""
+    names = [f.name for f in lib.symbols]
     lines = [
         "# cython: language_level=3",
         "",
         "from libc.stdint cimport intptr_t",
         "",
-        'cdef extern from "<dlfcn.h>" nogil:',
-        f"{I4}void* dlsym(void* handle, const char* symbol)",
+        "from mpbind.bindings._common cimport dlsym",
+        *cimports("open_library", "function_not_found"),
         "",
         "import threading",
         "",
-        f'LIBRARY = "{lib}"',
+        f'LIBRARY = "{lib.name}"',
         "SINCE = {",
-    ]
-    lines += [f'{I4}"{n}": "{since[n]}",' for n in names]
-    lines += [
+        *(f'{I4}"{f.name}": "{f.since}",' for f in lib.symbols),
         "}",
         "",
         "cdef object _lock = threading.Lock()",
         "cdef bint _initialized = False",
+        *(f"cdef void* __{n} = NULL" for n in names),
+        "",
+        "",
     ]
-    lines += [f"cdef void* __{n} = NULL" for n in names]
-    lines += [
-        "",
-        "",
+    lines += _loader(names) + _addresses(names) + _version_code(lib)
+    for f in lib.symbols:
+        lines += _entry_point(lib, f)
+    return "\n".join(lines) + "\n"
+
+
+def _loader(names: list[str]) -> list[str]:
+    """_load (every dlsym, once, under a lock), its fast check, and the missing-symbol error."""
+    return [
         "cdef int _load() except -1:",
         f"{I4}global _initialized, " + ", ".join(f"__{n}" for n in names),
-        f"{I4}from mpbind import _loader",
+        f"{I4}cdef void* handle",
         f"{I4}with _lock:",
         f"{I4}{I4}if _initialized:",
         f"{I4}{I4}{I4}return 0",
-        f"{I4}{I4}handle = <void*><intptr_t>_loader.load(LIBRARY).handle",
-    ]
-    lines += [f'{I4}{I4}__{n} = dlsym(handle, b"{n}")' for n in names]
-    lines += [
+        f"{I4}{I4}handle = _open_library(LIBRARY)",
+        *(f'{I4}{I4}__{n} = dlsym(handle, b"{n}")' for n in names),
         f"{I4}{I4}_initialized = True",
         f"{I4}return 0",
         "",
@@ -199,10 +195,14 @@ def internal_pyx(ix: Index) -> str:
         "",
         "",
         "cdef int _not_found(str name) except -1:",
-        f"{I4}from mpbind import _loader",
-        f"{I4}raise _loader.function_not_found(LIBRARY, name, SINCE[name])",
+        f"{I4}return _function_not_found(LIBRARY, name, SINCE[name])",
         "",
         "",
+    ]
+
+
+def _addresses(names: list[str]) -> list[str]:
+    return [
         "def symbol_address(str name):",
         f'{I4}"""Address of a bound symbol in the loaded library (0 when it lacks it)."""',
         f"{I4}_ensure_loaded()",
@@ -211,49 +211,51 @@ def internal_pyx(ix: Index) -> str:
         "",
         "cdef dict _addresses():",
         f"{I4}return {{",
-    ]
-    lines += [f'{I4}{I4}"{n}": <intptr_t>__{n},' for n in names]
-    lines += [
+        *(f'{I4}{I4}"{n}": <intptr_t>__{n},' for n in names),
         f"{I4}}}",
         "",
         "",
+    ]
+
+
+def _version_code(lib: Library) -> list[str]:
+    vf = lib.version_function.function
+    lines = [
         "def library_version_code():",
         f'{I4}"""The loaded library\'s version from {vf}, or None if it lacks it."""',
         f"{I4}_ensure_loaded()",
         f"{I4}if __{vf} == NULL:",
         f"{I4}{I4}return None",
     ]
-    if ir["version_function"]["format"] == "triple":
+    if lib.version_function.format == "triple":
         # void f(int* major, int* minor, int* patch)
-        lines += [
+        return lines + [
             f"{I4}cdef int major = 0, minor = 0, patch = 0",
             f"{I4}(<void (*)(int*, int*, int*) noexcept nogil>__{vf})(&major, &minor, &patch)",
             f"{I4}return (major, minor, patch)",
             "",
         ]
-    else:
-        # status f(int* code)
-        lines += [
-            f"{I4}cdef int code = 0",
-            f"{I4}if (<int (*)(int*) noexcept nogil>__{vf})(&code) != 0:",
-            f"{I4}{I4}return None",
-            f"{I4}return code",
-            "",
-        ]
-    for f in ix.symbols:
-        n = f["name"]
-        ret = cy_type(f["returns"])
-        fptr = f"<{ret} (*)({c_param_types(f)}) noexcept nogil>__{n}"
-        lines.append("")
-        lines.append(f"cdef {cy_type(f['returns'], '_' + n)}({c_params(f)}) "
-                     f"{except_clause(ir, f['returns'])} nogil:")
-        lines.append(f"{I4}_ensure_loaded()")
-        lines.append(f"{I4}if __{n} == NULL:")
-        lines.append(f"{I4}{I4}with gil:")
-        lines.append(f'{I4}{I4}{I4}_not_found("{n}")')
-        call = f"({fptr})({c_args(f)})"
-        if f["returns"]["kind"] == "builtin" and f["returns"]["name"] == "void":
-            lines.append(f"{I4}{call}")
-        else:
-            lines.append(f"{I4}return {call}")
-    return "\n".join(lines) + "\n"
+    # status f(int* code)
+    return lines + [
+        f"{I4}cdef int code = 0",
+        f"{I4}if (<int (*)(int*) noexcept nogil>__{vf})(&code) != 0:",
+        f"{I4}{I4}return None",
+        f"{I4}return code",
+        "",
+    ]
+
+
+def _entry_point(lib: Library, f: Function) -> list[str]:
+    """_<name>(...): load on first use, raise FunctionNotFoundError for a missing symbol, call."""
+    n = f.name
+    fptr = f"<{cy_type(f.returns)} (*)({c_param_types(f)}) noexcept nogil>__{n}"
+    call = f"({fptr})({c_args(f)})"
+    return [
+        "",
+        f"cdef {cy_type(f.returns, '_' + n)}({c_params(f)}) {except_clause(lib, f.returns)} nogil:",
+        f"{I4}_ensure_loaded()",
+        f"{I4}if __{n} == NULL:",
+        f"{I4}{I4}with gil:",
+        f'{I4}{I4}{I4}_not_found("{n}")',
+        f"{I4}{call}" if is_void(f.returns) else f"{I4}return {call}",
+    ]

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from emit_common import I4
+from ir_types import Library
 
-I4 = "    "
 
-
-def _class_name(ir: dict[str, Any], py_member: str) -> str:
+def _class_name(lib: Library, py_member: str) -> str:
     """NCCLInvalidArgumentError from INVALID_ARGUMENT; NVSHMEMInvalidValueError from ERROR_INVALID_VALUE."""
     words = py_member.split("_")
     if words[0] == "ERROR" and len(words) > 1:
         words = words[1:]
-    name = ir["status"]["error_prefix"] + "".join(w[:1] + w[1:].lower() for w in words)
+    name = lib.status.error_prefix + "".join(w[:1] + w[1:].lower() for w in words)
     return name if name.endswith("Error") else name + "Error"
 
 
-def status_py(irs: list[dict[str, Any]]) -> str:
+def status_py(libs: list[Library]) -> str:
     lines = [
         '"""One exception class per status code of each bound library."""',
         "",
@@ -24,21 +23,21 @@ def status_py(irs: list[dict[str, Any]]) -> str:
         "",
     ]
     # isort's order: constants, then classes
-    bases = sorted({ir["status"]["error_base"] for ir in irs} | {"LIBRARY_ERRORS", "LibraryError"},
+    bases = sorted({lib.status.error_base for lib in libs} | {"LIBRARY_ERRORS", "LibraryError"},
                    key=lambda n: (not n.isupper(), n))
     lines.append(f"from mpbind.errors import {', '.join(bases)}")
     lines += ["", "__all__ = ["]
     classes: dict[str, list[tuple[str, str, int]]] = {}
-    for ir in irs:
-        enum = next(e for e in ir["enums"] if e["name"] == ir["status"]["type"])
-        skip = set(ir["status"].get("not_errors", []))
-        classes[ir["library"]] = [(_class_name(ir, py), cn, v) for cn, py, v in enum["members"] if cn not in skip]
-        for cls, _, _ in classes[ir["library"]]:
+    for lib in libs:
+        skip = set(lib.status.not_errors)
+        classes[lib.name] = [(_class_name(lib, m.python), m.c, m.value) for m in lib.status_enum.members
+                             if m.c not in skip]
+        for cls, _, _ in classes[lib.name]:
             lines.append(f'{I4}"{cls}",')
     lines += ["]", "", ""]
-    for ir in irs:
-        base = ir["status"]["error_base"]
-        for cls, cn, v in classes[ir["library"]]:
+    for lib in libs:
+        base = lib.status.error_base
+        for cls, cn, v in classes[lib.name]:
             lines += [
                 f"class {cls}({base}):",
                 f'{I4}"""{cn} ({v})."""',
@@ -48,24 +47,23 @@ def status_py(irs: list[dict[str, Any]]) -> str:
                 "",
             ]
     lines.append("_CLASSES: dict[str, dict[int, type[LibraryError]]] = {")
-    for ir in irs:
-        lines.append(f'{I4}"{ir["library"]}": {{')
-        for cls, _, v in classes[ir["library"]]:
+    for lib in libs:
+        lines.append(f'{I4}"{lib.name}": {{')
+        for cls, _, v in classes[lib.name]:
             lines.append(f"{I4}{I4}{v}: {cls},")
         lines.append(f"{I4}}},")
     lines += ["}", "", "_NAMES: dict[str, dict[int, str]] = {"]
-    for ir in irs:
-        enum = next(e for e in ir["enums"] if e["name"] == ir["status"]["type"])
-        lines.append(f'{I4}"{ir["library"]}": {{')
+    for lib in libs:
+        lines.append(f'{I4}"{lib.name}": {{')
         seen = set()
-        for cn, _, v in enum["members"]:
-            if v not in seen:
-                seen.add(v)
-                lines.append(f'{I4}{I4}{v}: "{cn}",')
+        for m in lib.status_enum.members:
+            if m.value not in seen:
+                seen.add(m.value)
+                lines.append(f'{I4}{I4}{m.value}: "{m.c}",')
         lines.append(f"{I4}}},")
     lines += ["}", "", "_HINTS: dict[str, str] = {"]
-    for ir in irs:
-        lines.append(f'{I4}"{ir["library"]}": {ir["status"].get("log_hint", "")!r},')
+    for lib in libs:
+        lines.append(f'{I4}"{lib.name}": {lib.status.log_hint!r},')
     lines += [
         "}",
         "",
@@ -91,7 +89,7 @@ def status_py(irs: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def coverage_py(irs: list[dict[str, Any]]) -> str:
+def coverage_py(libs: list[Library]) -> str:
     lines = [
         '"""Every C function of the pinned headers: its Python name, or why it is excluded."""',
         "",
@@ -99,20 +97,20 @@ def coverage_py(irs: list[dict[str, Any]]) -> str:
         "",
         "PINNED: dict[str, str] = {",
     ]
-    for ir in irs:
-        lines.append(f'    "{ir["library"]}": "{ir["version"]}",')
+    for lib in libs:
+        lines.append(f'    "{lib.name}": "{lib.version}",')
     lines += ["}", "", "COVERAGE: dict[str, list[tuple[str, str | None, str | None]]] = {"]
-    for ir in irs:
-        lines.append(f'    "{ir["library"]}": [')
-        for f in sorted(ir["functions"], key=lambda f: f["name"]):
-            lines.append(f'        ({f["name"]!r}, {f.get("python")!r}, {f.get("excluded")!r}),')
+    for lib in libs:
+        lines.append(f'    "{lib.name}": [')
+        for f in sorted(lib.functions, key=lambda f: f.name):
+            lines.append(f'        ({f.name!r}, {f.python!r}, {f.excluded!r}),')
         lines.append("    ],")
     lines += ["}", "", "SINCE: dict[str, dict[str, str]] = {"]
-    for ir in irs:
-        lines.append(f'    "{ir["library"]}": {{')
-        for f in sorted(ir["functions"], key=lambda f: f["name"]):
-            if "since" in f:
-                lines.append(f'        {f["name"]!r}: {f["since"]!r},')
+    for lib in libs:
+        lines.append(f'    "{lib.name}": {{')
+        for f in sorted(lib.functions, key=lambda f: f.name):
+            if f.since is not None:
+                lines.append(f'        {f.name!r}: {f.since!r},')
         lines.append("    },")
     lines.append("}")
     return "\n".join(lines) + "\n"

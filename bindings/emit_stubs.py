@@ -4,35 +4,34 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Any
 
-from emit_common import Index, internal_fields
-from plan import plan, py_value_type, resolve, value_kind
+from emit_common import I4, attribute_table, const_name
+from ir_types import Array, CType, HandleType, Library, Struct
+from plan import plan
+from pyvalues import class_name, py_type, value_kind
 
-I4 = "    "
 
-
-def _field_type(ix: Index, t: dict[str, Any]) -> tuple[str, str]:
+def _field_type(lib: Library, t: CType) -> tuple[str, str]:
     """(getter type, setter type) of a struct field."""
-    if t["kind"] == "array":
-        g, _ = _field_type(ix, t["element"])
+    if isinstance(t, Array):
+        g, _ = _field_type(lib, t.element)
         return f"tuple[{g}, ...]", f"Sequence[{g}]"
-    vk = value_kind(ix, t)
+    vk = value_kind(t)
     if vk == "str":
         return "str | None", "str | bytes | None"
     if vk == "enum":
-        cls = ix.enums[resolve(ix, t)["name"]]["python"]
+        cls = class_name(lib, t)
         return f"{cls} | int", f"{cls} | int"
     if vk == "handle":
         return "int", "int"
-    return py_value_type(ix, t), py_value_type(ix, t)
+    return py_type(lib, t), py_type(lib, t)
 
 
-def _struct(ix: Index, s: dict[str, Any]) -> list[str]:
-    cls = s["python"]
+def _struct(lib: Library, s: Struct) -> list[str]:
+    cls = s.python
     out = [f"class {cls}:"]
-    internal = internal_fields(s)
-    if s.get("kind") == "bytes":
+    internal = s.internal_fields()
+    if s.is_bytes:
         out += [
             f"{I4}def __init__(self, data: bytes | bytearray | memoryview | None = None) -> None: ...",
             f"{I4}def __bytes__(self) -> bytes: ...",
@@ -41,24 +40,24 @@ def _struct(ix: Index, s: dict[str, Any]) -> list[str]:
             f"{I4}def __eq__(self, other: object, /) -> bool: ...",
             f"{I4}def __hash__(self) -> int: ...",
         ]
-    elif "opaque" in s:
+    elif s.opaque is not None:
         out += [f"{I4}def __init__(self) -> None: ...", f"{I4}def __bytes__(self) -> bytes: ..."]
     else:
         kw = []
-        for f in s["fields"]:
-            if f["name"] in internal:
+        for f in s.field_list:
+            if f.name in internal:
                 continue
-            _, st = _field_type(ix, f["type"])
-            kw.append(f"{f['name']}: {st} = ...")
+            _, st = _field_type(lib, f.type)
+            kw.append(f"{f.name}: {st} = ...")
         args = ", ".join(["self", "*"] + kw) if kw else "self"
         out.append(f"{I4}def __init__({args}) -> None: ...")
-        for f in s["fields"]:
-            g, st = _field_type(ix, f["type"])
+        for f in s.field_list:
+            g, st = _field_type(lib, f.type)
             out.append(f"{I4}@property")
-            out.append(f"{I4}def {f['name']}(self) -> {g}: ...")
-            if f["name"] not in internal:
-                out.append(f"{I4}@{f['name']}.setter")
-                out.append(f"{I4}def {f['name']}(self, value: {st}) -> None: ...")
+            out.append(f"{I4}def {f.name}(self) -> {g}: ...")
+            if f.name not in internal:
+                out.append(f"{I4}@{f.name}.setter")
+                out.append(f"{I4}def {f.name}(self, value: {st}) -> None: ...")
     out += [
         f"{I4}@staticmethod",
         f"{I4}def from_ptr(address: int) -> {cls}: ...",
@@ -81,44 +80,40 @@ def _union(types: Iterable[str]) -> str:
     return " | ".join(seen)
 
 
-def stub(ix: Index) -> str:
-    ir = ix.ir
+def stub(lib: Library) -> str:
     lines: list[str] = []
-    from emit_python import _const_name
-
-    for c in ir["constants"]:
-        name = _const_name(ix, c["name"])
-        lines.append(f"{name}: {type(c['value']).__name__}")
+    for c in lib.constants:
+        name = const_name(lib, c.name)
+        lines.append(f"{name}: {type(c.value).__name__}")
     lines.append("")
-    for _, py in sorted(ix.handles.items()):
+    for _, py in sorted(lib.handles.items()):
         lines.append(f'{py} = NewType("{py}", int)')
     lines.append("")
-    for e in ir["enums"]:
-        lines.append(f"class {e['python']}(IntEnum):")
-        for _, py, v in e["members"]:
-            lines.append(f"{I4}{py} = {v}")
+    for e in lib.enums.values():
+        lines.append(f"class {e.python}(IntEnum):")
+        for m in e.members:
+            lines.append(f"{I4}{m.python} = {m.value}")
         lines.append("")
-    structs, _, _ = ix.reachable_types()
+    structs, _, _ = lib.reachable_types()
     for name in structs:
-        lines += _struct(ix, ix.structs[name])
-    for f in ix.bound:
-        if "inline_body" in f:
-            lines.append(f"def {f['python']}{f['inline_body']['signature']}: ...")
+        lines += _struct(lib, lib.structs[name])
+    for f in lib.bound:
+        if f.inline_body is not None:
+            lines.append(f"def {f.python}{f.inline_body.signature}: ...")
             continue
-        pl = plan(ix, f)
+        pl = plan(lib, f)
         args = []
         for pp in pl.params:
             a = f"{pp.name}: {pp.pytype}"
             if pp.default is not None:
                 a += f" = {pp.default}"
             args.append(a)
-        lines.append(f"def {f['python']}({', '.join(args)}) -> {pl.return_type}: ...")
-    by_name = {f["name"]: f for f in ix.bound}
-    if ir.get("families"):
+        lines.append(f"def {f.python}({', '.join(args)}) -> {pl.return_type}: ...")
+    if lib.families:
         lines.append("")
         lines.append("FAMILY_TYPES: dict[str, str]")
-    for fam in ir.get("families", []):
-        plans = [plan(ix, by_name[c]) for c in fam["members"].values()]
+    for fam in lib.families:
+        plans = [plan(lib, lib.function(c)) for c in fam.members.values()]
         pl = plans[0]
         args = ["dtype: str | Any"]
         for i, pp in enumerate(pl.params):
@@ -126,24 +121,22 @@ def stub(ix: Index) -> str:
             if pp.default is not None:
                 a += f" = {pp.default}"
             args.append(a)
-        lines.append(f"def {fam['python']}({', '.join(args)}) -> {_union(q.return_type for q in plans)}: ...")
-    from emit_python import attribute_table
-
-    for enum_name, ta in ir.get("typed_attributes", {}).items():
-        cls = ix.enums[enum_name]["python"]
-        handle = next(p["type"] for f in ix.bound if f["name"] == ta["set"] for p in f["params"][:1])
-        obj = ix.handles.get(handle.get("name", ""), "int")
+        lines.append(f"def {fam.python}({', '.join(args)}) -> {_union(q.return_type for q in plans)}: ...")
+    for enum_name, ta in lib.typed_attributes.items():
+        cls = lib.enums[enum_name].python
+        handle = lib.function(ta.set).params[0].type
+        obj = lib.handles.get(handle.name, "int") if isinstance(handle, HandleType) else "int"
         kinds = sorted({pc or ("float" if fmt in "fd" else "int")
-                        for _, fmt, pc in attribute_table(ix, enum_name).values()})
+                        for _, fmt, pc in attribute_table(lib, enum_name).values()})
         value = _union(k if k in ("int", "float") else f"{k} | int" for k in kinds)
-        lines.append(f"{ta['python'].upper()}_ATTRIBUTE_TYPES: dict[{cls}, tuple[str, str, type | None]]")
-        lines.append(f"def {ta['python']}_set(obj: {obj}, attr: {cls} | int, value: {value}) -> None: ...")
-        lines.append(f"def {ta['python']}_get(obj: {obj}, attr: {cls} | int) -> {value}: ...")
+        lines.append(f"{ta.python.upper()}_ATTRIBUTE_TYPES: dict[{cls}, tuple[str, str, type | None]]")
+        lines.append(f"def {ta.python}_set(obj: {obj}, attr: {cls} | int, value: {value}) -> None: ...")
+        lines.append(f"def {ta.python}_get(obj: {obj}, attr: {cls} | int) -> {value}: ...")
     body = "\n".join(lines) + "\n"
     # Import what the body uses.
     abc = [n for n in ("Callable", "Sequence") if re.search(rf"\b{n}\[", body)]
     typing_names = [n for n in ("Any", "NewType") if re.search(rf"\b{n}\b", body)]
-    head = [f'"""Flat bindings for {ir["pretty"]} {ir["version"]}."""', ""]
+    head = [f'"""Flat bindings for {lib.pretty} {lib.version}."""', ""]
     if abc:
         head.append(f"from collections.abc import {', '.join(abc)}")
     head.append("from enum import IntEnum")

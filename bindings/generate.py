@@ -34,11 +34,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import emit_core  # noqa: E402
 import emit_cython  # noqa: E402
 import emit_python  # noqa: E402
+import emit_shared  # noqa: E402
 import emit_status  # noqa: E402
 import emit_stubs  # noqa: E402
 import since  # noqa: E402
 import versions  # noqa: E402
-from emit_common import Index, body_digest, seal, unseal  # noqa: E402
+from emit_common import body_digest, seal, unseal  # noqa: E402
+from ir_types import Library  # noqa: E402
 from model import ROOT, Spec, build_ir  # noqa: E402
 
 REPO = ROOT.parent
@@ -53,6 +55,11 @@ def ir_path(lib: str) -> Path:
 
 def load_ir(lib: str) -> dict[str, Any]:
     return json.loads(ir_path(lib).read_text())
+
+
+def load_library(lib: str) -> Library:
+    """The typed IR of one library, as the emitters read it."""
+    return Library.from_json(load_ir(lib))
 
 
 def dump_ir(ir: dict[str, Any]) -> str:
@@ -171,23 +178,25 @@ def write_release(lib: str, include: Path, release: str, out: Path) -> int:
 
 
 def render(irs: dict[str, dict[str, Any]]) -> dict[Path, str]:
-    """Every generated file, path -> sealed text."""
+    """Every generated file, path -> sealed text, from the IR documents by library."""
     out: dict[Path, str] = {}
-    for lib, ir in irs.items():
-        ix = Index(ir)
+    libs = {name: Library.from_json(ir) for name, ir in irs.items()}
+    for name, lib in libs.items():
         b = SRC / "bindings"
-        out[b / f"cy{lib}.pxd"] = seal(emit_cython.cy_pxd(ix), "#", lib, ir)
-        out[b / f"cy{lib}.pyx"] = seal(emit_cython.cy_pyx(ix), "#", lib, ir)
-        out[b / "_internal" / f"{lib}.pxd"] = seal(emit_cython.internal_pxd(ix), "#", lib, ir)
-        out[b / "_internal" / f"{lib}.pyx"] = seal(emit_cython.internal_pyx(ix), "#", lib, ir)
-        out[b / f"{lib}.pyx"] = seal(emit_python.python_pyx(ix), "#", lib, ir)
-        out[STUBS / "bindings" / f"{lib}.pyi"] = seal(emit_stubs.stub(ix), "#", lib, ir)
-    all_irs = [irs[lib] for lib in LIBRARIES if lib in irs]
-    agg = {"pretty": "every library", "version": "as pinned"}
-    out[SRC / "_status.py"] = seal(emit_status.status_py(all_irs), "#", "*", agg)
-    out[SRC / "bindings" / "_coverage.py"] = seal(emit_status.coverage_py(all_irs), "#", "*", agg)
-    for name, (body, origin) in emit_core.headers(irs).items():
-        out[SRC / "_core" / "abi" / name] = seal(body, "//", "", {}, source=origin)
+        out[b / f"cy{name}.pxd"] = seal(emit_cython.cy_pxd(lib), "#", lib.source)
+        out[b / f"cy{name}.pyx"] = seal(emit_cython.cy_pyx(lib), "#", lib.source)
+        out[b / "_internal" / f"{name}.pxd"] = seal(emit_cython.internal_pxd(lib), "#", lib.source)
+        out[b / "_internal" / f"{name}.pyx"] = seal(emit_cython.internal_pyx(lib), "#", lib.source)
+        out[b / f"{name}.pyx"] = seal(emit_python.python_pyx(lib), "#", lib.source)
+        out[STUBS / "bindings" / f"{name}.pyi"] = seal(emit_stubs.stub(lib), "#", lib.source)
+    out[SRC / "bindings" / "_common.pxd"] = seal(emit_shared.common_pxd(), "#", emit_shared.SOURCE)
+    out[SRC / "bindings" / "_common.pyx"] = seal(emit_shared.common_pyx(), "#", emit_shared.SOURCE)
+    every = [libs[name] for name in LIBRARIES if name in libs]
+    agg = "bindings/ir/*.json (every library as pinned)"
+    out[SRC / "_status.py"] = seal(emit_status.status_py(every), "#", agg)
+    out[SRC / "bindings" / "_coverage.py"] = seal(emit_status.coverage_py(every), "#", agg)
+    for name, (body, origin) in emit_core.headers(libs).items():
+        out[SRC / "_core" / "abi" / name] = seal(body, "//", origin)
     return out
 
 

@@ -1,9 +1,10 @@
 """The spec (what headers don't say) and the merge of spec and parsed headers into the IR.
 
 The IR is a plain JSON document. Everything an emitter needs is in it: the C
-declarations as parsed, and per function the Python name, each parameter's role,
-whether the GIL is released, the success statuses, and the version that first
-exported it. Emitters never read the spec or the headers.
+declarations as parsed, and per function the Python name, each parameter's role
+(roles.py: the names and attributes a spec may give), whether the GIL is released,
+the success statuses, and the version that first exported it. Emitters never read the
+spec or the headers; they read the IR as typed objects (ir_types.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import roles
+from ir_types import CType, Library, Pointer, StructType, ctype, is_char_ptr, is_void
 from since import since_table
 
 if sys.version_info >= (3, 11):
@@ -23,21 +26,6 @@ else:  # pragma: no cover
 
 ROOT = Path(__file__).resolve().parent
 IR_FORMAT = 1
-
-# Parameter roles. The default is derived from the C type; the spec overrides it.
-ROLES = {
-    "in",             # a value, handle, address, string or struct from Python
-    "out",            # pointer to one value the call writes; returned
-    "in_array",       # pointer to `length` elements given as a Python sequence
-    "out_array",      # pointer to `length` elements the call writes; returned as a list
-    "out_bytes",      # buffer of `capacity` bytes, filled length in `length_out`; returns bytes
-    "out_str_array",  # const char*** with its count in `length_out`; returns list[str]
-    "out_discard",    # an output the Python API does not return (e.g. a string's length)
-    "length",         # an array length derived from the Python sequence
-    "inout",          # pointer to a struct the caller passes and the call updates in place
-    "out_str_buffer", # char buffer of `capacity_constant` bytes the call fills; returns str
-}
-
 
 def camel_to_snake(name: str) -> str:
     s = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
@@ -121,7 +109,7 @@ class Spec:
     python_prefixes: dict[str, str]
     family_types: dict[str, str]
     inline: dict[str, dict[str, Any]]
-    inline_support: str
+    support: str  # the hand-written support file the module includes (relative to bindings/), or ""
     scalar_pointers: str
     device_only_patterns: list[str]
     foreign_enums: list[str]
@@ -161,7 +149,7 @@ class Spec:
             python_prefixes=lib.get("python_prefixes", {f"{lib['prefixes'][0]}": ""}),
             family_types=d.get("families", {}).get("types", {}),
             inline=d.get("inline", {}),
-            inline_support=d.get("inline_support", {}).get("code", ""),
+            support=f"support/{lib['name']}.pxi" if (ROOT / "support" / f"{lib['name']}.pxi").is_file() else "",
             scalar_pointers=lib.get("scalar_pointers", "out"),
             device_only_patterns=lib.get("device_only_patterns", []),
             foreign_enums=lib.get("foreign_enums", []),
@@ -176,24 +164,20 @@ class Spec:
         raise ValueError(f"{c_name} has none of the prefixes {list(self.python_prefixes)}")
 
 
-def is_char_ptr(t: dict[str, Any]) -> bool:
-    return t["kind"] == "pointer" and t["pointee"]["kind"] == "builtin" and t["pointee"]["name"] == "char"
-
-
-def default_role(t: dict[str, Any], scalar_pointers: str = "out") -> str:
+def default_role(t: CType, scalar_pointers: str = "out") -> str:
     """A pointer parameter is an output unless the spec says otherwise.
 
     scalar_pointers="address": a library (NVSHMEM) whose non-const pointers to
     scalars are buffers (dest, sig_addr), its outputs listed in the spec.
     """
-    if t["kind"] != "pointer":
+    if not isinstance(t, Pointer):
         return "in"
-    p = t["pointee"]
-    if p.get("const"):
+    p = t.pointee
+    if p.const:
         return "in"
-    if p["kind"] == "builtin" and p["name"] == "void":
+    if is_void(p):
         return "in"  # a device or host address
-    if scalar_pointers == "address" and p["kind"] != "struct":
+    if scalar_pointers == "address" and not isinstance(p, StructType):
         return "in"
     return "out"
 
@@ -201,69 +185,13 @@ def default_role(t: dict[str, Any], scalar_pointers: str = "out") -> str:
 def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[str, str],
              exports: set[str]) -> dict[str, Any]:
     """Merge the parsed headers and the spec into the IR."""
-    prefix = spec.prefixes[0]
     struct_names = {s["name"] for s in parsed["structs"]}
     _void_unknown_pointees(parsed, struct_names)
-    functions = []
     known = {f["name"] for f in parsed["functions"]}
     for name in list(spec.functions) + list(spec.excluded) + list(spec.gil_keep) + list(spec.inline):
         if name not in known and name not in spec.excluded:
             raise ValueError(f"spec names {name}, which the pinned headers do not declare")
-    for f in parsed["functions"]:
-        name = f["name"]
-        fs = spec.functions.get(name, {})
-        entry: dict[str, Any] = dict(f)
-        reason = spec.excluded.get(name)
-        if reason is None and f.get("device_only"):
-            reason = "device-only (__device__): not callable from the host"
-        if reason is None and any(re.search(p, name) for p in spec.device_only_patterns) and name not in exports:
-            reason = "device-only (thread-group variant): not callable from the host"
-        if reason is None and name not in spec.inline and (f["inline"] or name not in exports):
-            reason = f"not exported by {Path(spec.binary).name} (header-inline or device-only)"
-        if reason is not None:
-            entry["excluded"] = reason
-            functions.append(entry)
-            continue
-        # A reproduced static inline function needs what its body calls.
-        since_of = spec.inline[name]["uses"] if name in spec.inline else name
-        if since_of not in spec.since:
-            raise ValueError(f"spec has no 'since' version for {since_of}")
-        entry["since"] = spec.since[since_of]
-        entry["python"] = fs.get("python", spec.python_name(name))
-        entry["gil"] = "keep" if name in spec.gil_keep else "release"
-        entry["success"] = _success(spec, f)
-        if name in spec.status.get("null_error", {}):
-            entry["null_error"] = [camel_to_snake(n) for n in spec.status["null_error"][name]]
-        if name in spec.inline:
-            # static inline in the header: the spec reproduces it over exported entry points.
-            entry["inline_body"] = spec.inline[name]
-        pspec = fs.get("params", {})
-        for pname in pspec:
-            if pname not in {p["name"] for p in f["params"]}:
-                raise ValueError(f"spec for {name} names unknown parameter {pname}")
-        params = []
-        for p in f["params"]:
-            ps = dict(pspec.get(p["name"], {}))
-            role = ps.pop("role", default_role(p["type"], spec.scalar_pointers))
-            if role not in ROLES:
-                raise ValueError(f"{name}.{p['name']}: unknown role {role}")
-            t = p["type"]
-            if role in ("in", "inout") and t["kind"] == "pointer" and not is_char_ptr(t) and not ps.get("address"):
-                pointee = t["pointee"]
-                if pointee["kind"] == "struct" and pointee["name"] in struct_names:
-                    ps.setdefault("struct", pointee["name"])
-            if spec.scalar_pointers == "address" and role == "in" and is_char_ptr(t):
-                ps.setdefault("address", True)  # a char buffer (nvshmem_char_put), not a string
-            params.append({**p, "role": role, "python": camel_to_snake(p["name"]), **ps})
-        # Lengths of input arrays come from the Python sequence.
-        for p in params:
-            if p["role"] == "in_array" and not p.get("explicit_length"):
-                for q in params:
-                    if q["name"] == p["length"]:
-                        q["role"] = "length"
-                        q["length_of"] = p["name"]
-        entry["params"] = params
-        functions.append(entry)
+    functions = [_function(spec, f, exports, struct_names) for f in parsed["functions"]]
     pynames: dict[str, str] = {}
     for f in functions:
         if "python" in f:
@@ -271,62 +199,152 @@ def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[
                 raise ValueError(f"{f['name']} and {pynames[f['python']]} both map to {f['python']}")
             pynames[f["python"]] = f["name"]
     families = _families(spec, functions, pynames)
-
-    enums = []
-    for e in parsed["enums"]:
-        es = spec.enums.get(e["name"], {})
-        names = [v[0] for v in e["values"]]
-        py = es.get("members") or enum_member_names(names, spec.name)
-        if es.get("strip"):
-            py = [m[len(es["strip"]):] if m.startswith(es["strip"]) else m for m in py]
-        if len(set(py)) != len(py):
-            # Shortened names collide (e.g. an enum listing both RDXN_OP_AND and
-            # NVSHMEMI_AND): keep the C names.
-            py = names
-        if len(set(py)) != len(py):
-            raise ValueError(f"enum {e['name']}: Python member names collide: {py}")
-        enums.append({**e, "python": es.get("python", enum_class_name(e["name"], spec.prefixes)),
-                      "members": [[c, p, v] for (c, v), p in zip(e["values"], py, strict=True)]})
-    structs = []
-    for s in parsed["structs"]:
-        if not spec.structs.get(s["name"], {}).get("python") and \
-                not enum_class_name(s["name"], spec.prefixes)[:1].isalpha():
-            raise ValueError(f"struct {s['name']} needs a Python name in the spec")
-        ss = spec.structs.get(s["name"], {})
-        entry = {**s, "python": ss.get("python", enum_class_name(s["name"], spec.prefixes))}
-        if ss.get("kind"):
-            entry["kind"] = ss["kind"]
-        if ss.get("expose"):
-            entry["expose"] = True  # emitted even though no function signature names it
-        if ss.get("opaque"):
-            entry.pop("fields", None)
-            entry["opaque"] = ss["opaque"]
-        structs.append(entry)
-    status_enum = spec.status["type"]
-    return {
+    _check_support(spec, [f["python"] for f in functions if "inline_body" in f])
+    ir = {
         "format": IR_FORMAT,
         "library": spec.name,
         "pretty": spec.pretty,
-        "prefix": prefix,
+        "prefix": spec.prefixes[0],
         "wheel": spec.wheel,
         "version": version,
         "headers": header_sha,
-        "status": {**spec.status, "enum": status_enum},
+        "status": {**spec.status, "enum": spec.status["type"]},
         "version_function": spec.version,
         "handles": spec.handles,
         "handle_tags": parsed["handle_tags"],
         "foreign_handles": spec.foreign_handles,
         "aliases": parsed["aliases"],
-        "enums": enums,
-        "structs": structs,
+        "enums": [_enum(spec, e) for e in parsed["enums"]],
+        "structs": [_struct(spec, s) for s in parsed["structs"]],
         "constants": parsed["constants"],
         "functions": functions,
         "families": families,
-        "inline_support": spec.inline_support,
+        "support": spec.support,
         "typed_attributes": spec.typed_attributes,
         "prefixes": list(spec.prefixes),
         "family_types": spec.family_types,
     }
+    _check_roles(ir)
+    return ir
+
+
+def _exclusion(spec: Spec, f: dict[str, Any], exports: set[str]) -> str | None:
+    """Why a declared function is not bound, or None."""
+    name = f["name"]
+    reason = spec.excluded.get(name)
+    if reason is None and f.get("device_only"):
+        reason = "device-only (__device__): not callable from the host"
+    if reason is None and any(re.search(p, name) for p in spec.device_only_patterns) and name not in exports:
+        reason = "device-only (thread-group variant): not callable from the host"
+    if reason is None and name not in spec.inline and (f["inline"] or name not in exports):
+        reason = f"not exported by {Path(spec.binary).name} (header-inline or device-only)"
+    return reason
+
+
+def _function(spec: Spec, f: dict[str, Any], exports: set[str], struct_names: set[str]) -> dict[str, Any]:
+    """The IR entry of one declared function: why it is excluded, or how Python calls it."""
+    name = f["name"]
+    fs = spec.functions.get(name, {})
+    entry: dict[str, Any] = dict(f)
+    reason = _exclusion(spec, f, exports)
+    if reason is not None:
+        entry["excluded"] = reason
+        return entry
+    # A reproduced static inline function needs what its body calls.
+    since_of = spec.inline[name]["uses"] if name in spec.inline else name
+    if since_of not in spec.since:
+        raise ValueError(f"spec has no 'since' version for {since_of}")
+    entry["since"] = spec.since[since_of]
+    entry["python"] = fs.get("python", spec.python_name(name))
+    entry["gil"] = "keep" if name in spec.gil_keep else "release"
+    entry["success"] = _success(spec, f)
+    if name in spec.status.get("null_error", {}):
+        entry["null_error"] = [camel_to_snake(n) for n in spec.status["null_error"][name]]
+    if name in spec.inline:
+        # static inline in the header: the support file defines it over exported entry points.
+        entry["inline_body"] = spec.inline[name]
+    entry["params"] = _params(spec, f, fs.get("params", {}), struct_names)
+    return entry
+
+
+def _params(spec: Spec, f: dict[str, Any], pspec: dict[str, Any], struct_names: set[str]) -> list[dict[str, Any]]:
+    """Each parameter with its role (the spec's, or the default for its C type) and attributes."""
+    for pname in pspec:
+        if pname not in {p["name"] for p in f["params"]}:
+            raise ValueError(f"spec for {f['name']} names unknown parameter {pname}")
+    params = []
+    for p in f["params"]:
+        ps = dict(pspec.get(p["name"], {}))
+        t = ctype(p["type"])
+        role = ps.pop("role", default_role(t, spec.scalar_pointers))
+        roles.check(role, ps, f"{f['name']}.{p['name']}")
+        if role in ("in", "inout") and isinstance(t, Pointer) and not is_char_ptr(t) and not ps.get("address"):
+            pointee = t.pointee
+            if isinstance(pointee, StructType) and pointee.name in struct_names:
+                ps.setdefault("struct", pointee.name)
+        if spec.scalar_pointers == "address" and role == "in" and is_char_ptr(t):
+            ps.setdefault("address", True)  # a char buffer (nvshmem_char_put), not a string
+        params.append({**p, "role": role, "python": camel_to_snake(p["name"]), **ps})
+    # Lengths of input arrays come from the Python sequence.
+    for p in params:
+        if p["role"] == "in_array" and not p.get("explicit_length"):
+            for q in params:
+                if q["name"] == p["length"]:
+                    q["role"] = "length"
+                    q["length_of"] = p["name"]
+    return params
+
+
+def _enum(spec: Spec, e: dict[str, Any]) -> dict[str, Any]:
+    es = spec.enums.get(e["name"], {})
+    names = [v[0] for v in e["values"]]
+    py = es.get("members") or enum_member_names(names, spec.name)
+    if es.get("strip"):
+        py = [m[len(es["strip"]):] if m.startswith(es["strip"]) else m for m in py]
+    if len(set(py)) != len(py):
+        # Shortened names collide (e.g. an enum listing both RDXN_OP_AND and
+        # NVSHMEMI_AND): keep the C names.
+        py = names
+    if len(set(py)) != len(py):
+        raise ValueError(f"enum {e['name']}: Python member names collide: {py}")
+    return {**e, "python": es.get("python", enum_class_name(e["name"], spec.prefixes)),
+            "members": [[c, p, v] for (c, v), p in zip(e["values"], py, strict=True)]}
+
+
+def _struct(spec: Spec, s: dict[str, Any]) -> dict[str, Any]:
+    if not spec.structs.get(s["name"], {}).get("python") and \
+            not enum_class_name(s["name"], spec.prefixes)[:1].isalpha():
+        raise ValueError(f"struct {s['name']} needs a Python name in the spec")
+    ss = spec.structs.get(s["name"], {})
+    entry = {**s, "python": ss.get("python", enum_class_name(s["name"], spec.prefixes))}
+    if ss.get("kind"):
+        entry["kind"] = ss["kind"]
+    if ss.get("expose"):
+        entry["expose"] = True  # emitted even though no function signature names it
+    if ss.get("opaque"):
+        entry.pop("fields", None)
+        entry["opaque"] = ss["opaque"]
+    return entry
+
+
+def _check_support(spec: Spec, inline: list[str]) -> None:
+    """The support file defines every static inline function the spec reproduces."""
+    if not inline:
+        return
+    if not spec.support:
+        raise ValueError(f"{spec.name}: {inline} are defined in bindings/support/{spec.name}.pxi, which is missing")
+    text = (ROOT / spec.support).read_text()
+    missing = [py for py in inline if not re.search(rf"^def {py}\(", text, re.M)]
+    if missing:
+        raise ValueError(f"bindings/{spec.support} does not define {missing}")
+
+
+def _check_roles(ir: dict[str, Any]) -> None:
+    """The IR loads as typed objects, and a role class renders every bound parameter."""
+    lib = Library.from_json(ir)
+    for f in lib.bound:
+        for p in f.params:
+            roles.bind(lib, f, p)
 
 
 def _uses_in_progress(spec: Spec, f: dict[str, Any]) -> bool:

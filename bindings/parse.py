@@ -239,29 +239,13 @@ class HeaderParser:
         functions: list[dict[str, Any]] = []
         enums: dict[str, dict[str, Any]] = {}
         records: dict[str, ci.Cursor] = {}
-        typedefs: dict[str, ci.Cursor] = {}
         macros: list[tuple[str, str]] = []
         seen_fn: set[str] = set()
-
-        top = list(tu.cursor.get_children())
         # extern "C" blocks (LINKAGE_SPEC) hold most C declarations in C++ mode.
-        flat: list[ci.Cursor] = []
-        for c in top:
-            if c.kind == K.LINKAGE_SPEC:
-                flat.extend(c.get_children())
-            else:
-                flat.append(c)
-        foreign_enums = set(getattr(self.spec, "foreign_enums", []))
-        for c in flat:
-            if c.kind == K.TYPEDEF_DECL and (self._own(c) or c.spelling in foreign_enums):
-                under = c.underlying_typedef_type
-                if under.kind == T.ELABORATED:
-                    under = under.get_named_type()
-                if under.kind in (T.RECORD, T.ENUM):
-                    d = under.get_declaration()
-                    self.typedef_of_record.setdefault(d.hash, c.spelling)
-                typedefs[c.spelling] = c
-
+        flat = [k for c in tu.cursor.get_children()
+                for k in (c.get_children() if c.kind == K.LINKAGE_SPEC else [c])]
+        foreign_enums = set(self.spec.foreign_enums)
+        typedefs = self._typedefs(flat, foreign_enums)
         for c in flat:
             header = self._own(c)
             if header is None:
@@ -299,22 +283,38 @@ class HeaderParser:
             key = self._tag_name(canon.get_declaration()) if canon is not None else sname
             if key in structs and init in initializers:
                 structs[key]["initializer"] = {"macro": init, "image": initializers[init]}
-
-        aliases = {}
-        for name, c in sorted(typedefs.items()):
-            under = c.underlying_typedef_type
-            t = self.type_of(under)
-            if t["kind"] in ("builtin", "alias", "pointer"):
-                aliases[name] = t
         return {
             "functions": functions,
             "enums": [enums[k] for k in sorted(enums)],
             "structs": list(structs.values()),
-            "aliases": aliases,
+            "aliases": self._aliases(typedefs),
             "handles": sorted(self.spec.handles),
             "handle_tags": dict(sorted(self.handle_tags.items())),
             "constants": constants,
         }
+
+    def _typedefs(self, flat: list[ci.Cursor], foreign_enums: set[str]) -> dict[str, ci.Cursor]:
+        """The typedefs of our headers (and of the foreign enums), noting which name each record has."""
+        typedefs = {}
+        for c in flat:
+            if c.kind == K.TYPEDEF_DECL and (self._own(c) or c.spelling in foreign_enums):
+                under = c.underlying_typedef_type
+                if under.kind == T.ELABORATED:
+                    under = under.get_named_type()
+                if under.kind in (T.RECORD, T.ENUM):
+                    d = under.get_declaration()
+                    self.typedef_of_record.setdefault(d.hash, c.spelling)
+                typedefs[c.spelling] = c
+        return typedefs
+
+    def _aliases(self, typedefs: dict[str, ci.Cursor]) -> dict[str, dict[str, Any]]:
+        """Typedefs of builtins and pointers (those of enums, structs and handles are resolved)."""
+        aliases = {}
+        for name, c in sorted(typedefs.items()):
+            t = self.type_of(c.underlying_typedef_type)
+            if t["kind"] in ("builtin", "alias", "pointer"):
+                aliases[name] = t
+        return aliases
 
     def _function(self, c: ci.Cursor, header: str) -> dict[str, Any]:
         params = []

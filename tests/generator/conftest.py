@@ -1,8 +1,10 @@
-"""The generator's own modules (they live in bindings/, not in the installed package)."""
+"""Fixtures of the generator's tests: its modules (they live in bindings/, not in the package)
+and a scratch copy of the tree it writes."""
 
 from __future__ import annotations
 
 import importlib
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -10,14 +12,31 @@ from types import ModuleType
 
 import pytest
 
-BINDINGS = Path(__file__).resolve().parents[2] / "bindings"
+REPO = Path(__file__).resolve().parents[2]
+BINDINGS = REPO / "bindings"
 
 
 @pytest.fixture(scope="session")
 def generator() -> Callable[[str], ModuleType]:
-    """Imports one of bindings/*.py by name; skips where the generator is not in the checkout."""
+    """Imports one of the generator's modules by name (generate, roles, emit_python, ...)."""
     if not (BINDINGS / "generate.py").is_file():
         pytest.skip("the generator is not in this checkout")
     if str(BINDINGS) not in sys.path:
         sys.path.insert(0, str(BINDINGS))
     return importlib.import_module
+
+
+@pytest.fixture(scope="module")
+def generate(generator: Callable[[str], ModuleType]) -> ModuleType:
+    return generator("generate")
+
+
+@pytest.fixture()
+def tree_copy(tmp_path: Path, generator: Callable[[str], ModuleType]) -> Path:
+    """The generator and every generated file, copied so that it can run on an edited copy."""
+    root = tmp_path / "repo"
+    shutil.copytree(BINDINGS, root / "bindings", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "src" / "mpbind", root / "src" / "mpbind",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.c", "*.cpp"))
+    shutil.copytree(REPO / "stubs", root / "stubs")
+    return root

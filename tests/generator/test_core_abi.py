@@ -12,18 +12,16 @@ from __future__ import annotations
 import copy
 import ctypes
 import importlib
-import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-BINDINGS = REPO / "bindings"
-ABI = REPO / "src" / "mpbind" / "_core" / "abi"
+ABI = Path(__file__).resolve().parents[2] / "src" / "mpbind" / "_core" / "abi"
 LIBRARIES = ["nccl", "nvshmem", "cublasmp", "cufftmp"]
 
 _capsule_name = ctypes.pythonapi.PyCapsule_GetName
@@ -31,22 +29,9 @@ _capsule_name.restype = ctypes.c_char_p
 _capsule_name.argtypes = [ctypes.py_object]
 
 
-def _generator(name: str) -> ModuleType:
-    if not (BINDINGS / "emit_core.py").is_file():
-        pytest.skip("the generator is not in this checkout")
-    if str(BINDINGS) not in sys.path:
-        sys.path.insert(0, str(BINDINGS))
-    return importlib.import_module(name)
-
-
 @pytest.fixture(scope="module")
-def generate() -> ModuleType:
-    return _generator("generate")
-
-
-@pytest.fixture(scope="module")
-def emit_core() -> ModuleType:
-    return _generator("emit_core")
+def emit_core(generator: Callable[[str], ModuleType]) -> ModuleType:
+    return generator("emit_core")
 
 
 def _capsules(module: str) -> dict[str, str]:
@@ -59,7 +44,7 @@ def test_every_bound_signature_is_spelled_as_cython_records_it(
         lib: str, generate: ModuleType, emit_core: ModuleType) -> None:
     """Not only the core's functions: every C entry point, so that any the core adds is right."""
     capsules = _capsules(f"mpbind.bindings.cy{lib}")
-    entries = emit_core.library_entries(generate.load_ir(lib))
+    entries = emit_core.library_entries(generate.load_library(lib))
     assert {e.name for e in entries} == set(capsules)
     wrong = {e.name: (emit_core.capsule_signature(e), capsules[e.name]) for e in entries
              if emit_core.capsule_signature(e) != capsules[e.name]}
@@ -99,10 +84,8 @@ def test_a_changed_signature_changes_the_rendered_header(generate: ModuleType) -
     assert "capi::Fn<ncclResult_t (const ncclComm_t, long *), capi::Status, capi::KeepGil> ncclCommCount" in stale
 
 
-def test_check_reports_the_header_stale_after_a_signature_change(tmp_path: Path, generate: ModuleType) -> None:
-    root = tmp_path / "repo"
-    shutil.copytree(BINDINGS, root / "bindings", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ABI, root / "src" / "mpbind" / "_core" / "abi")
+def test_check_reports_the_header_stale_after_a_signature_change(tree_copy: Path, generate: ModuleType) -> None:
+    root = tree_copy
     ir_file = root / "bindings" / "ir" / "nccl.json"
     ir_file.write_text(generate.dump_ir(_with_count_as_long(generate.load_ir("nccl"))))
     proc = subprocess.run([sys.executable, str(root / "bindings" / "generate.py"), "--check", "--lib", "nccl"],
@@ -114,4 +97,4 @@ def test_check_reports_the_header_stale_after_a_signature_change(tmp_path: Path,
 
 def test_a_function_the_library_does_not_bind_is_refused(generate: ModuleType, emit_core: ModuleType) -> None:
     with pytest.raises(KeyError, match="ncclNoSuchCall"):
-        emit_core.library_entries(generate.load_ir("nccl"), ["ncclCommCount", "ncclNoSuchCall"])
+        emit_core.library_entries(generate.load_library("nccl"), ["ncclCommCount", "ncclNoSuchCall"])

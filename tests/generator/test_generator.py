@@ -6,11 +6,11 @@ import gc
 import json
 import os
 import pickle
-import shutil
+import re
 import subprocess
 import sys
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -22,6 +22,7 @@ from mpbind.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
 BINDINGS = REPO / "bindings"
+Generator = Callable[[str], ModuleType]
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE_GOLDEN = os.environ.get("MPBIND_UPDATE_GOLDEN") == "1"
 
@@ -38,20 +39,6 @@ GOLDEN_FUNCTIONS = [
 STUB_MARKER = "# --- stub ---"
 
 
-def _generator_module(name: str) -> ModuleType:
-    """Import one of the generator's modules (they live in bindings/, not in the package)."""
-    if not (BINDINGS / "generate.py").is_file():
-        pytest.skip("the generator is not in this checkout")
-    if str(BINDINGS) not in sys.path:
-        sys.path.insert(0, str(BINDINGS))
-    return __import__(name)
-
-
-@pytest.fixture(scope="module")
-def generate() -> ModuleType:
-    return _generator_module("generate")
-
-
 @pytest.fixture(scope="module")
 def ir(generate: ModuleType) -> dict[str, Any]:
     data: dict[str, Any] = generate.load_ir("nccl")
@@ -64,9 +51,7 @@ def _functions(ir: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 # -- --check and the frozen IR ---------------------------------------------------------
 
-def test_check_passes_on_the_checkout() -> None:
-    if not (BINDINGS / "generate.py").is_file():
-        pytest.skip("the generator is not in this checkout")
+def test_check_passes_on_the_checkout(generate: ModuleType) -> None:
     proc = subprocess.run([sys.executable, str(BINDINGS / "generate.py"), "--check"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -86,16 +71,16 @@ def _generated_files(generate: ModuleType) -> list[Path]:
     return paths
 
 
-def test_every_generated_file_carries_a_valid_seal(generate: ModuleType) -> None:
-    emit_common = _generator_module("emit_common")
+def test_every_generated_file_carries_a_valid_seal(generate: ModuleType, generator: Generator) -> None:
+    emit_common = generator("emit_common")
     for path in _generated_files(generate):
         digest, body = emit_common.unseal(path.read_text())
         assert digest is not None, f"{path.relative_to(REPO)} has no seal"
         assert digest == emit_common.body_digest(body), path.relative_to(REPO)
 
 
-def test_seal_detects_a_one_character_edit(generate: ModuleType) -> None:
-    emit_common = _generator_module("emit_common")
+def test_seal_detects_a_one_character_edit(generator: Generator) -> None:
+    emit_common = generator("emit_common")
     text = (REPO / "stubs" / "mpbind" / "bindings" / "nccl.pyi").read_text()
     digest, body = emit_common.unseal(text)
     assert digest is not None and digest == emit_common.body_digest(body)
@@ -108,26 +93,9 @@ def test_seal_detects_a_one_character_edit(generate: ModuleType) -> None:
     assert digest2 != emit_common.body_digest(body2)
 
 
-def _copy_tree(tmp: Path) -> Path:
-    """The generator and every generated file, copied so that --check can run on an edited copy."""
-    root = tmp / "repo"
-    shutil.copytree(BINDINGS, root / "bindings", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(REPO / "src" / "mpbind", root / "src" / "mpbind",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.c", "*.cpp"))
-    shutil.copytree(REPO / "stubs", root / "stubs")
-    return root
-
-
 def _check(root: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(root / "bindings" / "generate.py"), "--check"], cwd=root,
                           capture_output=True, text=True, timeout=120)
-
-
-@pytest.fixture()
-def tree_copy(tmp_path: Path) -> Iterator[Path]:
-    if not (BINDINGS / "generate.py").is_file():
-        pytest.skip("the generator is not in this checkout")
-    yield _copy_tree(tmp_path)
 
 
 def test_check_fails_on_a_hand_edited_file(tree_copy: Path) -> None:
@@ -140,8 +108,8 @@ def test_check_fails_on_a_hand_edited_file(tree_copy: Path) -> None:
     assert "stubs/mpbind/bindings/nccl.pyi: edited by hand" in proc.stdout
 
 
-def test_check_fails_on_a_stale_resealed_file(tree_copy: Path) -> None:
-    emit_common = _generator_module("emit_common")
+def test_check_fails_on_a_stale_resealed_file(tree_copy: Path, generator: Generator) -> None:
+    emit_common = generator("emit_common")
     path = tree_copy / "src" / "mpbind" / "bindings" / "cynccl.pxd"
     text = path.read_text()
     digest, body = emit_common.unseal(text)
@@ -156,26 +124,24 @@ def test_check_fails_on_a_stale_resealed_file(tree_copy: Path) -> None:
 
 # -- golden renderings ------------------------------------------------------------------
 
-def _render(ir: dict[str, Any], name: str) -> str:
-    emit_common = _generator_module("emit_common")
-    emit_python = _generator_module("emit_python")
-    emit_stubs = _generator_module("emit_stubs")
-    ix = emit_common.Index(ir)
-    f = _functions(ir)[name]
+def _render(generator: Generator, name: str) -> str:
+    generate, emit_python, emit_stubs = (generator(m) for m in ("generate", "emit_python", "emit_stubs"))
+    lib = generate.load_library("nccl")
+    python = lib.function(name).python
     # The function as it appears in the rendered module: from its `def` line to the next
     # top-level statement.
-    module = emit_python.python_pyx(ix).splitlines()
-    start = module.index(next(line for line in module if line.startswith(f"def {f['python']}(")))
+    module = emit_python.python_pyx(lib).splitlines()
+    start = module.index(next(line for line in module if line.startswith(f"def {python}(")))
     end = next((i for i in range(start + 1, len(module)) if module[i][:1] not in ("", " ")), len(module))
     pyx = "\n".join(module[start:end]).rstrip() + "\n"
-    stub_lines = [line for line in emit_stubs.stub(ix).splitlines() if line.startswith(f"def {f['python']}(")]
+    stub_lines = [line for line in emit_stubs.stub(lib).splitlines() if line.startswith(f"def {python}(")]
     assert len(stub_lines) == 1, stub_lines
     return f"{pyx}{STUB_MARKER}\n{stub_lines[0]}\n"
 
 
 @pytest.mark.parametrize("name", GOLDEN_FUNCTIONS)
-def test_golden_rendering(ir: dict[str, Any], name: str) -> None:
-    got = _render(ir, name)
+def test_golden_rendering(generator: Generator, name: str) -> None:
+    got = _render(generator, name)
     path = GOLDEN / f"{name}.txt"
     if UPDATE_GOLDEN:
         path.write_text(got)
@@ -268,8 +234,8 @@ def test_every_bound_function_has_a_since_version(ir: dict[str, Any]) -> None:
     assert missing == []
 
 
-def test_every_excluded_function_has_a_reason(ir: dict[str, Any]) -> None:
-    model = _generator_module("model")
+def test_every_excluded_function_has_a_reason(ir: dict[str, Any], generator: Generator) -> None:
+    model = generator("model")
     spec = model.Spec.load("nccl")
     assert all(reason.strip() for reason in spec.excluded.values()), spec.excluded
     excluded = [f for f in ir["functions"] if "excluded" in f]
@@ -277,8 +243,8 @@ def test_every_excluded_function_has_a_reason(ir: dict[str, Any]) -> None:
     assert [f["name"] for f in excluded if not str(f["excluded"]).strip()] == []
 
 
-def test_gil_keep_names_bound_functions(ir: dict[str, Any]) -> None:
-    model = _generator_module("model")
+def test_gil_keep_names_bound_functions(ir: dict[str, Any], generator: Generator) -> None:
+    model = generator("model")
     spec = model.Spec.load("nccl")
     functions = _functions(ir)
     assert sorted(spec.gil_keep - functions.keys()) == []
@@ -286,3 +252,17 @@ def test_gil_keep_names_bound_functions(ir: dict[str, Any]) -> None:
     assert sorted(n for n in spec.gil_keep if functions[n]["gil"] != "keep") == []
     released = [f["name"] for f in functions.values() if "excluded" not in f and f["name"] not in spec.gil_keep]
     assert released and all(functions[n]["gil"] == "release" for n in released)
+
+
+# -- helpers shared by every library ----------------------------------------------------
+
+def test_shared_helpers_are_defined_once(generate: ModuleType, generator: Generator) -> None:
+    helpers = generator("emit_shared").HELPERS
+    bindings = REPO / "src" / "mpbind" / "bindings"
+    common = (bindings / "_common.pyx").read_text()
+    for name in helpers:
+        assert re.search(rf"^cdef [^(]*\b{name}\(", common, re.M), f"_common.pyx does not define {name}"
+    for lib in generate.LIBRARIES:
+        for path in (bindings / f"{lib}.pyx", bindings / "_internal" / f"{lib}.pyx"):
+            defined = [n for n in helpers if re.search(rf"^cdef [^(]*\b_?{n}\(", path.read_text(), re.M)]
+            assert defined == [], f"{path.relative_to(REPO)} defines {defined} instead of cimporting them"

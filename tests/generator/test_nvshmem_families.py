@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-BINDINGS = REPO / "bindings"
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE_GOLDEN = os.environ.get("MPBIND_UPDATE_GOLDEN") == "1"
 STUB_MARKER = "# --- stub ---"
@@ -21,38 +20,26 @@ STUB_MARKER = "# --- stub ---"
 FAMILIES = ["put", "p", "sum_reduce_on_stream"]
 
 
-def _generator_module(name: str) -> ModuleType:
-    """Import one of the generator's modules (they live in bindings/, not in the package)."""
-    if not (BINDINGS / "generate.py").is_file():
-        pytest.skip("the generator is not in this checkout")
-    if str(BINDINGS) not in sys.path:
-        sys.path.insert(0, str(BINDINGS))
-    return __import__(name)
-
-
 @pytest.fixture(scope="module")
-def index() -> Any:
-    generate = _generator_module("generate")
-    emit_common = _generator_module("emit_common")
-    return emit_common.Index(generate.load_ir("nvshmem"))
+def library(generate: ModuleType) -> Any:
+    return generate.load_library("nvshmem")
 
 
-def _render(ix: Any, op: str) -> str:
-    emit_python = _generator_module("emit_python")
-    emit_stubs = _generator_module("emit_stubs")
-    lines: list[str] = emit_python._families(ix)
+def _render(generator: Callable[[str], ModuleType], lib: Any, op: str) -> str:
+    emit_python, emit_stubs = generator("emit_python"), generator("emit_stubs")
+    lines: list[str] = emit_python._families(lib)
     table = next(i for i, line in enumerate(lines) if line.startswith(f"_FAMILY_{op} = "))
     start = next(i for i, line in enumerate(lines) if line.startswith(f"def {op}("))
     end = next((i for i in range(start + 1, len(lines)) if lines[i][:1] not in ("", " ")), len(lines))
     body = "\n".join([lines[table], *lines[start:end]]).rstrip() + "\n"
-    stub_lines = [line for line in emit_stubs.stub(ix).splitlines() if line.startswith(f"def {op}(")]
+    stub_lines = [line for line in emit_stubs.stub(lib).splitlines() if line.startswith(f"def {op}(")]
     assert len(stub_lines) == 1, stub_lines
     return f"{body}{STUB_MARKER}\n{stub_lines[0]}\n"
 
 
 @pytest.mark.parametrize("op", FAMILIES)
-def test_golden_family_rendering(index: Any, op: str) -> None:
-    got = _render(index, op)
+def test_golden_family_rendering(generator: Callable[[str], ModuleType], library: Any, op: str) -> None:
+    got = _render(generator, library, op)
     path = GOLDEN / f"family_{op}.txt"
     if UPDATE_GOLDEN:
         path.write_text(got)
@@ -61,10 +48,11 @@ def test_golden_family_rendering(index: Any, op: str) -> None:
 
 
 @pytest.mark.parametrize("op", FAMILIES)
-def test_rendering_is_what_the_module_was_built_from(index: Any, op: str) -> None:
+def test_rendering_is_what_the_module_was_built_from(generator: Callable[[str], ModuleType], library: Any,
+                                                     op: str) -> None:
     pyx = (REPO / "src" / "mpbind" / "bindings" / "nvshmem.pyx").read_text()
     pyi = (REPO / "stubs" / "mpbind" / "bindings" / "nvshmem.pyi").read_text()
-    body, stub = _render(index, op).split(f"{STUB_MARKER}\n")
+    body, stub = _render(generator, library, op).split(f"{STUB_MARKER}\n")
     table, _, function = body.partition("\n")
     assert f"\n{table}\n" in pyx
     assert f"\n{function}" in pyx

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -85,19 +86,26 @@ def test_no_test_hard_codes_a_pinned_version(pins: dict[str, Any]) -> None:
 
 
 def test_bump_lists_what_changed(generator: Callable[[str], ModuleType]) -> None:
-    bump = generator("bump")
+    bump, library = generator("bump"), generator("ir_types").Library
     old = json.loads((REPO / "bindings" / "ir" / "nccl.json").read_text())
     new = json.loads(json.dumps(old))
     gone = new["functions"].pop(0)
     new["functions"][0]["since"] = "9.9.9"
     new["constants"][0]["value"] += 1
-    changes = bump.ir_changes(old, new)
+    changes = bump.ir_changes(library.from_json(old), library.from_json(new))
     assert f"function {gone['name']} is gone" in changes
     assert f"since of {new['functions'][0]['name']} changed: {old['functions'][1]['since']} -> 9.9.9" in changes
     assert any(line.startswith(f"constant {old['constants'][0]['name']} changed") for line in changes)
     assert len(changes) == 3
-    added = bump.default_roles({"functions": []}, {"functions": [old["functions"][0]]}, "out")
-    assert added and added[0].startswith(old["functions"][0]["name"])
+
+
+def test_bump_lists_the_default_roles_of_new_functions(generator: Callable[[str], ModuleType]) -> None:
+    bump, generate = generator("bump"), generator("generate")
+    lib = generate.load_library("nccl")
+    # ncclMemAlloc(void** ptr, size_t size): `ptr` is an output by default, as the spec leaves it
+    alloc = lib.function("ncclMemAlloc")
+    added = bump.default_roles(replace(lib, functions=()), replace(lib, functions=(alloc,)), "out")
+    assert len(added) == 1 and added[0].startswith("ncclMemAlloc: pointer parameters with the default role: ptr (out);")
 
 
 def test_bump_finds_the_old_version_in_the_readme(generator: Callable[[str], ModuleType],
