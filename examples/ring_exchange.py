@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 from typing import Any
 
@@ -124,17 +123,12 @@ def main() -> int:
     ap.add_argument("--one-gpu", action="store_true", help="every PE on GPU 0 (several PEs share it)")
     ap.add_argument("--sizes", type=int, nargs="+", default=[8, 64 * 1024, 16 * 1024 * 1024])
     a = ap.parse_args()
-    for name, value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
-                        ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")):
-        os.environ.setdefault(name, value)
+    import _pes
     import torch
-    from mpi4py import MPI
 
     from mpbind import nvshmem
 
-    comm = MPI.COMM_WORLD
-    device = 0 if a.one_gpu else comm.Get_rank() % torch.cuda.device_count()
-    torch.cuda.set_device(device)
+    comm, device = _pes.start(a.one_gpu)
     cubin = build() if comm.Get_rank() == 0 else None  # one compile; the others read the cache
     comm.Barrier()
     cubin = cubin or build()
