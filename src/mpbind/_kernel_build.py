@@ -121,7 +121,7 @@ def _nvshmem_homes() -> list[tuple[str, Path]]:
     return found
 
 
-def _cuda_header_dir(name: str, probe: str) -> Path:
+def _cuda_header_dir(name: str, probe: str, install: str) -> Path:
     from cuda.pathfinder import locate_nvidia_header_directory
 
     try:
@@ -132,8 +132,7 @@ def _cuda_header_dir(name: str, probe: str) -> Path:
         reason = ""
     if located is None:
         raise LibraryNotFoundError(
-            f"cannot find the CUDA headers ({probe}) that NVSHMEM's device headers include{reason}; "
-            "install them with pip install 'mpbind[kernels]' or a CUDA toolkit (CUDA_HOME)")
+            f"cannot find the CUDA headers ({probe}) that NVSHMEM's device headers include{reason}; {install}")
     return Path(located.abs_path)
 
 
@@ -141,6 +140,9 @@ def _nvshmem_version(include: Path) -> str:
     text = (include / "non_abi" / "nvshmem_version.h").read_text()
     parts = [re.search(rf"#define\s+NVSHMEM_VENDOR_{p}_VERSION\s+(\d+)", text) for p in ("MAJOR", "MINOR", "PATCH")]
     return ".".join(m.group(1) if m else "?" for m in parts)
+
+
+_CUDART_INSTALL = "install a CUDA toolkit (CUDA_HOME) or pip install nvidia-cuda-runtime"
 
 
 def toolchain() -> Toolchain:
@@ -152,8 +154,9 @@ def toolchain() -> Toolchain:
     tried = []
     for via, home in _nvshmem_homes():
         if (home / "include" / "nvshmem.h").is_file() and (home / "lib" / "libnvshmem_device.a").is_file():
-            return Toolchain(home, _cuda_header_dir("cudart", "cuda_runtime.h"),
-                             _cuda_header_dir("cccl", "cuda/std/version"), _nvshmem_version(home / "include"))
+            return Toolchain(home, _cuda_header_dir("cudart", "cuda_runtime.h", _CUDART_INSTALL),
+                             _cuda_header_dir("cccl", "cuda/std/version", "pip install 'mpbind[kernels]'"),
+                             _nvshmem_version(home / "include"))
         tried.append(f"{home} (from {via})")
     raise LibraryNotFoundError(
         "cannot find NVSHMEM's device headers and libnvshmem_device.a; tried: "
