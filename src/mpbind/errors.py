@@ -189,3 +189,23 @@ def __dir__() -> list[str]:
     from mpbind import _status
 
     return sorted(set(globals()) | set(_status.__all__))
+
+
+class KernelBuildError(MpbindError):
+    """Device code failed to compile (NVRTC) or link (nvJitLink). ``stage`` is ``"compile"`` or
+    ``"link"``, ``name`` the program's name, ``arch`` its architecture and ``log`` the compiler's or
+    linker's own log, which the message ends with."""
+
+    def __init__(self, stage: str, name: str, arch: str, log: str) -> None:
+        self.stage = stage
+        self.name = name
+        self.arch = arch
+        self.log = log
+        what = "compiling" if stage == "compile" else "linking"
+        super().__init__(f"{what} {name} for {arch} failed:\n{log}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.stage, self.name, self.arch, self.log))
+
+
+_BASE_NAMES.append("KernelBuildError")
