@@ -448,6 +448,9 @@ def _types(a: str, b: str, c: str | None, d: str, c_dist: Distribution | None, s
         raise UsageError("FP8/FP4 operands need transa=True, transb=False (K contiguous in A and B: cuBLASLt's TN "
                          f"layout); got transa={transa}, transb={transb}")
     c_narrow = d in FP8 + (FP4,)
+    if c_narrow and scaling != "tensor":
+        raise UsageError(f"a {d} D with {scaling} block scaling needs D's output scales, which a plan does not take "
+                         "yet; use a wider D (bfloat16, float16, float32)")
     if c_dist is not None:
         allowed = ("bfloat16", "float16") if c_narrow else (d,)
         if c not in allowed:

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mpbind import _core, _interop, cublasmp, nccl
-from mpbind._matmul_plan import EPILOGUES, FP8, ComputeCapabilityError, MatmulPlan, block_scale_elements, plan
+from mpbind._matmul_plan import EPILOGUES, ComputeCapabilityError, MatmulPlan, block_scale_elements, plan
 from mpbind._owned import Owned
 from mpbind._typing import Array, Stream
 from mpbind.distributions import Distribution
@@ -431,6 +431,4 @@ def _descriptor(p: MatmulPlan, bias: Array | None, aux: Array | None, scales: Ma
         setattr(desc, f"{name}_scale_pointer", ptr)
         assert mode is not None
         setattr(desc, f"{name}_scale_mode", mode if name in ("a", "b") else cublasmp.MatmulMatrixScale.SCALAR_FP32)
-    if p.d.dtype in FP8 and p.scaling == "mxfp8":
-        desc.d_out_scale_mode = cublasmp.MatmulMatrixScale.VEC32_UE8M0
     return desc

@@ -404,6 +404,7 @@ FP8_REFUSALS: list[tuple[dict[str, Any], type[Exception], str]] = [
      "C with a float8_e4m3fn D must be bfloat16 or float16"),
     ({"a": C((40, 64)), "b": C((40, 32))}, UsageError, "multiples of 16 along k; rank 0's local GEMM is 32 x 32 x 40"),
     ({"scaling": "mxfp8"}, UsageError, "multiples of 128 along m"),
+    ({"scaling": "mxfp8", "d_dtype": "float8_e4m3fn"}, UsageError, "block scaling needs D's output scales"),
 ]
 
 
@@ -645,7 +646,8 @@ def test_epilogue_pointers_reach_the_descriptor(monkeypatch: pytest.MonkeyPatch)
 def test_fp8_scales_reach_the_descriptor(monkeypatch: pytest.MonkeyPatch) -> None:
     rec = Recorder(monkeypatch)
     p = plan(**{**FP8, "d_dtype": "float8_e4m3fn", "scales": {"a", "b", "d", "amax_d"}})
-    scales = {name: InterfaceArray((1,), "<f4", ptr=0x100 * (i + 1)) for i, name in enumerate(("a", "b", "d", "amax_d"))}
+    names = ("a", "b", "d", "amax_d")
+    scales = {name: InterfaceArray((1,), "<f4", ptr=0x100 * (i + 1)) for i, name in enumerate(names)}
     build(p, 0, {"a": np.zeros((32, 32)), "b": np.zeros((32, 16)), "d": np.zeros((32, 32))}, scales=scales)
     attributes = rec.descriptors[0]
     assert (attributes["a_scale_pointer"], attributes["b_scale_pointer"], attributes["d_scale_pointer"],
