@@ -40,6 +40,9 @@ class LibraryReport:
     found: bool = False
     path: str | None = None
     version: str | None = None
+    wheel: str | None = None  # the nvidia-* wheel that installed it, "<distribution> <version>"
+    family: str | None = None  # its wheel family: cu13, cu12
+    found_via: str | None = None
     error: str | None = None
     pinned: str | None = None
     coverage: CoverageSummary | None = None
@@ -144,6 +147,10 @@ def library_report(
         lib = _loader.load(name)
         report.found = True
         report.path = str(lib.path)
+        report.found_via = lib.found_via
+        if lib.owner is not None:
+            report.wheel = str(lib.owner)
+            report.family = lib.owner.family
     except Exception as exc:
         report.error = _describe(exc)
         return report
@@ -151,6 +158,9 @@ def library_report(
         report.version = _loader.loaded_version(name)
     except Exception as exc:
         report.notes.append(f"version query failed: {_describe(exc)}")
+    if report.version and report.pinned and not report.pinned.startswith(report.version):
+        report.notes.append(f"the bindings are generated from {report.pinned}'s headers: what {report.version} "
+                            "lacks raises FunctionNotFoundError")
     return report
 
 
@@ -187,13 +197,17 @@ def format_info() -> str:
     if coverage_error:
         lines.append(f"warning: no coverage table ({coverage_error})")
 
+    reports = []
     for name in names:
         try:
             report = library_report(name, coverage, pinned)
         except Exception as exc:  # library_report does not raise; belt and braces
             report = LibraryReport(name=name, error=_describe(exc))
+        reports.append(report)
         lines.append("")
         lines.extend(_format_report(report))
+    lines.append("")
+    lines.append(family_line(reports))
 
     lines.append("")
     count, reason = gpu_count()
@@ -210,6 +224,11 @@ def _format_report(report: LibraryReport) -> list[str]:
         out.append("  status:   found")
         out.append(f"  path:     {report.path}")
         out.append(f"  version:  {report.version or 'unknown'}")
+        if report.wheel:
+            out.append(f"  wheel:    {report.wheel} (family {report.family or 'unknown'})")
+        else:
+            out.append("  wheel:    none (not installed by an nvidia-* wheel: family unknown)")
+        out.append(f"  via:      {report.found_via or 'unknown'}")
     else:
         out.append("  status:   not found")
         if report.error:
@@ -232,6 +251,21 @@ def _format_report(report: LibraryReport) -> list[str]:
         out.append(f"  override: {report.env_var} ({value})")
     out.extend(f"  note:     {note}" for note in report.notes)
     return out
+
+
+def family_line(reports: list[LibraryReport]) -> str:
+    """Which wheel family the loaded libraries come from: one, several (a mix), or none known."""
+    by_family: dict[str, list[str]] = {}
+    for r in reports:
+        if r.found:
+            by_family.setdefault(r.family or "unknown", []).append(r.name)
+    if not by_family:
+        return "wheel family: none loaded"
+    text = "; ".join(f"{family} ({', '.join(libs)})" for family, libs in by_family.items())
+    known = [f for f in by_family if f != "unknown"]
+    if len(known) > 1:
+        return f"wheel families: {text} -- mixed: install one of the extras cu13 and cu12"
+    return f"wheel family: {text}"
 
 
 def show_config(file: IO[str] | None = None) -> None:
