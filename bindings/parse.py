@@ -139,10 +139,11 @@ class HeaderParser:
     def _own(self, cursor: ci.Cursor) -> str | None:
         """The header (relative to the include dir) that declares cursor, if ours."""
         loc = cursor.location.file
-        if loc is None:
-            return None
+        return None if loc is None else self._own_path(loc.name)
+
+    def _own_path(self, path: str) -> str | None:
         try:
-            return str(Path(loc.name).resolve().relative_to(self.include_dir))
+            return str(Path(path).resolve().relative_to(self.include_dir))
         except ValueError:
             return None
 
@@ -291,7 +292,13 @@ class HeaderParser:
             "handles": sorted(self.spec.handles),
             "handle_tags": dict(sorted(self.handle_tags.items())),
             "constants": constants,
+            "included": self._included(tu),
         }
+
+    def _included(self, tu: ci.TranslationUnit) -> list[str]:
+        """Our headers the parse reached (the spec's and what they include)."""
+        return sorted({h for inc in tu.get_includes() if (h := self._own_path(inc.include.name)) is not None}
+                      | set(self.spec.headers))
 
     def _typedefs(self, flat: list[ci.Cursor], foreign_enums: set[str]) -> dict[str, ci.Cursor]:
         """The typedefs of our headers (and of the foreign enums), noting which name each record has."""
@@ -444,6 +451,24 @@ class HeaderParser:
                 continue
             consts.append({"name": m, "header": h, "value": v})
         return consts, inits
+
+
+def declaring_headers(include: Path, names: set[str]) -> dict[str, str | None]:
+    """For functions the parse did not declare, the header under `include` whose text declares
+    each (`name(` outside a comment line), or None: found by reading, not parsing, because such a
+    header may be device code or for another platform."""
+    found: dict[str, str | None] = dict.fromkeys(sorted(names))
+    if not names:
+        return found
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(names))) + r")\s*\(")
+    for path in sorted(p for p in include.rglob("*") if p.suffix in (".h", ".hpp", ".cuh")):
+        for line in path.read_text(errors="replace").splitlines():
+            if line.lstrip().startswith(("//", "*", "/*", "#define")):
+                continue
+            for m in pattern.finditer(line):
+                if found[m.group(1)] is None:
+                    found[m.group(1)] = str(path.relative_to(include))
+    return found
 
 
 def _unwrap(c: ci.Cursor) -> ci.Cursor:
