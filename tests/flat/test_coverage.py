@@ -34,6 +34,8 @@ REPO = Path(__file__).resolve().parents[2]
 LIBRARIES = ["nccl", "nvshmem", "cublasmp", "cufftmp"]
 # nm's symbol types of code: text, weak, indirect function.
 CODE_TYPES = {"T", "W", "i"}
+COLLECTIVE_LAUNCH = ("nvshmemx_collective_launch", "nvshmemx_collective_launch_attr",
+                     "nvshmemx_collective_launch_query_gridsize")
 
 Rows = dict[str, tuple[str | None, str | None]]
 
@@ -188,6 +190,13 @@ def test_cli_json_agrees(lib: str, rows: Rows, exported: set[str], cli_json: dic
     assert got == rows
     assert {r["c_name"] for r in data["functions"] if r["exported"]} == exported
     assert {r["c_name"]: r["calls"] for r in data["functions"] if r["calls"]} == _coverage.CALLS[lib]
+
+
+def test_cli_json_binds_the_collective_launch(cli_json: dict[str, Any]) -> None:
+    rows = {r["c_name"]: r for r in cli_json["nvshmem"]["functions"]}
+    for name in COLLECTIVE_LAUNCH:
+        assert rows[name]["python_name"] == name.removeprefix("nvshmemx_"), rows[name]
+        assert rows[name]["exported"] and rows[name]["excluded"] is None
 
 
 def test_cli_table_accounts_for_every_function(tmp_path: Path) -> None:
