@@ -28,7 +28,6 @@ import hashlib
 import importlib.metadata as md
 import json
 import re
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -94,12 +93,6 @@ def headers_digest(include: Path) -> str:
     return h.hexdigest()
 
 
-def exported_symbols(binary: Path) -> set[str]:
-    out = subprocess.run(["nm", "-D", "--defined-only", str(binary)], capture_output=True, text=True,
-                         check=True).stdout
-    return {line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip()}
-
-
 def parse_lib(lib: str) -> tuple[dict[str, Any] | None, str]:
     """The IR of the pinned release, from the wheel installed in this interpreter."""
     spec = Spec.load(lib)
@@ -111,7 +104,8 @@ def parse_lib(lib: str) -> tuple[dict[str, Any] | None, str]:
     if parsed is None:
         return None, why
     binary = Path(str(md.distribution(spec.wheel).locate_file(spec.binary)))
-    return make_ir(spec, parsed, include, version, exported_symbols(binary)), ""
+    # The functions it exports, read as the symbol record reads every release (bindings/since.py).
+    return make_ir(spec, parsed, include, version, since.exported_functions(binary, spec.prefixes)), ""
 
 
 def parse_headers(spec: Spec, include: Path) -> tuple[dict[str, Any] | None, str]:
@@ -136,6 +130,9 @@ def make_ir(spec: Spec, parsed: dict[str, Any], include: Path, version: str, exp
     import parse
 
     shas = {h: parse.sha256_of(include / h) for h in spec.headers}
+    # Where the exported functions the parse did not declare are declared, if anywhere.
+    undeclared = exports - {f["name"] for f in parsed["functions"]}
+    parsed = {**parsed, "elsewhere": parse.declaring_headers(include, undeclared)}
     ir = build_ir(spec, parsed, version, shas, exports)
     ir["headers_digest"] = headers_digest(include)
     return ir
