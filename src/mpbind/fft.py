@@ -402,6 +402,7 @@ class FFTPlan(Owned):
         self._need = max(spec.max_buffer_bytes, self._room if spec.algorithm == "boxes" else 0)
         self._stream = _interop.stream_handle(stream)
         self._stream_obj = stream
+        self._slabs = spec.algorithm == "slabs"
         self._exec = p._core.exec
         self._exec_descriptor = p._core.exec_descriptor
         self._desc_core = desc._core
@@ -523,11 +524,13 @@ class FFTPlan(Owned):
     __call__ = execute
 
     def _run(self, ptr: int, d: int) -> None:
-        if self.spec.algorithm == "slabs":
+        if self._slabs:
             self._exec(ptr, None, d, None)
             return
         # cufftXtExecDescriptor on the plan's descriptor pointed at `ptr` in the layout it holds
         # (DISTRIBUTED_INPUT before a forward transform, DISTRIBUTED_OUTPUT before an inverse one).
+        if self._desc.closed:  # the descriptor's host struct is freed with it
+            raise UsageError("fft.FFTPlan is closed")
         xt, lib = self._xt, self._lib
         xt.data[0] = ptr
         lib.subFormat = _DISTRIBUTED_INPUT if d == FORWARD else _DISTRIBUTED_OUTPUT
@@ -574,6 +577,7 @@ class FFTPlan(Owned):
     _room: int
     _stream: int
     _stream_obj: Any
+    _slabs: bool
     _exec: Any
     _exec_descriptor: Any
     _desc_core: Any

@@ -1,6 +1,6 @@
 """Planned distributed FFTs and reshapes (``mpbind.fft``) on several PEs, checked against NumPy.
 
-    mpirun -np N python tests/gpu/fft_plan_mpi_suite.py [--one-gpu] [--timeout S] [--only PREFIX]
+    mpirun -np N python tests/gpu/fft_plan_mpi_suite.py [--one-gpu] [--timeout S] [--only PREFIX] [--torch]
 
 One PE per GPU (PE k on GPU k % count), or every PE on GPU 0 with ``--one-gpu`` (under CUDA MPS for
 more than one PE). Every PE builds the same seeded global array and checks its own piece of every
@@ -14,10 +14,11 @@ wrong); Y-slabs -> X-slabs, pencils, arbitrary boxes, Z-slabs of the halved axis
 Each plan runs forward and back (C2C inverse; R2C then the mirrored C2R plan) and again on new
 data. The input arrives as a CuPy array (copied into the plan's buffer), a CuPy view of an
 ``mpbind.nvshmem`` allocation (transformed in place, copy-free: the result's pointer is checked),
-the plan's own buffer (``input_view``), or an object with ``__dlpack__`` only. Reshapes of 1-byte to
-16-byte elements between slabs, pencils and boxes, 1-D to 3-D. Refusals (execute's, and a plan that
-one rank refuses or passes other values to) raise on every PE. Lifetimes: close, use after close,
-a dropped plan drained.
+the plan's own buffer (``input_view``), or an object with ``__dlpack__`` only; with ``--torch``,
+only PyTorch tensors (copied in, or views of an ``mpbind.nvshmem`` allocation), torch imported
+first. Reshapes of 1-byte to 16-byte elements between slabs, pencils and boxes, 1-D to 3-D.
+Refusals (execute's, and a plan that one rank refuses or passes other values to) raise on every PE.
+Lifetimes: close, use after close, a dropped plan drained.
 
 Each PE prints ``PASS/FAIL/SKIP/INFO name [pe k]`` lines and ``pe=<k> passed=<p> failed=<f>
 skipped=<s>``; exit status 1 when anything failed. Every PE makes the same library calls in the
@@ -197,14 +198,28 @@ def give(c: Ctx, p: fft.FFTPlan, local: np.ndarray, how: str, direction: int = f
             cp.asarray(p.input_view(direction))[...] = cp.asarray(local)
             c.sync()
             return Given(None, [])
-        if how == "symmetric":
+        if how == "torch":
+            import torch
+
+            t = torch.as_tensor(local, device=f"cuda:{c.device}")
+            torch.cuda.synchronize()
+            return Given(t, [])
+        if how in ("symmetric", "torch_symmetric"):
             itemsize = np.dtype(local.dtype).itemsize
             sym = nvshmem.zeros(-(-p.buffer_bytes // itemsize), local.dtype)  # the same size on every PE
-            flat = cp.asarray(sym)
             side = p.spec.input_side(p._rank) if direction == fft.FORWARD or p.kind != "c2c" else \
                 p.spec.output_side(p._rank)
-            stored = flat[:math.prod(side.storage)].reshape(side.storage)
-            stored[tuple(slice(0, n) for n in local.shape)] = cp.asarray(local)
+            count = math.prod(side.storage)
+            inside = tuple(slice(0, n) for n in local.shape)
+            if how == "torch_symmetric":
+                import torch
+
+                stored = torch.from_dlpack(sym)[:count].view(side.storage)
+                stored[inside] = torch.as_tensor(local, device=stored.device)
+                torch.cuda.synchronize()
+            else:
+                stored = cp.asarray(sym)[:count].reshape(side.storage)
+                stored[inside] = cp.asarray(local)
             c.sync()
             return Given(stored, [sym], int(sym.ptr))
     raise AssertionError(how)
@@ -226,7 +241,7 @@ class FFTCase:
     dtype: str           # the input dtype of the forward plan (real for R2C)
     input: Callable[[int], dist.Distribution | None]
     output: Callable[[int], dist.Distribution | None]
-    how: str             # cupy, symmetric, own, dlpack
+    how: str             # cupy, symmetric, own, dlpack, torch, torch_symmetric
     algorithm: str | None = None  # expected
 
 
@@ -306,6 +321,17 @@ def case_r2c(c: Ctx, k: FFTCase) -> str:
         p.close()
     return (f"{p.algorithm}, {k.how}, real {p.input_shape} -> half {p.output_shape}; rel. err R2C/roundtrip/C2R "
             f"{' '.join(notes)}")
+
+
+def torch_cases(n: int) -> list[FFTCase]:
+    """PyTorch tensors as inputs: copied in, and in place through a view of an mpbind.nvshmem array."""
+    uneven, odd, bad = (50, 62, 36), (50, 62, 35), (51, 63, 36)
+    return [FFTCase("torch.c2c.c64.50x62x36", uneven, "complex64", none, none, "torch", None),
+            FFTCase("torch.c2c.c128.51x63x36.x_to_x", bad, "complex128", none, lambda n: dist.Split(bad, n, 0),
+                    "torch_symmetric", None),
+            FFTCase("torch.r2c.f32.50x62x35.odd", odd, "float32", none, none, "torch_symmetric", None),
+            FFTCase("torch.r2c.f64.50x62x35.z_slabs", odd, "float64", none, lambda n: dist.Split((50, 62, 18), n, 2),
+                    "torch", None)]
 
 
 def fft_cases(n: int) -> list[FFTCase]:
@@ -538,10 +564,16 @@ def case_lifetimes(c: Ctx) -> str:
 # --- running --------------------------------------------------------------------------------------------------
 
 
-def run_suite(c: Ctx, report: Report, only: str | None) -> None:
+def run_suite(c: Ctx, report: Report, only: str | None, with_torch: bool) -> None:
     def r(name: str, fn: Callable[[], str | None]) -> None:
         if only is None or name.startswith(only):
             report.check(name, fn)
+
+    if with_torch:
+        for k in torch_cases(c.npes):
+            run = case_c2c if ".c2c." in k.name else case_r2c
+            r(k.name, lambda k=k, run=run: run(c, k))
+        return
 
     r("refusals.execute", lambda: case_execute_refusals(c))
     r("refusals.plan_agreement", lambda: case_plan_agreement(c))
@@ -559,7 +591,12 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=540.0,
                     help="dump every thread's stack and exit after this many seconds (a hang)")
     ap.add_argument("--only", default=None, help="run the checks whose name starts with this")
+    ap.add_argument("--torch", action="store_true",
+                    help="only the PyTorch-tensor cases, with torch imported first (as a user's program does): "
+                         "torch brings its own cuFFT into the process beside cuFFTMp")
     args = ap.parse_args()
+    if args.torch:
+        import torch  # noqa: F401 - before anything loads cuFFTMp
     comm = MPI.COMM_WORLD
     pe = comm.Get_rank()
     report = Report(pe, tracebacks="FFT_SUITE_TRACEBACKS")
@@ -574,7 +611,7 @@ def main() -> int:
         report.passed += 1
         report.line("PASS", "init.nvshmem", f"{c.npes} PE(s), device {device}")
         try:
-            run_suite(c, report, args.only)
+            run_suite(c, report, args.only, args.torch)
         finally:
             c.sync()
             comm.Barrier()

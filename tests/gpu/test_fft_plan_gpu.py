@@ -60,3 +60,20 @@ def test_pes_sharing_one_gpu(mpirun: str, nprocs: int) -> None:
         pytest.skip(f"{nprocs} PEs on one GPU need CUDA MPS (CUDA_MPS_PIPE_DIRECTORY)")
     rc, out = run(mpirun, "fft_plan_mpi_suite.py", nprocs, "--one-gpu", timeout=TIMEOUT_S, forward=LIBRARY_VARS)
     check(nprocs, rc, out)
+
+
+def test_torch_tensors_on_two_pes(mpirun: str) -> None:
+    """PyTorch imported first, tensors in and out (torch brings its own cuFFT beside cuFFTMp)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("PyTorch is not installed")
+    import cupy
+
+    two = cupy.cuda.runtime.getDeviceCount() >= 2
+    if not two and not os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
+        pytest.skip("needs two GPUs, or CUDA MPS for two PEs on one GPU")
+    args = ("--torch",) if two else ("--torch", "--one-gpu")
+    rc, out = run(mpirun, "fft_plan_mpi_suite.py", 2, *args, timeout=TIMEOUT_S, forward=LIBRARY_VARS,
+                  share_gpu=not two)
+    assert_clean(2, rc, out)
