@@ -474,8 +474,9 @@ class FFTPlan(Owned):
         """The stream the plan's work is queued on (cudaStream_t)."""
         return self._stream
 
-    def input_view(self, direction: int = FORWARD) -> DeviceView:
-        """The plan's own buffer as this rank's input of `direction` (fill it, then ``execute()``)."""
+    def input_view(self, direction: int | str | None = None) -> DeviceView:
+        """The plan's own buffer as this rank's input of `direction` (default: the plan's own, forward but
+        for C2R), stored as the plan stores it; fill it, then ``execute()``."""
         side = self._sides(self._direction(direction))[0]
         return self._view(self._buffer, side, self._room, self._desc)
 
@@ -669,9 +670,12 @@ class ReshapePlan(Owned):
                 sync: bool = True) -> Any:
         """Move this rank's piece `x` (None: the plan's input buffer) into the output distribution, on
         `stream` (default: the plan's). Returns the output piece (`out` when given; else a view of the
-        plan's output buffer, valid until the next ``execute``). With `sync` (the default) the ranks
-        first synchronise on the stream (``nvshmemx_sync_all_on_stream``): other ranks write into this
-        one's output, which must no longer be in use. Collective."""
+        plan's output buffer, valid until the next ``execute``). `x` and `out` lying in mpbind's NVSHMEM
+        memory with room for the largest piece of any rank are used in place (every rank then passes its
+        counterpart: the same allocation, at the same offset); others go through the plan's buffers.
+        With `sync` (the default) the ranks first synchronise on the stream
+        (``nvshmemx_sync_all_on_stream``): other ranks write into this one's output, which must no
+        longer be in use. Collective."""
         s = self._stream if stream is None else _interop.stream_handle(stream)
         src, dst = self.spec.input_side(self._rank), self.spec.output_side(self._rank)
         if x is None:

@@ -195,6 +195,7 @@ def test_the_real_side_is_padded_and_unpadded(monkeypatch: pytest.MonkeyPatch) -
         view.__dlpack__()
     c2r = fp.plan_fft((8, 6, 5), "complex64", 2, kind="c2r")
     q, rec = assembled(c2r, 0, monkeypatch)
+    assert q.input_view().shape == (8, 3, 3) and q.input_view().contiguous  # its complex Y-slab
     out = DeviceArray((4, 6, 5), np.float32, ptr=0x7000)
     assert q.execute(DeviceArray((8, 3, 3), np.complex64, ptr=0x5000), out=out) is out
     assert rec.calls[-1] == ("copy", 0x7000, 5 * 4, 0x1000, 6 * 4, 5 * 4, 24, 0)  # unpadded into out
