@@ -73,6 +73,26 @@ def all_reduce_one_rank(uid: Any, count: int = 1 << 20) -> bool:
     return ok
 
 
+def poisson_on_every_gpu(count: int) -> bool:
+    """examples/poisson3d.py under mpirun, one process per GPU (skipped without mpirun, mpi4py or CuPy)."""
+    import importlib.util
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    mpirun = shutil.which("mpirun")
+    missing = [m for m in ("mpi4py", "cupy") if importlib.util.find_spec(m) is None]
+    if mpirun is None or missing:
+        print(f"skipped: Poisson solve on {count} GPUs (needs {'mpirun' if mpirun is None else ', '.join(missing)})")
+        return True
+    forward = [a for name in ("PYTHONPATH", "LD_LIBRARY_PATH") if os.environ.get(name) for a in ("-x", name)]
+    cmd = [mpirun, "--allow-run-as-root", "--bind-to", "none", "-np", str(count), "-x", "NCCL_NVLS_ENABLE=0",
+           "-x", "NVSHMEM_DISABLE_NVLS=1", "-x", "TORCH_SYMM_MEM_DISABLE_MULTICAST=1", *forward, sys.executable,
+           str(Path(__file__).with_name("poisson3d.py")), "--n", "64"]
+    print(f"Poisson solve on {count} GPUs (mpbind.fft, one process per GPU):")
+    return subprocess.run(cmd, timeout=600).returncode == 0
+
+
 def main() -> int:
     print(f"mpbind {mpbind.__version__}")
     from mpbind.bindings import nccl
@@ -92,7 +112,10 @@ def main() -> int:
         print(f"skipped: one-rank all-reduce (no GPU visible: {reason})")
         return 0
     print(f"GPU: {count} visible; one-rank all-reduce on device 0")
-    return 0 if all_reduce_one_rank(uid) else 1
+    ok = all_reduce_one_rank(uid)
+    if count > 1:
+        ok = poisson_on_every_gpu(count) and ok
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["__version__", "drain", "queued", "registrations", "show_config"]
 
 _SUBMODULES = frozenset(
-    {"bindings", "errors", "nccl", "nvshmem", "cublasmp", "cufftmp", "bootstrap", "distributions"}
+    {"bindings", "errors", "nccl", "nvshmem", "cublasmp", "cufftmp", "bootstrap", "distributions", "fft"}
 )
 
 

@@ -9,6 +9,7 @@ reimplements these: it adds its own queries and operations only. Objects a calle
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 _O = TypeVar("_O", bound="Owned")
@@ -53,3 +54,30 @@ class Owned:
         if not described:
             return repr(self._core)
         return f"<{type(self).__name__} {described}: {self._core!r}>"
+
+
+class Parts:
+    """The core of a composite facade (a plan made of several owned objects): ``close()`` closes them
+    newest first, once; each keeps its own lifetime row when dropped unclosed."""
+
+    def __init__(self, objects: Sequence[Any], what: str, serial: int | None = None) -> None:
+        self.objects = list(objects)
+        self.what = what
+        self.released = False
+        self.serial = serial if serial is not None else (self.objects[0].serial if self.objects else 0)
+
+    @property
+    def closed(self) -> bool:
+        return self.released
+
+    def close(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        for obj in reversed(self.objects):
+            obj.close()
+
+    def __repr__(self) -> str:
+        if self.released:
+            return f"<{self.what} (closed)>"
+        return f"<{self.what}: {', '.join(map(repr, self.objects))}>"

@@ -23,7 +23,7 @@ from typing import Any
 
 from mpbind import _core, _interop, cublasmp, nccl
 from mpbind._matmul_plan import EPILOGUES, ComputeCapabilityError, MatmulPlan, block_scale_elements, plan
-from mpbind._owned import Owned
+from mpbind._owned import Owned, Parts
 from mpbind._typing import Array, Stream
 from mpbind.distributions import Distribution
 from mpbind.errors import UsageError
@@ -234,36 +234,19 @@ def _ok(result: tuple[Any, ...], what: str) -> None:
 # --- the plan, built --------------------------------------------------------------------------------
 
 
-class _Parts:
+class _Parts(Parts):
     """What a planned matmul owns, released together by ``close()``: its ``Matmul`` (and with it the
     matmul descriptor), its matrices (their descriptors), the per-rank communicator of a ``local``
     plan, and a handle it made. Grids and the shared workspace stay the grids' (cached)."""
 
     def __init__(self, matmul: cublasmp.Matmul | None, matrices: list[cublasmp.Matrix],
                  own: list[Any]) -> None:
+        # Closed newest first: the matmul, the matrices, then a communicator and a handle.
+        super().__init__([*own, *matrices, *([matmul] if matmul is not None else [])], "planned matmul parts",
+                         serial=matmul.serial if matmul is not None else 0)
         self.matmul = matmul
         self.matrices = matrices
         self.own = own
-        self.released = False
-        self.serial = matmul.serial if matmul is not None else 0
-
-    @property
-    def closed(self) -> bool:
-        return self.released
-
-    def close(self) -> None:
-        if self.released:
-            return
-        self.released = True
-        if self.matmul is not None:
-            self.matmul.close()
-        for m in reversed(self.matrices):
-            m.close()
-        for obj in reversed(self.own):  # a handle, a communicator: newest first
-            obj.close()
-
-    def __repr__(self) -> str:
-        return f"<planned matmul parts: {self.matmul!r}>" if not self.released else "<planned matmul parts (closed)>"
 
 
 class PlannedMatmul(Owned):

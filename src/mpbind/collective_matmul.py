@@ -124,8 +124,9 @@ def _local_problem(m: Any, k: Any, n: Any, dtype: Any, method: Any, ctas: Any) -
 def _agree(values: list[int]) -> list[list[int]]:
     """Every PE's `values` (a fixed number of int64s), through symmetric memory of a fixed size, so
     that the exchange itself is the same on every PE whatever the values."""
-    mine = nvshmem.zeros(_FIELDS, "int64")
-    every = nvshmem.zeros(_FIELDS * nvshmem.n_pes(), "int64")
+    fields = len(values)
+    mine = nvshmem.zeros(fields, "int64")
+    every = nvshmem.zeros(fields * nvshmem.n_pes(), "int64")
     try:
         _fill(mine, values)
         nvshmem.fcollect(every, mine)
@@ -134,7 +135,7 @@ def _agree(values: list[int]) -> list[list[int]]:
     finally:
         every.free()
         mine.free()
-    return [got[i * _FIELDS:(i + 1) * _FIELDS] for i in range(nvshmem.n_pes())]
+    return [got[i * fields:(i + 1) * fields] for i in range(nvshmem.n_pes())]
 
 
 def _fill(array: Any, values: list[int]) -> None:

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 MODULES = ["mpbind", "mpbind.nccl", "mpbind.nvshmem", "mpbind.cufftmp", "mpbind.cublasmp", "mpbind.bootstrap",
-           "mpbind._interop"]
+           "mpbind._interop", "mpbind.fft"]
 
 
 def _numpy_modules_after(code: str) -> list[str]:
