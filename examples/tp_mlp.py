@@ -232,6 +232,14 @@ def on_every_gpu(count: int) -> bool:
     except ImportError:
         print("skipped: tensor-parallel MLP (examples/tp_mlp.py) needs torch (pip install 'mpbind[torch]')")
         return True
+    from mpbind import _loader
+    from mpbind.errors import LibraryNotFoundError
+
+    try:
+        _loader.load("cublasmp")
+    except LibraryNotFoundError as exc:
+        print(f"skipped: tensor-parallel MLP (examples/tp_mlp.py) needs cuBLASMp: {exc}")
+        return True
     print(f"tensor-parallel MLP on {count} GPUs (examples/tp_mlp.py, one process per GPU):", flush=True)
     return launch(count) == 0
 

@@ -61,6 +61,17 @@ def test_the_demo_step(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFi
 
     monkeypatch.setattr(tp.subprocess, "run", run)
     monkeypatch.setitem(sys.modules, "torch", object())  # present, as far as the step can tell
+    from mpbind import _loader
+    from mpbind.errors import LibraryNotFoundError
+
+    def missing(name: str) -> Any:
+        raise LibraryNotFoundError(f"no {name} here")
+
+    monkeypatch.setattr(_loader, "load", missing)
+    assert tp.on_every_gpu(2) and not ran
+    assert "skipped: tensor-parallel MLP (examples/tp_mlp.py) needs cuBLASMp: no cublasmp here" in (
+        capsys.readouterr().out)
+    monkeypatch.setattr(_loader, "load", lambda name: None)
     assert tp.on_every_gpu(2)
     ((cmd, env),) = ran
     assert cmd[:5] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
