@@ -108,14 +108,16 @@ def main() -> int:
     print(f"NCCL: unique id of {len(raw)} bytes: {raw[:16].hex()}...")
 
     count, reason = _info.gpu_count()
+    import tp_mlp  # beside this script: on every GPU, one process each; skipped (saying why) below two GPUs
+
     if count == 0:
         print(f"skipped: one-rank all-reduce (no GPU visible: {reason})")
-        return 0
+        return 0 if tp_mlp.on_every_gpu(count) else 1
     print(f"GPU: {count} visible; one-rank all-reduce on device 0")
     ok = all_reduce_one_rank(uid)
     if count > 1:
         ok = poisson_on_every_gpu(count) and ok
-    return 0 if ok else 1
+    return 0 if tp_mlp.on_every_gpu(count) and ok else 1
 
 
 if __name__ == "__main__":

@@ -193,6 +193,7 @@ class MatmulPlan:
     symmetric_workspace: bool
     staging_bytes: int
     required_capability: tuple[int, int] | None
+    communication_dtype: str | None = None  # the type partial products travel in (None: cuBLASMp's default)
     reasons: tuple[str, ...] = field(default=())
 
     @property
@@ -206,6 +207,11 @@ class MatmulPlan:
             return None
         return {"tensor": MatmulMatrixScale.SCALAR_FP32, "mxfp8": MatmulMatrixScale.VEC32_UE8M0,
                 "nvfp4": MatmulMatrixScale.VEC16_UE4M3}[self.scaling]
+
+    @property
+    def uniform(self) -> bool:
+        """Every rank hands cuBLASMp pieces of the same shapes (so it sizes the same workspace on each)."""
+        return all(o.local_shape(r) == o.local_shape(0) for o in self.operands for r in range(self.nranks))
 
     @property
     def epilogue_member(self) -> MatmulEpilogue:
@@ -323,12 +329,16 @@ def plan(*, a: Distribution, b: Distribution, d: Distribution, c: Distribution |
          b_dtype: str | None = None, d_dtype: str | None = None, c_dtype: str | None = None, transa: bool = False,
          transb: bool = False, alpha: complex = 1.0, beta: complex = 0.0, epilogue: str | None = None,
          compute_type: CublasComputeType | int | None = None, scaling: str | None = None,
-         scales: Collection[str] = (), compute_capability: tuple[int, int] | None = None) -> MatmulPlan:
+         scales: Collection[str] = (), compute_capability: tuple[int, int] | None = None,
+         communication_type: str | CudaDataType | None = None) -> MatmulPlan:
     """Plan ``D = alpha op(A) op(B) + beta C`` over the ranks. Distributions carry the global
     (stored) shapes: A is ``m x k`` (``k x m`` with `transa`), B ``k x n`` (``n x k`` with `transb`),
     C and D ``m x n``. `scales`: which FP8 scales the caller gives (``"a"``, ``"b"``, ``"d"``,
     ``"amax_d"``). With `compute_capability`, refuses what that GPU cannot run
-    (:class:`ComputeCapabilityError`)."""
+    (:class:`ComputeCapabilityError`). `communication_type`: the type GEMM+ReduceScatter and
+    GEMM+AllReduce send their partial products in (between D's type and the compute's scale type;
+    cuBLASMp's default for 16-bit results of a 32-bit compute is float32, twice the traffic of D's
+    own type); other algorithms reduce nothing and leave it unused."""
     for name, value in (("a", a), ("b", b), ("d", d), ("c", c)):
         if value is not None and not isinstance(value, Distribution):
             raise TypeError(f"{name} must be a distribution (mpbind.distributions), not {type(value).__name__}")
@@ -366,14 +376,16 @@ def plan(*, a: Distribution, b: Distribution, d: Distribution, c: Distribution |
         raise UsageError(f"a replicated D comes from GEMM+AllReduce, cuBLASMp's ALLREDUCE epilogue, which combines "
                          f"with no other epilogue; asked for {epilogue!r}")
     required = _fp8_checks(checked, a_dtype, algorithm, operands, nranks, extents)
-    staging, symmetric = _memory(algorithm, operands, extents, compute, d_dtype, reasons)
+    communicated = _communication(communication_type, algorithm, d_dtype, compute, reasons)
+    staging, symmetric = _memory(algorithm, operands, extents, compute, d_dtype, communicated, reasons)
     result = MatmulPlan(
         algorithm=algorithm, nranks=nranks, m=m, n=n, k=k, transa=transa, transb=transb, a=operands["a"],
         b=operands["b"], d=operands["d"], c=operands.get("c"), compute_type=compute,
         epilogue="none" if epilogue is None else epilogue, alpha=alpha, beta=beta, scaling=checked,
         scales=scale_names, bias_dtype=(c_dtype or d_dtype) if kind.bias else None,
         aux_dtype=None if not kind.aux or kind.relu_mask else (c_dtype or d_dtype),
-        symmetric_workspace=symmetric, staging_bytes=staging, required_capability=required, reasons=())
+        symmetric_workspace=symmetric, staging_bytes=staging, required_capability=required,
+        communication_dtype=communicated, reasons=())
     reasons.append(f"compute type {compute.name}; epilogue {result.epilogue_member.name}"
                    + (f"; {checked} scaling" if checked else ""))
     if required is not None:
@@ -809,12 +821,54 @@ def _local_gemm(algorithm: Algorithm, ops: dict[str, OperandPlan], rank: int, nr
     return ops["d"].descs[0].mb, ops["d"].descs[0].nb, ops["a"].descs[0].mb
 
 
+def _scale_type(compute: CublasComputeType, d_dtype: str) -> str:
+    """The type alpha and beta (and the accumulation) have: the compute type's, complex with D."""
+    real = "float16" if compute.name.startswith("COMPUTE_16F") else (
+        "float64" if compute.name.startswith("COMPUTE_64F") else "float32")
+    if d_dtype.startswith("complex"):
+        return {"float32": "complex64", "float64": "complex128"}[real]
+    return real
+
+
+def _communication(communication_type: str | CudaDataType | int | None, algorithm: Algorithm, d_dtype: str,
+                   compute: CublasComputeType, reasons: list[str]) -> str | None:
+    """The type the partial products travel in, checked against cuBLASMp's rule (D's type <= it <= the
+    scale type, by element size); None where cuBLASMp chooses, or where nothing is reduced."""
+    if communication_type is None:
+        return None
+    if isinstance(communication_type, str):
+        name = communication_type
+        if name not in CUDA_TYPES:
+            raise UsageError(f"communication_type {name!r} is not one of {', '.join(CUDA_TYPES)}")
+    elif isinstance(communication_type, int) and not isinstance(communication_type, bool):
+        names = {int(v): k for k, v in CUDA_TYPES.items()}
+        if int(communication_type) not in names:
+            raise UsageError(f"communication_type {communication_type!r} is not a type cuBLASMp multiplies")
+        name = names[int(communication_type)]
+    else:
+        raise TypeError(f"communication_type must be a dtype name or a CudaDataType, not "
+                        f"{type(communication_type).__name__}")
+    if algorithm not in ("gemm_reducescatter", "gemm_allreduce"):
+        reasons.append(f"communication type {name}: not used ({algorithm} reduces no partial products)")
+        return None
+    scale = _scale_type(compute, d_dtype)
+    if name.startswith("complex") != d_dtype.startswith("complex") or not (
+            _ITEMSIZE[d_dtype] <= _ITEMSIZE[name] <= _ITEMSIZE[scale]):
+        raise UsageError(f"communication_type {name} must be as wide as D ({d_dtype}) and no wider than the scale "
+                         f"type ({scale}), {'complex' if d_dtype.startswith('complex') else 'real'} like D")
+    reasons.append(f"partial products communicated in {name}")
+    return name
+
+
 def _memory(algorithm: Algorithm, ops: dict[str, OperandPlan], extents: dict[Dim, int],
-            compute: CublasComputeType, d_dtype: str, reasons: list[str]) -> tuple[int, bool]:
+            compute: CublasComputeType, d_dtype: str, communicated: str | None,
+            reasons: list[str]) -> tuple[int, bool]:
     """(bytes the algorithm stages at least, whether the workspace must be symmetric)."""
     m, n, k = extents["m"], extents["n"], extents["k"]
-    # cuBLASMp (>= 0.8.1) communicates 16-bit results of a 32-bit compute type in 32 bits.
+    # cuBLASMp (>= 0.8.1) communicates 16-bit results of a 32-bit compute type in 32 bits, unless told.
     wide = 4 if compute.name.startswith("COMPUTE_32F") and _ITEMSIZE[d_dtype] <= 2 else _ITEMSIZE[d_dtype]
+    if communicated is not None:
+        wide = _ITEMSIZE[communicated]
     if algorithm == "allgather_gemm":
         staged = k * n * _ITEMSIZE[ops["b"].dtype]
         what = "the gathered B"

@@ -40,7 +40,8 @@ def plan_matmul(comm: nccl.Communicator, a: Array, b: Array, d: Array, *, a_dist
                 compute_type: cublasmp.CublasComputeType | int | None = None, scaling: str | None = None,
                 scales: Mapping[str, Array] | None = None, handle: cublasmp.Handle | None = None,
                 stream: Stream = None, algo_type: cublasmp.MatmulAlgoType | int | None = None,
-                communication_sm_count: int | None = None) -> PlannedMatmul:
+                communication_sm_count: int | None = None,
+                communication_type: str | cublasmp.CudaDataType | None = None) -> PlannedMatmul:
     """Plan ``D = alpha op(A) op(B) + beta C`` from how each matrix is spread over `comm`'s ranks.
 
     `a`, `b`, `d` (and `c`) are this rank's local pieces, column-major device arrays (a row-major
@@ -57,6 +58,11 @@ def plan_matmul(comm: nccl.Communicator, a: Array, b: Array, d: Array, *, a_dist
     rows (a bias gradient: all of them), `aux` the auxiliary matrix. FP8 (float8_e4m3fn x
     float8_e4m3fn or x float8_e5m2, TN) takes `scales` ``{"a", "b", "d", "amax_d"}``: device float32
     scalars (``scaling="tensor"``) or block scales (``"mxfp8"``, compute capability 10.0+).
+
+    Communication settings: `algo_type` (a hint, e.g. ``SPLIT_P2P``, ``ATOMIC_P2P``, ``NO_OVERLAP``),
+    `communication_sm_count` (SMs the overlapped algorithms give to communication) and
+    `communication_type` (the type GEMM+ReduceScatter and GEMM+AllReduce send their partial
+    products in: D's own type halves the traffic of the float32 default for 16-bit results).
 
     Every refusal is a ``UsageError`` (``ComputeCapabilityError`` for the GPU) raised on every rank
     alike before any grid, descriptor or workspace is made: the ranks first agree (one small
@@ -81,7 +87,8 @@ def plan_matmul(comm: nccl.Communicator, a: Array, b: Array, d: Array, *, a_dist
         the_plan = plan(a=a_dist, b=b_dist, c=c_dist, d=d_dist, a_dtype=dtypes["a"], b_dtype=dtypes["b"],
                         c_dtype=dtypes.get("c"), d_dtype=dtypes["d"], transa=transa, transb=transb, alpha=alpha,
                         beta=beta, epilogue=epilogue, compute_type=compute_type, scaling=scaling,
-                        scales=tuple(scales), compute_capability=None)
+                        scales=tuple(scales), compute_capability=None, communication_type=communication_type)
+        algo_type, communication_sm_count = _settings(algo_type, communication_sm_count)
         _check_local(the_plan, rank, comm.device, arrays, infos, bias, aux, scales)
         if the_plan.required_capability is not None:
             capability = _capability(comm.device)
@@ -89,11 +96,34 @@ def plan_matmul(comm: nccl.Communicator, a: Array, b: Array, d: Array, *, a_dist
     except (UsageError, TypeError) as exc:
         failure = exc
     fingerprint = _fingerprint(dists, dtypes, transa, transb, alpha, beta, epilogue, compute_type, scaling,
-                               sorted(scales), bias is not None, aux is not None)
+                               sorted(scales), bias is not None, aux is not None, _plain(algo_type),
+                               _plain(communication_sm_count), _plain(communication_type))
     _agree(comm, rank, nranks, fingerprint, failure, capability, the_plan)
     assert the_plan is not None  # _agree raised otherwise
     return PlannedMatmul._build(comm, the_plan, arrays, bias, aux, scales, handle, stream, algo_type,
                                 communication_sm_count)
+
+
+def _settings(algo_type: Any, sm_count: Any) -> tuple[cublasmp.MatmulAlgoType | None, int | None]:
+    """The communication settings, checked before anything collective."""
+    if algo_type is not None:
+        if isinstance(algo_type, bool) or not isinstance(algo_type, int):
+            raise TypeError(f"algo_type must be a cublasmp.MatmulAlgoType, not {type(algo_type).__name__}")
+        try:
+            algo_type = cublasmp.MatmulAlgoType(algo_type)
+        except ValueError:
+            raise UsageError(f"algo_type {algo_type} is not a cublasmp.MatmulAlgoType") from None
+    if sm_count is not None:
+        if isinstance(sm_count, bool) or not isinstance(sm_count, int):
+            raise TypeError(f"communication_sm_count must be an int, not {type(sm_count).__name__}")
+        if not 1 <= sm_count <= 2**31 - 1:
+            raise UsageError(f"communication_sm_count must be >= 1; got {sm_count}")
+    return algo_type, sm_count
+
+
+def _plain(value: Any) -> Any:
+    """An option as the same plain value on every rank (an enum member as its int)."""
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
 # --- what only this rank knows --------------------------------------------------------------------
@@ -297,10 +327,13 @@ class PlannedMatmul(Owned):
         descriptor = _descriptor(p, bias, aux, scales, comm.rank, algo_type, sm_count)
         is_complex = p.a.dtype.startswith("complex")
         compute = int(p.compute_type)
+        alpha = cublasmp._scalar(p.alpha, compute, is_complex)
+        beta = cublasmp._scalar(p.beta, compute, is_complex)
+        if p.algorithm != "local" and not p.uniform:
+            _agree_on_workspace(comm, handle, descriptor, operands, (m, n, k), alpha, beta)
         keep = (operands, descriptor, bias, aux, dict(scales))
         core = _core.cublasmp.MatmulPlan(
-            handle, descriptor._core, m, n, k, cublasmp._scalar(p.alpha, compute, is_complex),
-            operands["a"].operand(), operands["b"].operand(), cublasmp._scalar(p.beta, compute, is_complex),
+            handle, descriptor._core, m, n, k, alpha, operands["a"].operand(), operands["b"].operand(), beta,
             operands["c"].operand() if "c" in operands else None, operands["d"].operand(), None, keep, True)
         matmul = cublasmp.Matmul._over(core)  # the layer's Matmul over this plan: m, n, k fixed above
         matmul.m, matmul.n, matmul.k, matmul.descriptor = m, n, k, descriptor
@@ -379,6 +412,40 @@ class PlannedMatmul(Owned):
     _shapes: dict[str, tuple[int, int]]
 
 
+def _agree_on_workspace(comm: nccl.Communicator, handle: cublasmp.Handle, descriptor: cublasmp.MatmulDescriptor,
+                        operands: dict[str, cublasmp.Matrix], mnk: tuple[int, int, int], alpha: bytes,
+                        beta: bytes) -> None:
+    """Take the shared workspace of D's grid at the largest size any rank needs, on every rank.
+
+    cuBLASMp sizes the workspace from this rank's pieces; where they differ between ranks (uneven
+    splits) the sizes may too. The shared workspace is allocated and registered collectively, and
+    whether a plan reuses it or grows it follows from the size asked: asked at different sizes,
+    one rank could grow it (a collective ``cublasMpMalloc``) while another reuses it, and wait
+    forever. Asked here at one size everywhere, the plan then finds it large enough on every rank."""
+    mine = _device_bytes(handle, descriptor, operands, mnk, alpha, beta)
+    agreed = max(words[0] for words in _all_gather(comm, (mine, 0, 0), comm.size))
+    if agreed > 0:
+        workspace = _core.cublasmp.shared_workspace(operands["d"].grid, agreed)
+        workspace.serve([o.grid for o in operands.values()])  # every rank, even one that needs none itself
+
+
+def _device_bytes(handle: cublasmp.Handle, descriptor: cublasmp.MatmulDescriptor, operands: dict[str, cublasmp.Matrix],
+                  mnk: tuple[int, int, int], alpha: bytes, beta: bytes) -> int:
+    """``cublasMpMatmul_bufferSize``'s device bytes at this rank."""
+    from mpbind.bindings import cublasmp as flat
+
+    scalars = ctypes.create_string_buffer(alpha + beta, len(alpha) + len(beta))
+    at = ctypes.addressof(scalars)
+
+    def operand(name: str) -> tuple[int, int, int, Any]:
+        o = operands.get(name)
+        return (0, 1, 1, 0) if o is None else (o.ptr, 1, 1, o.descriptor.ptr)
+
+    device, _ = flat.matmul_buffer_size(handle.ptr, descriptor.ptr, *mnk, at, *operand("a"), *operand("b"),
+                                        at + len(alpha), *operand("c"), *operand("d"))
+    return int(device)
+
+
 def _slice(array: Any, view: tuple[int, int, int, int]) -> Any:
     r0, r1, c0, c1 = view
     return array[r0:r1, c0:c1]
@@ -395,10 +462,13 @@ def _descriptor(p: MatmulPlan, bias: Array | None, aux: Array | None, scales: Ma
     if sm_count is not None:
         desc.communication_sm_count = sm_count
     types = cublasmp._CUDA_TYPES
+    if p.communication_dtype is not None:
+        desc.communication_type = types[p.communication_dtype]
     if bias is not None and p.bias_dtype is not None:
         desc.bias_pointer = _interop.array_info(bias, "bias").ptr
         desc.bias_data_type = types[p.bias_dtype]
-        desc.bias_result_scheme = cublasmp.ResultScheme.FULL  # a bias gradient comes out whole on every rank
+        if EPILOGUES[p.epilogue].bias == "out":  # the scheme says what becomes of a gradient written; a read has none
+            desc.bias_result_scheme = cublasmp.ResultScheme.FULL  # a bias gradient comes out whole on every rank
     if aux is not None:
         ld, _, _ = p.aux_layout(rank)
         desc.epilogue_aux_pointer = _interop.array_info(aux, "aux").ptr

@@ -249,6 +249,45 @@ def test_reduce_scatter_and_allreduce_descriptors_follow_the_guide() -> None:
     assert ar.gemm_shape(0) == (M, N, K)
 
 
+def test_communication_type_of_the_reductions() -> None:
+    rs = planned("rows", "rows", "cols", True, dtype="bfloat16", communication_type="bfloat16")
+    assert rs.algorithm == "gemm_reducescatter" and rs.communication_dtype == "bfloat16"
+    assert rs.staging_bytes == M * N * 2 and "partial products communicated in bfloat16" in rs.explain()
+    wide = planned("rows", "rows", "cols", True, dtype="bfloat16", communication_type=cublasmp.CudaDataType.R_32F)
+    assert wide.communication_dtype == "float32" and wide.staging_bytes == M * N * 4
+    ar = planned("rows", "rows", "rep", True, dtype="float16", communication_type="float16")
+    assert ar.communication_dtype == "float16"
+    ag = planned("cols", "cols", "rows", True, dtype="bfloat16", communication_type="bfloat16")
+    assert ag.communication_dtype is None  # nothing is reduced
+    assert "communication type bfloat16: not used (allgather_gemm reduces no partial products)" in ag.explain()
+    z = planned("rows", "rows", "cols", True, dtype="complex64", communication_type="complex64")
+    assert z.communication_dtype == "complex64"
+    fp8 = plan(a=dist.by_rows((32, 64), 2), b=dist.by_rows((32, 32), 2), d=dist.by_columns((64, 32), 2),
+               a_dtype="float8_e4m3fn", d_dtype="float8_e4m3fn", transa=True, scales={"a", "b", "d"},
+               communication_type="bfloat16")
+    assert fp8.communication_dtype == "bfloat16" and fp8.staging_bytes == 64 * 32 * 2
+
+
+@pytest.mark.parametrize(("dtype", "given", "error", "message"), [
+    ("bfloat16", "float64", UsageError, r"no wider than the scale type \(float32\)"),
+    ("float32", "float16", UsageError, r"as wide as D \(float32\)"),
+    ("float32", "complex64", UsageError, "real like D"),
+    ("float64", "float32", UsageError, r"as wide as D \(float64\)"),
+    ("bfloat16", "int8", UsageError, "communication_type 'int8' is not one of"),
+    ("bfloat16", 12345, UsageError, "not a type cuBLASMp multiplies"),
+    ("bfloat16", True, TypeError, "communication_type must be a dtype name"),
+])
+def test_communication_type_refusals(dtype: str, given: Any, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        planned("rows", "rows", "cols", True, dtype=dtype, communication_type=given)
+
+
+def test_uniform_plans() -> None:
+    assert planned("cols", "cols", "rows", True).uniform
+    assert not planned("cols~", "cols", "rows~", True).uniform  # uneven: a general plan, pieces differ
+    assert not planned("rows~", "rows~", "rep", True).uniform  # GEMM+AllReduce on uneven k
+
+
 def test_replicated_operand_hands_over_a_view() -> None:
     result = planned("rows", "rep", "cols", True, False, p=4)
     assert result.algorithm == "gemm_reducescatter"
@@ -496,6 +535,7 @@ class Recorder:
         self.descriptors: list[dict[str, Any]] = []
         self.plans: list[tuple[Any, ...]] = []
         self.executed: list[dict[str, Any]] = []
+        self.workspaces: list[Any] = []
         rec = self
 
         class Closing:
@@ -508,6 +548,8 @@ class Recorder:
         class Matrix(Closing):
             def __init__(self, grid: Any, local: Any, shape: Any, block: Any, src: Any) -> None:
                 self.grid, self.local, self.shape, self.block, self.src = grid, local, shape, block, src
+                self.ptr = 0x1000 * (len(rec.matrices) + 1)
+                self.descriptor = Closing()
                 rec.matrices.append(dict(grid=grid, shape=tuple(local.shape), global_shape=shape, block=block,
                                          src=src))
 
@@ -530,6 +572,17 @@ class Recorder:
             def execute(self, stream: Any = None, **arrays: Any) -> None:
                 rec.executed.append(arrays)
 
+        class Workspace:
+            def __init__(self, grid: Any, nbytes: int) -> None:
+                self.grid, self.nbytes, self.served = grid, nbytes, []
+
+            def serve(self, grids: list[Any]) -> None:
+                self.served.append(list(grids))
+
+        def shared_workspace(grid: Any, nbytes: int) -> Workspace:
+            rec.workspaces.append(Workspace(grid, nbytes))
+            return rec.workspaces[-1]
+
         def grid(comm: Any, nprow: int, npcol: int, layout: Any) -> tuple[Any, int, int, int]:
             rec.grids.append((comm, nprow, npcol, int(layout)))
             return rec.grids[-1]
@@ -541,6 +594,7 @@ class Recorder:
         from mpbind import _core
 
         monkeypatch.setattr(_core.cublasmp, "MatmulPlan", Plan)
+        monkeypatch.setattr(_core.cublasmp, "shared_workspace", shared_workspace)
 
 
 class FakeComm:
@@ -641,6 +695,106 @@ def test_epilogue_pointers_reach_the_descriptor(monkeypatch: pytest.MonkeyPatch)
     assert attributes["epilogue_aux_pointer"] == 0x6000 and attributes["epilogue_aux_ld"] == 8
     assert attributes["algo_type"] == cublasmp.MatmulAlgoType.SPLIT_P2P
     assert attributes["communication_sm_count"] == 8
+    assert "bias_result_scheme" not in attributes  # a bias read has no result to reduce
+    assert "communication_type" not in attributes
+
+
+def test_bias_gradients_and_communication_type_reach_the_descriptor(monkeypatch: pytest.MonkeyPatch) -> None:
+    rec = Recorder(monkeypatch)
+    p = planned("rows", "rows", "cols", True, dtype="bfloat16", epilogue="bgradb", communication_type="bfloat16")
+    grad = InterfaceArray((N,), "<f4", ptr=0x7000)
+    build(p, 0, {"a": np.zeros((K // 2, M)), "b": np.zeros((K // 2, N)), "d": np.zeros((M, N // 2))}, bias=grad)
+    attributes = rec.descriptors[0]
+    assert attributes["bias_result_scheme"] == cublasmp.ResultScheme.FULL  # the gradient comes out whole
+    assert attributes["communication_type"] == cublasmp.CudaDataType.R_16BF
+
+
+def test_uneven_plans_take_one_workspace_size_on_every_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mpbind import _planned_matmul as pm
+
+    rec = Recorder(monkeypatch)
+    p = planned("cols~", "cols", "rows~", True)  # the AG+GEMM layout, uneven: general, pieces differ by rank
+    assert p.algorithm == "general" and not p.uniform
+    asked: list[tuple[Any, ...]] = []
+
+    def device_bytes(handle: Any, descriptor: Any, operands: Any, mnk: Any, alpha: bytes, beta: bytes) -> int:
+        asked.append((mnk, len(alpha), len(beta), sorted(operands)))
+        return 100
+
+    monkeypatch.setattr(pm, "_device_bytes", device_bytes)
+    monkeypatch.setattr(pm, "_all_gather", lambda comm, mine, nranks: [mine, (300, 0, 0)])
+    rows = p.d.local_shape(0)[0]
+    build(p, 0, {"a": np.zeros((K, rows)), "b": np.zeros((K, N // 2)), "d": np.zeros((rows, N))})
+    assert asked == [((M, N, K), 4, 4, ["a", "b", "d"])]
+    (workspace,) = rec.workspaces
+    assert workspace.nbytes == 300  # the largest any rank needs
+    assert workspace.grid == rec.matrices[2]["grid"]  # D's grid, where the plan looks for it
+    assert workspace.served == [[m["grid"] for m in rec.matrices]]
+    # Equal pieces on every rank: cuBLASMp asks the same everywhere, nothing is exchanged.
+    monkeypatch.setattr(pm, "_all_gather", lambda comm, mine, nranks: pytest.fail("exchanged"))
+    build(planned("cols", "cols", "rows", True), 0,
+          {"a": np.zeros((K, M // 2)), "b": np.zeros((K, N // 2)), "d": np.zeros((M // 2, N))})
+    assert len(asked) == 1 and len(rec.workspaces) == 1
+
+
+def test_device_bytes_asks_the_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from mpbind import _planned_matmul as pm
+    from mpbind.bindings import cublasmp as flat
+
+    calls: list[tuple[Any, ...]] = []
+
+    def buffer_size(*args: Any) -> tuple[int, int]:
+        calls.append(args)
+        return 4096, 16
+
+    monkeypatch.setattr(flat, "matmul_buffer_size", buffer_size)
+    matrix = {name: SimpleNamespace(ptr=ptr, descriptor=SimpleNamespace(ptr=ptr + 1))
+              for name, ptr in (("a", 0x10), ("b", 0x20), ("d", 0x40))}
+    got = pm._device_bytes(SimpleNamespace(ptr=7), SimpleNamespace(ptr=8), matrix, (3, 4, 5), b"\0" * 4, b"\0" * 4)
+    (args,) = calls
+    assert got == 4096 and args[:5] == (7, 8, 3, 4, 5)
+    assert args[6:10] == (0x10, 1, 1, 0x11) and args[10:14] == (0x20, 1, 1, 0x21)
+    assert args[15:19] == (0, 1, 1, 0) and args[19:] == (0x40, 1, 1, 0x41)  # no C
+    assert args[14] == args[5] + 4  # beta right after alpha
+
+
+def test_communication_settings_are_checked_and_agreed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from mpbind import _planned_matmul as pm
+    from mpbind import nccl
+
+    assert pm._settings(cublasmp.MatmulAlgoType.SPLIT_P2P, 8) == (cublasmp.MatmulAlgoType.SPLIT_P2P, 8)
+    assert pm._settings(1, None) == (cublasmp.MatmulAlgoType.SPLIT_P2P, None)
+    with pytest.raises(UsageError, match="algo_type 99 is not a cublasmp.MatmulAlgoType"):
+        pm._settings(99, None)
+    with pytest.raises(TypeError, match="algo_type must be"):
+        pm._settings("split", None)
+    with pytest.raises(UsageError, match="communication_sm_count must be >= 1"):
+        pm._settings(None, 0)
+    with pytest.raises(TypeError, match="communication_sm_count must be an int"):
+        pm._settings(None, 2.0)
+
+    comm = nccl.Communicator.__new__(nccl.Communicator)
+    object.__setattr__(comm, "_core", SimpleNamespace(rank=0, size=2, device=0))
+    seen: list[tuple[int, Exception | None]] = []
+
+    def agree(comm: Any, rank: int, nranks: int, fingerprint: int, failure: Exception | None, *rest: Any) -> None:
+        seen.append((fingerprint, failure))
+        raise RuntimeError("stop before building")
+
+    monkeypatch.setattr(pm, "_agree", agree)
+    arrays = {"a": col_major((M // 2, K)), "b": col_major((K, N // 2)), "d": col_major((M // 2, N))}
+    for options in ({}, {"communication_sm_count": 8}, {"communication_sm_count": 8},
+                    {"algo_type": cublasmp.MatmulAlgoType.ATOMIC_P2P}, {"algo_type": 99}):
+        with pytest.raises(RuntimeError, match="stop before building"):
+            cublasmp.plan_matmul(comm, arrays["a"], arrays["b"], arrays["d"], a_dist=BASE["a"], b_dist=BASE["b"],
+                                 d_dist=BASE["d"], **options)
+    prints = [f for f, _ in seen]
+    assert prints[1] == prints[2] and len({prints[0], prints[1], prints[3]}) == 3  # the settings are agreed on
+    assert [type(e).__name__ for _, e in seen] == ["NoneType"] * 4 + ["UsageError"]  # refused before a collective
 
 
 def test_fp8_scales_reach_the_descriptor(monkeypatch: pytest.MonkeyPatch) -> None:
