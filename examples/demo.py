@@ -74,7 +74,11 @@ def all_reduce_one_rank(uid: Any, count: int = 1 << 20) -> bool:
 
 
 def poisson_on_every_gpu(count: int) -> bool:
-    """examples/poisson3d.py under mpirun, one process per GPU (skipped without mpirun, mpi4py or CuPy)."""
+    """examples/poisson3d.py under mpirun, one process per GPU (skipped below two GPUs, or without mpirun,
+    mpi4py or CuPy)."""
+    if count < 2:
+        print(f"skipped: Poisson solve (examples/poisson3d.py) needs more than one GPU; {count} visible")
+        return True
     import importlib.util
     import shutil
     import subprocess
@@ -112,11 +116,10 @@ def main() -> int:
 
     if count == 0:
         print(f"skipped: one-rank all-reduce (no GPU visible: {reason})")
-        return 0 if tp_mlp.on_every_gpu(count) else 1
+        return 0 if poisson_on_every_gpu(count) and tp_mlp.on_every_gpu(count) else 1
     print(f"GPU: {count} visible; one-rank all-reduce on device 0")
     ok = all_reduce_one_rank(uid)
-    if count > 1:
-        ok = poisson_on_every_gpu(count) and ok
+    ok = poisson_on_every_gpu(count) and ok
     return 0 if tp_mlp.on_every_gpu(count) and ok else 1
 
 
