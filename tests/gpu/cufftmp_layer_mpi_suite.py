@@ -20,12 +20,9 @@ after a case's collective calls, so a failed check does not leave other PEs wait
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import gc
 import os
 import sys
-import time
-import traceback
 import warnings
 import zlib
 from collections.abc import Callable
@@ -40,7 +37,7 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
 import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
-from suite_report import Report, expect  # noqa: E402
+from suite_report import Report, add_timeout, expect, nvshmem_teardown, watched  # noqa: E402
 
 from mpbind import _core, cufftmp  # noqa: E402
 from mpbind.bindings import nvshmem as nv  # noqa: E402
@@ -408,41 +405,29 @@ def run_suite(c: Ctx, report: Report) -> None:
     r("teardown.dropped_plan_drained", lambda: case_dropped_plan(c))
 
 
+def run(comm: Any, report: Report) -> None:
+    cp.cuda.Device(DEVICE).use()
+    cp.cuda.runtime.free(0)  # the primary context, before NVSHMEM looks for it
+    stream = cp.cuda.Stream(non_blocking=True)
+    c = Ctx(comm=comm, pe=comm.Get_rank(), npes=comm.Get_size(), stream=stream)
+    attr = nv.InitAttr()
+    nv.set_attr_mpi_comm_args(c.comm, attr)
+    nv.init_attr(nv.InitFlags.WITH_MPI_COMM, attr)
+    report.passed += 1
+    report.line("PASS", "init.nvshmem_with_mpi_comm")
+    try:
+        run_suite(c, report)
+    finally:
+        nvshmem_teardown(report, comm, c.sync, nv.finalize)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--timeout", type=float, default=150.0,
-                    help="dump every thread's stack and exit after this many seconds (a hang)")
+    add_timeout(ap, 150.0)
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
     report = Report(comm.Get_rank(), tracebacks="CUFFTMP_SUITE_TRACEBACKS")
-    faulthandler.dump_traceback_later(args.timeout, exit=True)
-    start = time.monotonic()
-    try:
-        cp.cuda.Device(DEVICE).use()
-        cp.cuda.runtime.free(0)  # the primary context, before NVSHMEM looks for it
-        stream = cp.cuda.Stream(non_blocking=True)
-        c = Ctx(comm=comm, pe=comm.Get_rank(), npes=comm.Get_size(), stream=stream)
-        attr = nv.InitAttr()
-        nv.set_attr_mpi_comm_args(c.comm, attr)
-        nv.init_attr(nv.InitFlags.WITH_MPI_COMM, attr)
-        report.passed += 1
-        report.line("PASS", "init.nvshmem_with_mpi_comm")
-        try:
-            run_suite(c, report)
-        finally:
-            c.sync()
-            comm.Barrier()
-            report.check("teardown.queue_empty", lambda: expect(_core.queued() == [], f"{_core.queued()}"))
-            report.check("teardown.nvshmem_finalize", nv.finalize)
-    except Exception as exc:
-        report.failed += 1
-        report.line("FAIL", "setup", f"{type(exc).__name__}: {exc}")
-        traceback.print_exc()
-    finally:
-        faulthandler.cancel_dump_traceback_later()
-        report.info("elapsed", f"{time.monotonic() - start:.2f} s")
-        print(report.summary(), flush=True)
-    return 1 if report.failed else 0
+    return watched(report, args.timeout, lambda: run(comm, report), elapsed=True)
 
 
 if __name__ == "__main__":

@@ -36,11 +36,8 @@ plan is destroyed; a plan made first is then kept for the whole run. Symmetric b
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import os
 import sys
-import time
-import traceback
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,7 +51,7 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
 import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
-from suite_report import Report, Skip, expect  # noqa: E402
+from suite_report import Report, Skip, add_timeout, expect, watched  # noqa: E402
 
 from mpbind.bindings import cufftmp as cf  # noqa: E402
 from mpbind.bindings import nvshmem as nv  # noqa: E402
@@ -750,50 +747,37 @@ def init_nvshmem(args: argparse.Namespace, c: Ctx, report: Report, resources: Re
     report.line("PASS", "init.by_cufftmp_plan", f"init_status {status_name(before)} -> {status_name(after)}")
 
 
+def run(args: argparse.Namespace, comm: Any, report: Report) -> None:
+    select_device()
+    stream = cp.cuda.Stream(non_blocking=True)
+    c = Ctx(comm=comm, pe=comm.Get_rank(), npes=comm.Get_size(), stream=stream)
+    keeper = Resources(c)
+    init_nvshmem(args, c, report, keeper)
+    report.info("versions", f"cuFFTMp {cf.get_version()} (bindings for {cf.VERSION}), NVSHMEM "
+                + ".".join(map(str, nv.vendor_get_version_info())))
+    report.info("init_status", status_name(int(nv.init_status())))
+    try:
+        run_suite(c, report)
+    finally:
+        c.sync()
+        comm.Barrier()
+        if args.init == "library":
+            errors = keeper.release()
+            report.check("teardown.destroy_first_plan", lambda: expect(not errors, "; ".join(errors)))
+        else:
+            report.check("teardown.nvshmem_finalize", nv.finalize)
+        report.info("init_status_after_teardown", status_name(int(nv.init_status())))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--init", choices=("nvshmem", "library"), default="nvshmem",
                     help="initialise NVSHMEM here through MPI, or let cuFFTMp do it")
-    ap.add_argument("--timeout", type=float, default=150.0,
-                    help="dump every thread's stack and exit after this many seconds (a hang)")
+    add_timeout(ap, 150.0)
     args = ap.parse_args()
-
     comm = MPI.COMM_WORLD
     report = Report(comm.Get_rank(), tracebacks="CUFFTMP_SUITE_TRACEBACKS")
-    # A C-level watchdog: it fires even while a thread is blocked in CUDA, NVSHMEM or cuFFTMp.
-    faulthandler.dump_traceback_later(args.timeout, exit=True)
-    start = time.monotonic()
-    keeper: Resources | None = None
-    try:
-        select_device()
-        stream = cp.cuda.Stream(non_blocking=True)
-        c = Ctx(comm=comm, pe=comm.Get_rank(), npes=comm.Get_size(), stream=stream)
-        keeper = Resources(c)
-        init_nvshmem(args, c, report, keeper)
-        report.info("versions", f"cuFFTMp {cf.get_version()} (bindings for {cf.VERSION}), NVSHMEM "
-                    + ".".join(map(str, nv.vendor_get_version_info())))
-        report.info("init_status", status_name(int(nv.init_status())))
-        try:
-            run_suite(c, report)
-        finally:
-            c.sync()
-            comm.Barrier()
-            if args.init == "library":
-                errors = keeper.release()
-                keeper = None
-                report.check("teardown.destroy_first_plan", lambda: expect(not errors, "; ".join(errors)))
-            else:
-                report.check("teardown.nvshmem_finalize", nv.finalize)
-            report.info("init_status_after_teardown", status_name(int(nv.init_status())))
-    except Exception as exc:  # initialisation itself failed: nothing else can run
-        report.failed += 1
-        report.line("FAIL", "setup", f"{type(exc).__name__}: {exc}")
-        traceback.print_exc()
-    finally:
-        faulthandler.cancel_dump_traceback_later()
-        report.info("elapsed", f"{time.monotonic() - start:.2f} s")
-        print(report.summary(), flush=True)
-    return 1 if report.failed else 0
+    return watched(report, args.timeout, lambda: run(args, comm, report), elapsed=True)
 
 
 if __name__ == "__main__":

@@ -28,13 +28,10 @@ same order; checks run after a case's collective calls.
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import gc
 import math
 import os
 import sys
-import time
-import traceback
 import warnings
 import zlib
 from collections.abc import Callable
@@ -48,7 +45,7 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
 import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
-from suite_report import Report, expect  # noqa: E402
+from suite_report import Report, add_timeout, expect, nvshmem_teardown, watched  # noqa: E402
 
 import mpbind  # noqa: E402
 from mpbind import _core, fft, nvshmem  # noqa: E402
@@ -585,11 +582,25 @@ def run_suite(c: Ctx, report: Report, only: str | None, with_torch: bool) -> Non
     r("lifetimes", lambda: case_lifetimes(c))
 
 
+def run(args: argparse.Namespace, comm: Any, report: Report) -> None:
+    pe = comm.Get_rank()
+    device = 0 if args.one_gpu else pe % cp.cuda.runtime.getDeviceCount()
+    cp.cuda.Device(device).use()
+    cp.cuda.runtime.free(0)
+    c = Ctx(comm, pe, comm.Get_size(), device, cp.cuda.Stream(non_blocking=True))
+    nvshmem.init(mpi_comm=comm, device=device)
+    report.passed += 1
+    report.line("PASS", "init.nvshmem", f"{c.npes} PE(s), device {device}")
+    try:
+        run_suite(c, report, args.only, args.torch)
+    finally:
+        nvshmem_teardown(report, comm, c.sync, nvshmem.finalize)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--one-gpu", action="store_true", help="every PE on GPU 0")
-    ap.add_argument("--timeout", type=float, default=540.0,
-                    help="dump every thread's stack and exit after this many seconds (a hang)")
+    add_timeout(ap, 540.0)
     ap.add_argument("--only", default=None, help="run the checks whose name starts with this")
     ap.add_argument("--torch", action="store_true",
                     help="only the PyTorch-tensor cases, with torch imported first (as a user's program does): "
@@ -598,34 +609,8 @@ def main() -> int:
     if args.torch:
         import torch  # noqa: F401 - before anything loads cuFFTMp
     comm = MPI.COMM_WORLD
-    pe = comm.Get_rank()
-    report = Report(pe, tracebacks="FFT_SUITE_TRACEBACKS")
-    faulthandler.dump_traceback_later(args.timeout, exit=True)
-    start = time.monotonic()
-    try:
-        device = 0 if args.one_gpu else pe % cp.cuda.runtime.getDeviceCount()
-        cp.cuda.Device(device).use()
-        cp.cuda.runtime.free(0)
-        c = Ctx(comm, pe, comm.Get_size(), device, cp.cuda.Stream(non_blocking=True))
-        nvshmem.init(mpi_comm=comm, device=device)
-        report.passed += 1
-        report.line("PASS", "init.nvshmem", f"{c.npes} PE(s), device {device}")
-        try:
-            run_suite(c, report, args.only, args.torch)
-        finally:
-            c.sync()
-            comm.Barrier()
-            report.check("teardown.queue_empty", lambda: expect(_core.queued() == [], f"{_core.queued()}"))
-            report.check("teardown.nvshmem_finalize", nvshmem.finalize)
-    except Exception as exc:
-        report.failed += 1
-        report.line("FAIL", "setup", f"{type(exc).__name__}: {exc}")
-        traceback.print_exc()
-    finally:
-        faulthandler.cancel_dump_traceback_later()
-        report.info("elapsed", f"{time.monotonic() - start:.2f} s")
-        print(report.summary(), flush=True)
-    return 1 if report.failed else 0
+    report = Report(comm.Get_rank(), tracebacks="FFT_SUITE_TRACEBACKS")
+    return watched(report, args.timeout, lambda: run(args, comm, report), elapsed=True)
 
 
 if __name__ == "__main__":

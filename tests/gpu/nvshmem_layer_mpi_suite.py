@@ -12,13 +12,11 @@ CUDA MPS) team creation, team barriers and collectives are skipped, with the rea
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import gc
 import os
 import subprocess
 import sys
 import time
-import traceback
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +30,7 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
 import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
-from suite_report import Report, Skip, expect  # noqa: E402
+from suite_report import Report, Skip, add_timeout, expect, watched  # noqa: E402
 
 from mpbind import _core  # noqa: E402
 from mpbind import nvshmem as nv  # noqa: E402
@@ -508,22 +506,11 @@ def run(args: argparse.Namespace, comm: Any, report: Report) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--init", choices=("uid", "mpi"), default="uid")
-    ap.add_argument("--timeout", type=float, default=150.0,
-                    help="dump every thread's stack and exit after this many seconds (a hang)")
+    add_timeout(ap, 150.0)
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
     report = Report(comm.Get_rank(), tracebacks="NVSHMEM_SUITE_TRACEBACKS", xfail_column=True)
-    faulthandler.dump_traceback_later(args.timeout, exit=True)
-    try:
-        run(args, comm, report)
-    except Exception as exc:
-        report.failed += 1
-        report.line("FAIL", "setup", f"{type(exc).__name__}: {exc}")
-        traceback.print_exc()
-    finally:
-        faulthandler.cancel_dump_traceback_later()
-        print(report.summary(), flush=True)
-    return 1 if report.failed else 0
+    return watched(report, args.timeout, lambda: run(args, comm, report))
 
 
 if __name__ == "__main__":
