@@ -25,7 +25,6 @@ import os
 import sys
 import warnings
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,8 +35,9 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
 
 import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
+from array_checks import expect_changed, expect_close, expect_equal  # noqa: E402
 from mpi4py import MPI  # noqa: E402
-from suite_report import Report, add_timeout, expect, nvshmem_teardown, watched  # noqa: E402
+from suite_report import Report, add_timeout, expect, expect_raises, nvshmem_teardown, watched  # noqa: E402
 
 from mpbind import _core, cufftmp  # noqa: E402
 from mpbind.bindings import nvshmem as nv  # noqa: E402
@@ -46,44 +46,6 @@ from mpbind.errors import UsageError  # noqa: E402
 DEVICE = 0
 SEED = 20250211
 RTOL = {"complex64": 1e-4, "complex128": 1e-10, "float32": 1e-4, "float64": 1e-10}
-MAX_UNCHANGED = 0.05
-
-
-def expect_raises(exc_type: type[BaseException], fn: Callable[[], Any], what: str) -> str:
-    try:
-        fn()
-    except exc_type as exc:
-        return str(exc)
-    except Exception as exc:
-        raise AssertionError(f"{what}: raised {type(exc).__name__}: {exc}, expected {exc_type.__name__}") from None
-    raise AssertionError(f"{what}: did not raise {exc_type.__name__}")
-
-
-def expect_equal(got: np.ndarray, want: np.ndarray, what: str) -> None:
-    expect(got.shape == want.shape, f"{what}: shape {got.shape} != expected {want.shape}")
-    if not np.array_equal(got, want):
-        bad = np.argwhere(got != want)
-        i = tuple(int(v) for v in bad[0])
-        raise AssertionError(f"{what}: {len(bad)} of {want.size} elements differ; first at {i}: "
-                             f"got {got[i]!r}, expected {want[i]!r}")
-
-
-def expect_close(got: np.ndarray, want: np.ndarray, rtol: float, what: str) -> float:
-    expect(got.shape == want.shape, f"{what}: shape {got.shape} != expected {want.shape}")
-    expect(bool(np.all(np.isfinite(got))), f"{what}: non-finite values")
-    scale = float(np.max(np.abs(want))) or 1.0
-    worst = float(np.max(np.abs(got.astype(np.complex128) - want.astype(np.complex128))))
-    expect(worst <= rtol * scale, f"{what}: max |got - expected| = {worst:.3g} > {rtol:g} x {scale:.3g}")
-    return worst / scale
-
-
-def expect_changed(before: np.ndarray, after: np.ndarray, what: str) -> None:
-    word = np.float64 if before.dtype in (np.float64, np.complex128) else np.float32
-    a = np.ascontiguousarray(before).view(word).ravel()
-    b = np.ascontiguousarray(after).view(word).ravel()
-    n = min(a.size, b.size)
-    same = int(np.sum(a[:n] == b[:n]))
-    expect(same <= MAX_UNCHANGED * n, f"{what}: {same} of {n} words are unchanged from the input")
 
 
 def split(n: int, parts: int, k: int) -> tuple[int, int]:

@@ -50,6 +50,7 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
 
 import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
+from array_checks import expect_changed, expect_close, expect_equal  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 from suite_report import Report, Skip, add_timeout, expect, watched  # noqa: E402
 
@@ -64,47 +65,6 @@ Box = tuple[list[int], list[int], list[int]]  # lower, upper, strides (elements)
 DEVICE = 0
 SEED = 20240917
 RTOL = {"single": 1e-4, "double": 1e-10}  # relative to the largest magnitude expected
-# At most this share of a result's elements may equal, bit for bit, the buffer's input.
-MAX_UNCHANGED = 0.05
-
-
-# --- outcomes ---------------------------------------------------------------------------------
-
-
-def expect_equal(got: np.ndarray, want: np.ndarray, what: str) -> None:
-    expect(got.shape == want.shape, f"{what}: shape {got.shape} != expected {want.shape}")
-    if not np.array_equal(got, want):
-        bad = np.argwhere(got != want)
-        i = tuple(int(v) for v in bad[0])
-        raise AssertionError(f"{what}: {len(bad)} of {want.size} elements differ; first at {i}: "
-                             f"got {got[i]!r}, expected {want[i]!r}")
-
-
-def expect_close(got: np.ndarray, want: np.ndarray, rtol: float, what: str) -> float:
-    """Max |got - want| within rtol * max |want|; returns that error relative to max |want|."""
-    expect(got.shape == want.shape, f"{what}: shape {got.shape} != expected {want.shape}")
-    expect(bool(np.all(np.isfinite(got))), f"{what}: {int(np.sum(~np.isfinite(got)))} non-finite values")
-    scale = float(np.max(np.abs(want))) or 1.0
-    diff = np.abs(got.astype(np.complex128) - want.astype(np.complex128))
-    worst = float(np.max(diff))
-    if worst > rtol * scale:
-        i = tuple(int(v) for v in np.unravel_index(int(np.argmax(diff)), diff.shape))
-        raise AssertionError(f"{what}: max |got - expected| = {worst:.3g} > {rtol:g} x max|expected| "
-                             f"({scale:.3g}); {int(np.sum(diff > rtol * scale))} of {want.size} elements off; "
-                             f"worst at {i}: got {got[i]!r}, expected {want[i]!r}")
-    return worst / scale
-
-
-def expect_changed(before: np.ndarray, after: np.ndarray, what: str) -> None:
-    """The buffer the library wrote must not still hold its input: compare the raw words."""
-    word = np.float64 if before.dtype in (np.float64, np.complex128) else np.float32
-    a = np.ascontiguousarray(before).view(word).ravel()
-    b = np.ascontiguousarray(after).view(word).ravel()
-    n = min(a.size, b.size)
-    same = int(np.sum(a[:n] == b[:n]))
-    expect(same <= MAX_UNCHANGED * n,
-           f"{what}: {same} of {n} words are unchanged from the input"
-           + (" (the buffer still holds its input)" if same == n else ""))
 
 
 # --- device memory through CuPy ---------------------------------------------------------------

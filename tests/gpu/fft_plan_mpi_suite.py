@@ -44,8 +44,9 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
 
 import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
+from array_checks import expect_changed, expect_close, expect_equal  # noqa: E402
 from mpi4py import MPI  # noqa: E402
-from suite_report import Report, add_timeout, expect, nvshmem_teardown, watched  # noqa: E402
+from suite_report import Report, add_timeout, expect, expect_raises, nvshmem_teardown, watched  # noqa: E402
 
 import mpbind  # noqa: E402
 from mpbind import _core, fft, nvshmem  # noqa: E402
@@ -54,7 +55,6 @@ from mpbind.errors import UsageError  # noqa: E402
 
 SEED = 20260214
 RTOL = {"complex64": 1e-5, "float32": 1e-5, "complex128": 1e-12, "float64": 1e-12}
-MAX_UNCHANGED = 0.05
 REAL = {"complex64": "float32", "complex128": "float64"}
 COMPLEX = {"float32": "complex64", "float64": "complex128"}
 
@@ -75,52 +75,6 @@ def seeded(name: str, shape: tuple[int, ...], dtype: Any, salt: int = 0) -> np.n
 
 def cut(g: np.ndarray, box: dist.Box) -> np.ndarray:
     return np.ascontiguousarray(g[tuple(slice(lo, up) for lo, up in zip(box.lower, box.upper, strict=True))])
-
-
-def rel_error(got: np.ndarray, want: np.ndarray, what: str) -> float:
-    expect(got.shape == want.shape, f"{what}: shape {got.shape} != expected {want.shape}")
-    if want.size == 0:
-        return 0.0
-    expect(bool(np.all(np.isfinite(got))), f"{what}: non-finite values")
-    scale = float(np.max(np.abs(want))) or 1.0
-    return float(np.max(np.abs(got.astype(np.complex128) - want.astype(np.complex128)))) / scale
-
-
-def expect_close(got: np.ndarray, want: np.ndarray, dtype: str, what: str) -> float:
-    err = rel_error(got, want, what)
-    expect(err <= RTOL[dtype], f"{what}: relative error {err:.3g} > {RTOL[dtype]:g}")
-    return err
-
-
-def expect_changed(before: np.ndarray, after: np.ndarray, what: str) -> None:
-    """No output equal to its input: few words of the result are the input's, place by place."""
-    word = np.float64 if before.dtype in (np.float64, np.complex128) else np.float32
-    a = np.ascontiguousarray(before).view(word).ravel()
-    b = np.ascontiguousarray(after).view(word).ravel()
-    n = min(a.size, b.size)
-    if n == 0:
-        return
-    same = int(np.sum(a[:n] == b[:n]))
-    expect(same <= MAX_UNCHANGED * n, f"{what}: {same} of {n} words are unchanged from the input")
-
-
-def expect_equal(got: np.ndarray, want: np.ndarray, what: str) -> None:
-    expect(got.shape == want.shape, f"{what}: shape {got.shape} != expected {want.shape}")
-    if not np.array_equal(got, want):
-        bad = np.argwhere(got != want)
-        i = tuple(int(v) for v in bad[0])
-        raise AssertionError(f"{what}: {len(bad)} of {want.size} elements differ; first at {i}: got {got[i]!r}, "
-                             f"expected {want[i]!r}")
-
-
-def expect_raises(exc_type: type[BaseException], fn: Callable[[], Any], what: str) -> str:
-    try:
-        fn()
-    except exc_type as exc:
-        return str(exc)
-    except Exception as exc:
-        raise AssertionError(f"{what}: raised {type(exc).__name__}: {exc}, expected {exc_type.__name__}") from None
-    raise AssertionError(f"{what}: did not raise {exc_type.__name__}")
 
 
 class DLPackOnly:
@@ -274,9 +228,9 @@ def case_c2c(c: Ctx, k: FFTCase) -> str:
             local = cut(g, p.input_box)
             fwd, inv = there_and_back(c, p, local, k.how, lambda y: p.execute(y, direction=fft.INVERSE))
             expect(p.output_shape == fwd.shape, f"output_shape {p.output_shape} != result {fwd.shape}")
-            err = expect_close(fwd, cut(want, p.output_box), dtype, f"forward (data {salt})")
+            err = expect_close(fwd, cut(want, p.output_box), RTOL[dtype], f"forward (data {salt})")
             expect_changed(local, fwd, "forward output")
-            err_back = expect_close(inv, local.astype(np.complex128) * g.size, dtype, f"inverse (data {salt})")
+            err_back = expect_close(inv, local.astype(np.complex128) * g.size, RTOL[dtype], f"inverse (data {salt})")
             notes.append(f"{err:.1e}/{err_back:.1e}")
     finally:
         c.sync()
@@ -300,9 +254,9 @@ def case_r2c(c: Ctx, k: FFTCase) -> str:
             local = cut(g, p.input_box)
             fwd, inv = there_and_back(c, p, local, k.how, q.execute)  # the R2C's result straight into the C2R
             expect(fwd.dtype == np.dtype(cdtype) and inv.dtype == np.dtype(dtype), f"dtypes {fwd.dtype} {inv.dtype}")
-            err = expect_close(fwd, cut(want, p.output_box), cdtype, f"R2C (data {salt})")
+            err = expect_close(fwd, cut(want, p.output_box), RTOL[cdtype], f"R2C (data {salt})")
             expect_changed(local.astype(cdtype), fwd, "R2C output")
-            err_back = expect_close(inv, local.astype(np.float64) * g.size, dtype, f"C2R of R2C (data {salt})")
+            err_back = expect_close(inv, local.astype(np.float64) * g.size, RTOL[dtype], f"C2R of R2C (data {salt})")
             # And C2R alone, from the exact half-spectrum.
             half = cut(want, q.input_box).astype(cdtype)
             h = give(c, q, half, "cupy")
@@ -310,7 +264,7 @@ def case_r2c(c: Ctx, k: FFTCase) -> str:
                 alone = c.host(q.execute(h.x))
             finally:
                 release(c, h)
-            err_alone = expect_close(alone, local.astype(np.float64) * g.size, dtype, f"C2R alone (data {salt})")
+            err_alone = expect_close(alone, local.astype(np.float64) * g.size, RTOL[dtype], f"C2R alone (data {salt})")
             notes.append(f"{err:.1e}/{err_back:.1e}/{err_alone:.1e}")
     finally:
         c.sync()

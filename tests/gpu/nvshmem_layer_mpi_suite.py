@@ -29,6 +29,7 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
 
 import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
+from array_checks import expect_equal  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 from suite_report import Report, Skip, add_timeout, expect, watched  # noqa: E402
 
@@ -47,17 +48,6 @@ NUMPY_REDUCE: dict[str, Any] = {
 }
 REDUCE_CASES = ([(op, t) for t in ("float32", "float64", "int32", "int64") for op in ("sum", "prod", "min", "max")]
                 + [(op, t) for t in ("int32", "uint64") for op in ("and", "or", "xor")])
-
-
-def expect_equal(got: Any, want: Any, what: str = "result") -> None:
-    got_arr, want_arr = np.asarray(got), np.asarray(want)
-    if got_arr.shape != want_arr.shape:
-        raise AssertionError(f"{what}: shape {got_arr.shape} != expected {want_arr.shape}")
-    if not np.array_equal(got_arr, want_arr):
-        bad = np.flatnonzero(got_arr.ravel() != want_arr.ravel())
-        i = int(bad[0])
-        raise AssertionError(f"{what}: {bad.size} of {want_arr.size} elements differ; first at {i}: "
-                             f"got {got_arr.ravel()[i]!r}, expected {want_arr.ravel()[i]!r}")
 
 
 def expect_usage_error(fn: Callable[[], object], match: str) -> None:

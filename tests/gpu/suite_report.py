@@ -88,6 +88,17 @@ def expect(condition: bool, message: str) -> None:
         raise AssertionError(message)
 
 
+def expect_raises(exc_type: type[BaseException], fn: Callable[[], Any], what: str) -> str:
+    """`fn()` raises `exc_type`; its message."""
+    try:
+        fn()
+    except exc_type as exc:
+        return str(exc)
+    except Exception as exc:
+        raise AssertionError(f"{what}: raised {type(exc).__name__}: {exc}, expected {exc_type.__name__}") from None
+    raise AssertionError(f"{what}: did not raise {exc_type.__name__}")
+
+
 def add_timeout(ap: argparse.ArgumentParser, default: float) -> None:
     """The ``--timeout`` option of a suite run under :func:`watched`."""
     ap.add_argument("--timeout", type=float, default=default,
