@@ -47,6 +47,7 @@ from cublasmp_cases import (  # noqa: E402
     tp_case,
 )
 from mpi4py import MPI  # noqa: E402
+from rank_per_gpu import finish, local_gpu  # noqa: E402
 from suite_report import Report  # noqa: E402
 
 from mpbind.bindings import cublasmp, nccl  # noqa: E402
@@ -138,15 +139,7 @@ def main() -> int:
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
     report = Report(rank, who="rank", tracebacks="CUBLASMP_SUITE_TRACEBACKS")
-    node = world.Split_type(MPI.COMM_TYPE_SHARED)
-    local_rank, local_size = node.Get_rank(), node.Get_size()
-    devices = torch.cuda.device_count()
-    if devices < local_size:
-        report.failed += 1
-        report.line("FAIL", "setup", f"{local_size} ranks on this node but {devices} GPUs: NCCL needs one GPU "
-                                     f"per rank")
-        print(report.summary(), flush=True)
-        return 1
+    local_rank = local_gpu(world, report, torch.cuda.device_count())
     torch.cuda.set_device(local_rank)
     stream = torch.cuda.Stream()
     torch.cuda.set_stream(stream)
@@ -162,9 +155,7 @@ def main() -> int:
     finally:
         torch.cuda.synchronize()
         env.close()
-    world.Barrier()
-    print(report.summary(), flush=True)
-    return 1 if report.failed else 0
+    return finish(world, report)
 
 
 if __name__ == "__main__":

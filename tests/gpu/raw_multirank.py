@@ -47,6 +47,7 @@ from cublasmp_cases import (  # noqa: E402
 )
 from cuda.bindings import runtime as rt  # noqa: E402
 from mpi4py import MPI  # noqa: E402
+from rank_per_gpu import finish, local_gpu  # noqa: E402
 from suite_report import Report, expect  # noqa: E402
 
 from mpbind import _loader  # noqa: E402
@@ -318,14 +319,7 @@ def main() -> int:
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
     report = Report(rank, who="rank", tracebacks="RAW_SUITE_TRACEBACKS")
-    node = world.Split_type(MPI.COMM_TYPE_SHARED)
-    local_rank, local_size = node.Get_rank(), node.Get_size()
-    devices = int(cuda(rt.cudaGetDeviceCount()))
-    if devices < local_size:
-        report.failed += 1
-        report.line("FAIL", "setup", f"{local_size} ranks on this node but {devices} GPUs: NCCL needs one GPU per rank")
-        print(report.summary(), flush=True)
-        return 1
+    local_rank = local_gpu(world, report, int(cuda(rt.cudaGetDeviceCount())))
     cuda(rt.cudaSetDevice(local_rank))
     stream = int(cuda(rt.cudaStreamCreate()))
 
@@ -348,9 +342,7 @@ def main() -> int:
     finally:
         cuda(rt.cudaDeviceSynchronize())
         r.close()
-    world.Barrier()
-    print(report.summary(), flush=True)
-    return 1 if report.failed else 0
+    return finish(world, report)
 
 
 if __name__ == "__main__":
