@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from cublasmp_multirank import Dist, expect_close, gather, grid_position, random_matrix
+from cublasmp_cases import grid_position
+from cublasmp_multirank import Dist, expect_close, gather, random_matrix
 from mpi4py import MPI
 from rank_per_gpu import rank_per_gpu
 from suite_report import Report, Skip
