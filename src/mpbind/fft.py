@@ -286,6 +286,11 @@ def _dtype_key(dtype: Any) -> str:
         return repr(dtype)
 
 
+def _largest(comm: Any, mine: int) -> int:
+    """The largest of every rank's `mine`: a size that differs by rank, agreed before a symmetric allocation."""
+    return max(n for _, n in _exchange(comm, (0, int(mine))))
+
+
 def _where(comm: Any) -> tuple[int, int]:
     """(rank, size) of `comm` (mpi4py), or of NVSHMEM's world when `comm` is None."""
     if comm is None:
@@ -398,7 +403,7 @@ class FFTPlan(Owned):
         self._buffer = int(desc.data)
         # Whether an array is used in place must be decided alike on every rank (cuFFTMp writes into the
         # other ranks' memory at the address each passes): sizes are the largest over the ranks.
-        self._room = max(n for _, n in _exchange(comm, (0, int(desc.nbytes))))
+        self._room = _largest(comm, desc.nbytes)
         self._need = max(spec.max_buffer_bytes, self._room if spec.algorithm == "boxes" else 0)
         self._stream = _interop.stream_handle(stream)
         self._stream_obj = stream
@@ -624,7 +629,7 @@ class ReshapePlan(Owned):
             r = cufftmp.Reshape.create(comm, spec.unit, (lo_in, up_in), (lo_out, up_out), input_strides=st_in,
                                        output_strides=st_out)
             owned.append(r)
-            work = max(n for _, n in _exchange_sizes(comm, r.workspace_size))
+            work = _largest(comm, r.workspace_size)
             # Symmetric memory is allocated alike on every rank: the largest piece of each side.
             owned.append(nvshmem.empty(spec.max_input_bytes, "uint8"))
             owned.append(nvshmem.empty(spec.max_output_bytes, "uint8"))
@@ -716,8 +721,3 @@ class ReshapePlan(Owned):
     _work: int
     _stream: int
     _stream_obj: Any
-
-
-def _exchange_sizes(comm: Any, mine: int) -> list[tuple[int, int]]:
-    """Every rank's (0, size): a size that differs by rank, agreed before a symmetric allocation."""
-    return _exchange(comm, (0, int(mine)))
