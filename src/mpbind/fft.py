@@ -55,7 +55,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from mpbind import _core, _fft_plan, _interop, cufftmp, nvshmem
 from mpbind._fft_plan import Algorithm, FFTSpec, Kind, ReshapeSpec, Side, plan_fft, row_major
@@ -329,6 +329,44 @@ _LibXtDesc._fields_ = [("version", ctypes.c_int), ("descriptor", ctypes.POINTER(
                        ("subFormat", ctypes.c_int), ("libDescriptor", ctypes.c_void_p)]
 
 
+# --- what both plans hold ---------------------------------------------------------------------------------
+
+_Spec = TypeVar("_Spec", FFTSpec, ReshapeSpec)
+
+
+class _Plan(Owned, Generic[_Spec]):
+    """A plan made on every rank: the decision the ranks agreed on (`spec`), this rank's place in it, its
+    device, and the stream its work is queued on."""
+
+    _core: Parts
+    spec: _Spec
+
+    def _place(self, spec: _Spec, rank: int, device: int, stream: Stream) -> None:
+        self.spec = spec
+        self._rank = rank
+        self._device = device
+        self._stream = _interop.stream_handle(stream)
+        self._stream_obj = stream
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """This rank's input piece (a C2C inverse takes the output shape)."""
+        return self.spec.input_side(self._rank).shape
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        return self.spec.output_side(self._rank).shape
+
+    def _view(self, ptr: int, side: Side, room: int, owner: Any) -> DeviceView:
+        """This rank's piece `side` at `ptr` (`room` symmetric bytes from there), kept alive by `owner`."""
+        return DeviceView(ptr, side.shape, side.strides, side.dtype, self._device, room, owner)
+
+    _rank: int
+    _device: int
+    _stream: int
+    _stream_obj: Any
+
+
 # --- FFT plans --------------------------------------------------------------------------------------------
 
 
@@ -358,11 +396,8 @@ def plan(comm: Any, shape: Sequence[int], dtype: Any, kind: Kind | None = None, 
     return FFTPlan._make(comm, spec, rank, stream)
 
 
-class FFTPlan(Owned):
+class FFTPlan(_Plan[FFTSpec]):
     """A distributed FFT, made: :meth:`execute` runs it on this rank's piece. See :func:`plan`."""
-
-    _core: Parts
-    spec: FFTSpec
 
     @classmethod
     def _make(cls, comm: Any, spec: FFTSpec, rank: int, stream: Stream) -> FFTPlan:
@@ -395,9 +430,7 @@ class FFTPlan(Owned):
             del p  # its lifetime row applies: queued for drain() on every rank once a communicator is attached
             raise
         self = cls._over(Parts([p], "fft plan parts"))
-        self.spec = spec
-        self._rank = rank
-        self._device = device
+        self._place(spec, rank, device, stream)
         self._cplan = p
         self._desc = desc
         self._buffer = int(desc.data)
@@ -405,8 +438,6 @@ class FFTPlan(Owned):
         # other ranks' memory at the address each passes): sizes are the largest over the ranks.
         self._room = _largest(comm, desc.nbytes)
         self._need = max(spec.max_buffer_bytes, self._room if spec.algorithm == "boxes" else 0)
-        self._stream = _interop.stream_handle(stream)
-        self._stream_obj = stream
         self._slabs = spec.algorithm == "slabs"
         self._exec = p._core.exec
         self._exec_descriptor = p._core.exec_descriptor
@@ -438,15 +469,6 @@ class FFTPlan(Owned):
     def shape(self) -> tuple[int, ...]:
         """The transform's global shape (real for R2C/C2R)."""
         return self.spec.shape
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        """This rank's input piece (a C2C inverse takes the output shape)."""
-        return self.spec.input_side(self._rank).shape
-
-    @property
-    def output_shape(self) -> tuple[int, ...]:
-        return self.spec.output_side(self._rank).shape
 
     @property
     def input_dtype(self) -> str:
@@ -564,9 +586,6 @@ class FFTPlan(Owned):
         i, o = self.spec.input_side(self._rank), self.spec.output_side(self._rank)
         return (o, i) if (self.spec.kind == "c2c" and d == INVERSE) else (i, o)
 
-    def _view(self, ptr: int, side: Side, room: int, owner: Any) -> DeviceView:
-        return DeviceView(ptr, side.shape, side.strides, side.dtype, self._device, room, owner)
-
     def _live(self) -> None:
         if self._core.released:
             raise UsageError("fft.FFTPlan is closed")
@@ -574,15 +593,11 @@ class FFTPlan(Owned):
     def _described(self) -> str:
         return f"{self.spec.cufft_type} {'x'.join(map(str, self.spec.shape))} {self.spec.algorithm}"
 
-    _rank: int
-    _device: int
     _cplan: cufftmp.Plan
     _desc: cufftmp.Descriptor
     _buffer: int
     _need: int
     _room: int
-    _stream: int
-    _stream_obj: Any
     _slabs: bool
     _exec: Any
     _exec_descriptor: Any
@@ -614,11 +629,8 @@ def plan_reshape(comm: Any, input: Distribution, output: Distribution, dtype: An
     return ReshapePlan._make(comm, spec, rank, stream)
 
 
-class ReshapePlan(Owned):
+class ReshapePlan(_Plan[ReshapeSpec]):
     """A redistribution, made: :meth:`execute` moves this rank's piece. See :func:`plan_reshape`."""
-
-    _core: Parts
-    spec: ReshapeSpec
 
     @classmethod
     def _make(cls, comm: Any, spec: ReshapeSpec, rank: int, stream: Stream) -> ReshapePlan:
@@ -639,24 +651,12 @@ class ReshapePlan(Owned):
             del owned  # their lifetime rows apply (queued for drain() on every rank)
             raise
         self = cls._over(Parts(owned, "reshape plan parts"))
-        self.spec = spec
-        self._rank = rank
-        self._device = device
+        self._place(spec, rank, device, stream)
         self._reshape = owned[0]
         self._exec = owned[0]._core.exec
         self._in_buf, self._out_buf = owned[1], owned[2]
         self._work = owned[3].ptr if work else 0
-        self._stream = _interop.stream_handle(stream)
-        self._stream_obj = stream
         return self
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        return self.spec.input_side(self._rank).shape
-
-    @property
-    def output_shape(self) -> tuple[int, ...]:
-        return self.spec.output_side(self._rank).shape
 
     @property
     def dtype(self) -> str:
@@ -667,9 +667,7 @@ class ReshapePlan(Owned):
 
     def input_view(self) -> DeviceView:
         """The plan's own input buffer as this rank's input piece (fill it, then ``execute()``)."""
-        side = self.spec.input_side(self._rank)
-        return DeviceView(self._in_buf.ptr, side.shape, side.strides, side.dtype, self._device,
-                          self._in_buf.nbytes, self._in_buf)
+        return self._view(self._in_buf.ptr, self.spec.input_side(self._rank), self._in_buf.nbytes, self._in_buf)
 
     def execute(self, x: Array | None = None, *, out: Array | None = None, stream: Stream = None,
                 sync: bool = True) -> Any:
@@ -701,8 +699,7 @@ class ReshapePlan(Owned):
             nvshmem.sync_all(s)
         self._exec(out_ptr, in_ptr, self._work, s)
         if target is None:
-            return DeviceView(out_ptr, dst.shape, dst.strides, dst.dtype, self._device, self._out_buf.nbytes,
-                              self._out_buf)
+            return self._view(out_ptr, dst, self._out_buf.nbytes, self._out_buf)
         if not target.in_place:
             _copy(target.ptr, target.pitch, out_ptr, target.row_bytes, target.row_bytes, target.rows, s)
         return out
@@ -712,12 +709,8 @@ class ReshapePlan(Owned):
     def _described(self) -> str:
         return f"{self.spec.dtype} {'x'.join(map(str, self.spec.shape))}"
 
-    _rank: int
-    _device: int
     _reshape: cufftmp.Reshape
     _exec: Any
     _in_buf: nvshmem.SymmetricArray
     _out_buf: nvshmem.SymmetricArray
     _work: int
-    _stream: int
-    _stream_obj: Any
