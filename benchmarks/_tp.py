@@ -21,7 +21,6 @@ import argparse
 import contextlib
 import itertools
 import os
-import statistics
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +32,7 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
 
 import torch  # noqa: E402
 import torch.distributed  # noqa: E402
-from _torch_gpu import mapped_nccl, relative_error  # noqa: E402
+from _torch_gpu import event_median_us, mapped_nccl, relative_error, start_process_group  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from mpbind import _loader, cublasmp, nccl  # noqa: E402
@@ -76,10 +75,7 @@ def start(world: Any = None, torch_group: bool = True, port: int = 29541) -> Ran
     comm = nccl.Communicator.from_mpi(world)
     ranks = Ranks(world, world.Get_rank(), world.Get_size(), comm, stream, cublasmp.Handle(stream))
     if torch_group:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(port))
-        device = torch.device("cuda", torch.cuda.current_device())
-        torch.distributed.init_process_group("nccl", rank=ranks.rank, world_size=ranks.size, device_id=device)
+        start_process_group(ranks.rank, ranks.size, port)
         ranks.group_name = torch.distributed.group.WORLD.group_name
     return ranks
 
@@ -100,19 +96,7 @@ def arguments(doc: str | None) -> argparse.ArgumentParser:
 def event_us(ranks: Ranks, fn: Call, iters: int, warmup: int) -> float:
     """Microseconds of one call: the median of `iters` CUDA-event timings, the ranks aligned by a
     barrier before each, after `warmup` calls; the slowest rank's median (the same on every rank)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        ranks.world.Barrier()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1e3)
-    return float(ranks.world.allreduce(statistics.median(times), op=MPI.MAX))
+    return float(ranks.world.allreduce(event_median_us(fn, iters, warmup, ranks.world), op=MPI.MAX))
 
 
 # --- the communication settings of a plan --------------------------------------------------------------

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -36,28 +35,13 @@ from mpi4py import MPI  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _results  # noqa: E402
+from _torch_gpu import event_median_us, relative_error, start_process_group  # noqa: E402
 
 from mpbind import nvshmem  # noqa: E402
 from mpbind.collective_matmul import AllGatherMatmul  # noqa: E402
 
 SHAPES = ((1024, 4096, 4096), (8192, 8192, 8192))
 Call = Callable[[], Any]
-
-
-def event_us(fn: Call, iters: int, warmup: int, comm: Any) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        comm.Barrier()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
 
 
 def nccl_then_matmul(x: Any, w: Any, p: int) -> Call:
@@ -116,7 +100,7 @@ def measure(shape: tuple[int, int, int], dtype: Any, a: argparse.Namespace, comm
     results: dict[str, Any] = {}
     reference = nccl_then_matmul(x, w, p)
     want = reference().clone()
-    results["nccl+torch.matmul"] = event_us(reference, a.iters, a.warmup, comm)
+    results["nccl+torch.matmul"] = event_median_us(reference, a.iters, a.warmup, comm)
     stack: list[Any] = []
     plans: list[AllGatherMatmul] = []
 
@@ -137,10 +121,10 @@ def measure(shape: tuple[int, int, int], dtype: Any, a: argparse.Namespace, comm
             fn = make()
             got = fn()
             torch.cuda.synchronize()
-            err = float((got.float() - want.float()).abs().max() / want.float().abs().max())
+            err = relative_error(got, want)
             if not err < 2e-2:
                 raise AssertionError(f"relative error {err:.3g} against NCCL + torch.matmul")
-            results[name] = event_us(fn, a.iters, a.warmup, comm)
+            results[name] = event_median_us(fn, a.iters, a.warmup, comm)
         except Exception as exc:  # noqa: BLE001 - reported, and the others still run
             results[name] = f"unavailable: {type(exc).__name__}: {exc}"[:200]
     torch.cuda.synchronize()
@@ -161,10 +145,7 @@ def main() -> int:
     comm = MPI.COMM_WORLD
     rank, p = comm.Get_rank(), comm.Get_size()
     torch.cuda.set_device(rank % torch.cuda.device_count())
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
-    device = torch.device("cuda", torch.cuda.current_device())
-    dist.init_process_group("nccl", rank=rank, world_size=p, device_id=device)
+    start_process_group(rank, p, port=29533)
     dtype = getattr(torch, a.dtype)
     rows = []
     with nvshmem.init(mpi_comm=comm, device=torch.cuda.current_device()):
