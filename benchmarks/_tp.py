@@ -21,7 +21,7 @@ import argparse
 import contextlib
 import itertools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
                       ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")):
     os.environ.setdefault(_name, _value)
 
+import _results  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed  # noqa: E402
 from _torch_gpu import event_median_us, mapped_nccl, relative_error, start_process_group  # noqa: E402
@@ -394,8 +395,13 @@ def header(ranks: Ranks) -> str:
             f"{report['torch']}; libnccl mapped: {report['mapped']}")
 
 
-def finish(ranks: Ranks) -> str | None:
-    """Close every rank's communicators and handle; rank 0 gets the header of its report (others None)."""
+def finish(ranks: Ranks, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str | None:
+    """Close every rank's communicators and handle; rank 0 prints the header of its report and the
+    table of `rows`, and gets that header (the others None)."""
     title = header(ranks)
     ranks.close()
-    return title if ranks.rank == 0 else None
+    if ranks.rank != 0:
+        return None
+    print(title)
+    print(_results.table(columns, rows))
+    return title

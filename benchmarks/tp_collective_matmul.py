@@ -107,11 +107,9 @@ def main() -> int:
         rows.append(measure(ranks, case, a, settings_rows))
         if ranks.rank == 0:
             print(f"measured {case[0]} {case[1]} M={case[2]}", flush=True)
-    title = _tp.finish(ranks)
+    title = _tp.finish(ranks, HEADER, rows)
     if title is None:
         return 0
-    print(title)
-    print(_results.table(HEADER, rows))
     print("\n".join(verdicts(rows)))
     best = {}
     for case, dtype, m, setting, outcome in settings_rows:

@@ -59,11 +59,9 @@ def main() -> int:
             torch.cuda.empty_cache()
         if ranks.rank == 0:
             print(f"measured {size}^3", flush=True)
-    title = _tp.finish(ranks)
+    title = _tp.finish(ranks, HEADER, rows)
     if title is None:
         return 0
-    print(title)
-    print(_results.table(HEADER, rows))
     for row in rows:
         if row[0] == 16384 and row[1] == "AllGather+GEMM":
             print(f"- 16384^3 AllGather+GEMM: {row[6]:.2f}x one GPU (target >= 1.9): "
