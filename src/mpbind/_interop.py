@@ -21,7 +21,7 @@ from typing import Any
 from mpbind import _core
 
 __all__ = ["ArrayInfo", "array_info", "c_strides", "device_array", "device_span", "dlpack_code", "dtype_name",
-           "itemsize", "stream_handle", "typestr"]
+           "exports_array", "itemsize", "stream_handle", "typestr"]
 
 
 def dtype_name(dtype: Any) -> str:
@@ -123,6 +123,13 @@ def _info(described: tuple[Any, ...], owner: Any) -> ArrayInfo:
     return ArrayInfo(ptr, shape, strides, dtype, device, readonly, owner)
 
 
+def exports_array(obj: Any) -> bool:
+    """Whether `obj` offers ``__cuda_array_interface__`` or DLPack. Asked of its type: PyTorch's
+    interface property raises (KeyError) for the dtypes it cannot describe, float8 among them."""
+    kind = type(obj)
+    return hasattr(kind, "__dlpack__") or hasattr(kind, "__cuda_array_interface__")
+
+
 def array_info(obj: Any, what: str = "array") -> ArrayInfo:
     """Describe a device (or host) array as the hot calls do (see the module documentation)."""
     if isinstance(obj, ArrayInfo):
@@ -145,7 +152,7 @@ def device_span(obj: Any) -> tuple[int, int, Any]:
         return obj[0], obj[1], None
     ptr = getattr(obj, "ptr", None)
     nbytes = getattr(obj, "nbytes", None)
-    if isinstance(ptr, int) and isinstance(nbytes, int) and not hasattr(obj, "__cuda_array_interface__"):
+    if isinstance(ptr, int) and isinstance(nbytes, int) and not hasattr(type(obj), "__cuda_array_interface__"):
         return ptr, nbytes, obj
     info = device_array(obj, "buffer")
     return info.ptr, info.nbytes, obj
