@@ -231,7 +231,11 @@ def _runtime_heap(ptr: int, nbytes: int) -> bool:
 
 
 def _is_int(obj: Any) -> bool:
-    return not isinstance(obj, bool) and hasattr(type(obj), "__index__")
+    """An integer (int, NumPy integer scalar), not a bool, and not an array: PyTorch tensors define
+    ``__index__`` too (raising for more than one element), and an array argument is a pointer."""
+    kind = type(obj)
+    return (not isinstance(obj, bool) and hasattr(kind, "__index__") and not hasattr(kind, "__dlpack__")
+            and not hasattr(kind, "__cuda_array_interface__"))
 
 
 def _span(obj: Any, what: str) -> tuple[int, int, str | None, bool]:
@@ -393,7 +397,7 @@ class Library(Owned):
     """A :class:`Cubin` loaded on a device and registered with NVSHMEM. ``close()`` (or ``with``)
     synchronises the device, unregisters it and unloads it; kernels taken from it stop working."""
 
-    __slots__ = ("_cubin",)
+    __slots__ = ("_core", "_cubin")
     _cubin: Cubin
 
     def __init__(self, *args: object, **kwargs: object) -> None:

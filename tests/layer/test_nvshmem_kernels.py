@@ -220,6 +220,28 @@ def test_arguments_are_converted_for_the_launch() -> None:
     assert nk.prepare(PARAMS, (HEAP[0], 0x10000, 1, 1), heap=in_heap)[:2] == [HEAP[0], 0x10000]
 
 
+class IndexableArray:
+    """An array type that also defines __index__, as PyTorch's tensors do (raising for several elements),
+    with its interface a property of the type, as theirs is."""
+
+    def __init__(self, ptr: int, n: int) -> None:
+        self._described = FakeDeviceArray(ptr, n).__cuda_array_interface__
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        return self._described
+
+    def __index__(self) -> int:
+        raise TypeError("only integer tensors of a single element can be converted to an index")
+
+
+def test_an_array_with_index_is_a_pointer_not_an_int() -> None:
+    out = nk.prepare(PARAMS, (IndexableArray(HEAP[0], 16), IndexableArray(0x10000, 16), 16, 0.5), heap=in_heap)
+    assert out[:2] == [HEAP[0], 0x10000]
+    with pytest.raises(UsageError, match="not in NVSHMEM's symmetric"):
+        nk.prepare(PARAMS, (IndexableArray(0x10000, 16), 0x20000, 16, 1.0), heap=in_heap)
+
+
 @pytest.mark.parametrize(("args", "error", "match"), [
     ((FakeDeviceArray(0x10000, 16), FakeDeviceArray(0x20000, 16), 16, 1.0), UsageError, "not in NVSHMEM's symmetric"),
     ((0x10000, 0x20000, 16, 1.0), UsageError, "declared symmetric"),
