@@ -611,10 +611,11 @@ def _choose(ops: dict[str, _Operand], extents: dict[Dim, int], nranks: int, tran
                                f"({roles[name]}) as a view")
         uniform = all(len(set(v)) == 1 for v in counts.values())
         if algorithm == "gemm_allreduce" and not uniform:
-            # D's descriptor only means "replicated" with the ALLREDUCE epilogue: it stays, on uneven k.
-            reasons.append(f"{why}; the parts along k are uneven ({_counts_text(counts)}): each rank's partial "
-                           "product uses its own k")
-            return algorithm, _tp(algorithm, ops, roles, counts, extents, nranks)
+            # Only the ALLREDUCE epilogue returns a replicated D, and cuBLASMp 0.10 answers NOT_SUPPORTED
+            # for it on uneven k (measured on two H200s): refuse here, the same on every rank.
+            raise UsageError(f"D is replicated and A, B are split along k in uneven parts ({_counts_text(counts)}): "
+                             "cuBLASMp's GEMM+AllReduce needs equal parts along k; split k evenly, or split D "
+                             "(GEMM+ReduceScatter) and gather it")
         if algorithm in ("allgather_gemm", "gemm_reducescatter") and not uniform:
             reasons.append(f"{why}; but the parts are uneven ({_counts_text(counts)}): cuBLASMp's overlapped "
                            "algorithm needs equal parts on every rank, so it runs its general algorithm on the same "

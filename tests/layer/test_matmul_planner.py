@@ -285,7 +285,12 @@ def test_communication_type_refusals(dtype: str, given: Any, error: type[Excepti
 def test_uniform_plans() -> None:
     assert planned("cols", "cols", "rows", True).uniform
     assert not planned("cols~", "cols", "rows~", True).uniform  # uneven: a general plan, pieces differ
-    assert not planned("rows~", "rows~", "rep", True).uniform  # GEMM+AllReduce on uneven k
+
+
+def test_uneven_k_with_a_replicated_d_is_refused() -> None:
+    # GEMM+AllReduce is the only way to a replicated D, and cuBLASMp refuses it on uneven k.
+    with pytest.raises(UsageError, match="GEMM\\+AllReduce needs equal parts along k"):
+        planned("rows~", "rows~", "rep", True)
 
 
 def test_replicated_operand_hands_over_a_view() -> None:
