@@ -279,6 +279,11 @@ class _Parts(Parts):
         self.own = own
 
 
+# The overlapped algorithms, by the plan's name for them (they cannot be captured: PlannedMatmul.capture).
+_OVERLAPPED = {"allgather_gemm": "cuBLASMp's overlapped AllGather+GEMM",
+               "gemm_reducescatter": "cuBLASMp's overlapped GEMM+ReduceScatter"}
+
+
 class PlannedMatmul(Owned):
     """A distributed matmul planned from distributions: ``execute(a, b, d)`` runs it again on new
     local arrays of the planned shapes (one ``cublasMpMatmul``), ``capture()`` records it into a
@@ -294,6 +299,7 @@ class PlannedMatmul(Owned):
         self = cls.__new__(cls)
         self.plan = p
         self._rank = comm.rank
+        self._algo_type = algo_type
         own: list[Any] = []
         matrices: list[cublasmp.Matrix] = []
         m, n, k = p.gemm_shape(comm.rank)
@@ -394,7 +400,17 @@ class PlannedMatmul(Owned):
 
     def capture(self, stream: Stream = None) -> PlannedMatmul:
         """Record the call into a CUDA graph on `stream` (every rank captures; replayed by ``execute()``).
-        Returns self."""
+        Returns self.
+
+        AllGather+GEMM and GEMM+ReduceScatter are captured only when planned with
+        ``algo_type=MatmulAlgoType.NO_OVERLAP``: cuBLASMp 0.10's overlapped versions do not replay
+        from a graph (on two H200s a first capture in a process failed with INTERNAL_ERROR, and a
+        graph captured after an eager run gave wrong results from its second replay on). Refused
+        here, the same on every rank, before anything is recorded."""
+        if self.plan.algorithm in _OVERLAPPED and self._algo_type != cublasmp.MatmulAlgoType.NO_OVERLAP:
+            raise UsageError(f"{_OVERLAPPED[self.plan.algorithm]} does not replay correctly from a CUDA graph in "
+                             "cuBLASMp 0.10: to capture it, plan with algo_type=cublasmp.MatmulAlgoType.NO_OVERLAP "
+                             "(or run it eagerly with execute())")
         if self._matmul is not None:
             self._matmul.capture(stream)
         return self
@@ -407,6 +423,7 @@ class PlannedMatmul(Owned):
         return f"{self.plan.algorithm} {self.plan.m} x {self.plan.n} x {self.plan.k}"
 
     _rank: int
+    _algo_type: cublasmp.MatmulAlgoType | int | None
     _matmul: cublasmp.Matmul | None
     _views: dict[str, tuple[int, int, int, int]]
     _shapes: dict[str, tuple[int, int]]

@@ -203,8 +203,9 @@ def planned_matmul(ctx: Ctx, layout: str, type_name: str, expected: str, *, tran
     return f"{plan.algorithm}: {first}; new arrays: {again}"
 
 
-def captured(ctx: Ctx, layout: str, type_name: str, expected: str, transa: bool = False) -> str:
-    """capture(), then new values written into the planned arrays, replayed."""
+def captured(ctx: Ctx, layout: str, type_name: str, expected: str, transa: bool = False,
+             algo_type: cublasmp.MatmulAlgoType | None = None) -> str:
+    """capture(), then new values written into the planned arrays, replayed three times."""
     p, r = ctx.size, ctx.rank
     dtype = TYPES[type_name]
     m, n, k = 64 * p, 32 * p, 48 * p
@@ -213,12 +214,12 @@ def captured(ctx: Ctx, layout: str, type_name: str, expected: str, transa: bool 
     b = local(db, whole(db.shape, SEED + 1, dtype), r, dtype)
     d = empty_local(dd, r, dtype)
     with cublasmp.plan_matmul(ctx.comm, a, b, d, a_dist=da, b_dist=db, d_dist=dd, transa=transa,
-                              handle=ctx.handle) as plan:
+                              handle=ctx.handle, algo_type=algo_type) as plan:
         if plan.algorithm != expected:
             raise AssertionError(f"planned {plan.algorithm}, expected {expected}")
         plan.capture(ctx.stream)
         results = []
-        for step in range(2):
+        for step in range(3):
             A, B = whole(da.shape, SEED + 20 + step, dtype), whole(db.shape, SEED + 30 + step, dtype)
             with torch.cuda.stream(ctx.stream):
                 a.copy_(local(da, A, r, dtype))
@@ -234,6 +235,27 @@ def captured(ctx: Ctx, layout: str, type_name: str, expected: str, transa: bool 
         else:
             raise AssertionError("a captured plan took new arrays")
     return "; ".join(results)
+
+
+def overlapped_capture_refused(ctx: Ctx, layout: str, expected: str) -> str:
+    """The overlapped algorithms do not replay from a graph: capture() refuses them, on every rank."""
+    p, r = ctx.size, ctx.rank
+    m, n, k = 64 * p, 32 * p, 48 * p
+    da, db, dd = dists(ctx, layout, m, n, k, True, False)
+    a = local(da, whole(da.shape, SEED, torch.float32), r, torch.float32)
+    b = local(db, whole(db.shape, SEED + 1, torch.float32), r, torch.float32)
+    d = empty_local(dd, r, torch.float32)
+    with cublasmp.plan_matmul(ctx.comm, a, b, d, a_dist=da, b_dist=db, d_dist=dd, transa=True,
+                              handle=ctx.handle) as plan:
+        if plan.algorithm != expected:
+            raise AssertionError(f"planned {plan.algorithm}, expected {expected}")
+        try:
+            plan.capture(ctx.stream)
+        except UsageError as exc:
+            if plan.captured:
+                raise AssertionError("refused, yet captured") from exc
+            return str(exc)
+    raise AssertionError("an overlapped plan was captured")
 
 
 def fp8(ctx: Ctx) -> str:
@@ -256,6 +278,21 @@ def fp8(ctx: Ctx) -> str:
         plan.execute()
         torch.cuda.synchronize()
         return compare(gathered(ctx, dd, d), A.t() @ B, torch.bfloat16, "fp8")
+
+
+def uneven_allreduce_refused(ctx: Ctx) -> str:
+    """A replicated D from uneven k: refused at planning (cuBLASMp's GEMM+AllReduce needs equal parts)."""
+    p, r = ctx.size, ctx.rank
+    m, n, k = 64 * p, 32 * p, 48 * p
+    da, db, dd = dists(ctx, "ar", m, n, k, True, False, uneven=True)
+    a = local(da, whole(da.shape, SEED, torch.float32), r, torch.float32)
+    b = local(db, whole(db.shape, SEED + 1, torch.float32), r, torch.float32)
+    d = empty_local(dd, r, torch.float32)
+    try:
+        cublasmp.plan_matmul(ctx.comm, a, b, d, a_dist=da, b_dist=db, d_dist=dd, transa=True, handle=ctx.handle)
+    except UsageError as exc:
+        return str(exc)
+    raise AssertionError("uneven k with a replicated D was planned")
 
 
 def refused_everywhere(ctx: Ctx) -> str:
@@ -326,8 +363,7 @@ def checks(report: Report, ctx: Ctx) -> None:
                                                               transa=True, uneven=True))
     check("planned.general.uneven_rs.fp32", functools.partial(planned_matmul, ctx, "rs", "fp32", "general",
                                                               transa=True, uneven=True))
-    check("planned.gemm_allreduce.uneven.fp32",
-          functools.partial(planned_matmul, ctx, "ar", "fp32", "gemm_allreduce", transa=True, uneven=True))
+    check("planned.gemm_allreduce.uneven.refused", functools.partial(uneven_allreduce_refused, ctx))
     check("planned.c_beta.gemm_reducescatter.fp64",
           functools.partial(planned_matmul, ctx, "rs", "fp64", "gemm_reducescatter", transa=True, with_c=True))
     check("planned.c_beta.allgather_gemm.fp32",
@@ -338,10 +374,16 @@ def checks(report: Report, ctx: Ctx) -> None:
     check("planned.epilogue.relu_bias.gemm_reducescatter.fp32",
           functools.partial(planned_matmul, ctx, "rs", "fp32", "gemm_reducescatter", transa=True,
                             epilogue="relu_bias"))
-    check("planned.capture.allgather_gemm.bf16", functools.partial(captured, ctx, "ag", "bf16", "allgather_gemm",
-                                                                   transa=True))
-    check("planned.capture.gemm_reducescatter.fp32",
-          functools.partial(captured, ctx, "rs", "fp32", "gemm_reducescatter", transa=True))
+    no_overlap = cublasmp.MatmulAlgoType.NO_OVERLAP
+    check("planned.capture.allgather_gemm.no_overlap.bf16",
+          functools.partial(captured, ctx, "ag", "bf16", "allgather_gemm", transa=True, algo_type=no_overlap))
+    check("planned.capture.gemm_reducescatter.no_overlap.fp32",
+          functools.partial(captured, ctx, "rs", "fp32", "gemm_reducescatter", transa=True, algo_type=no_overlap))
+    check("planned.capture.gemm_allreduce.fp32",
+          functools.partial(captured, ctx, "ar", "fp32", "gemm_allreduce", transa=True))
+    for layout, expected in (("ag", "allgather_gemm"), ("rs", "gemm_reducescatter")):
+        check(f"planned.capture.{expected}.refused",
+              functools.partial(overlapped_capture_refused, ctx, layout, expected))
     check("planned.capture.general.fp64", functools.partial(captured, ctx, "rows", "fp64", "general"))
     check("planned.fp8.allgather_gemm", functools.partial(fp8, ctx))
     check("planned.refused_on_every_rank", functools.partial(refused_everywhere, ctx))
