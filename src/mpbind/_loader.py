@@ -39,6 +39,9 @@ class LibrarySpec:
     # Minimum versions of those libraries, and the NVIDIA driver library it links against.
     min_versions: tuple[tuple[str, str], ...] = ()
     needs_driver: bool = False
+    # A process-wide runtime (NVSHMEM): a second copy beside one already mapped is refused, as the
+    # libraries that depend on it bind to the first.
+    one_copy: bool = False
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,7 @@ def _wheels(name: str) -> tuple[str, ...]:
 LIBRARIES: dict[str, LibrarySpec] = {
     "nccl": LibrarySpec("nccl", "nccl", ("libnccl.so.2",), "MPBIND_NCCL_PATH", _wheels("nccl")),
     "nvshmem": LibrarySpec("nvshmem", "nvshmem_host", ("libnvshmem_host.so.3",), "MPBIND_NVSHMEM_PATH",
-                           _wheels("nvshmem")),
+                           _wheels("nvshmem"), one_copy=True),
     "cublasmp": LibrarySpec("cublasmp", "cublasmp", ("libcublasmp.so.0",), "MPBIND_CUBLASMP_PATH",
                             _wheels("cublasmp"), depends=("nccl",), min_versions=(("nccl", "2.29.2"),),
                             needs_driver=True),
@@ -158,22 +161,34 @@ def _own_copy(spec: LibrarySpec, override: str | None) -> str | None:
 
 def _refuse_the_other_family(spec: LibrarySpec, override: str | None) -> None:
     """LibraryConflictError when the process already maps a copy of the library from the other wheel
-    family than mpbind's own copy. Copies of unknown origin (no nvidia-* wheel installed them) and of
-    the same family are left to the search, as before (cuda.pathfinder uses a copy already loaded)."""
+    family than mpbind's own copy, or (for a one-copy library: NVSHMEM) another file than the one an
+    override names. Otherwise copies of unknown origin and of the same family are left to the search,
+    as before (cuda.pathfinder uses a copy already loaded)."""
     copies = _families.mapped_copies(spec.sonames)
     if not copies:
         return
     ours = _own_copy(spec, override)
-    mine = _families.owner(ours) if ours else None
-    if ours is None or mine is None or mine.family is None:
+    if ours is None:
         return
+    mine = _families.owner(ours)
     for path in copies:
         if _families.same_file(path, ours):
             continue
         theirs = _families.owner(path)
-        if theirs is not None and theirs.family is not None and theirs.family != mine.family:
+        if mine is not None and mine.family is not None and theirs is not None and theirs.family is not None \
+                and theirs.family != mine.family:
             raise LibraryConflictError(spec.name, ours, f"{mine}, family {mine.family}", path,
                                        f"{theirs}, family {theirs.family}", spec.env_var)
+        if spec.one_copy and override:
+            # Without an override the search takes the mapped copy; with one, a second copy would load.
+            raise LibraryConflictError(spec.name, ours, _described(mine), path, _described(theirs), spec.env_var,
+                                       same_family=True)
+
+
+def _described(owner: Owner | None) -> str:
+    if owner is None:
+        return "not from an nvidia-* wheel"
+    return f"{owner}, family {owner.family}" if owner.family else str(owner)
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:

@@ -32,27 +32,36 @@ class LibraryNotFoundError(MpbindError, ImportError):
 class LibraryConflictError(LibraryNotFoundError):
     """The process already holds a copy of the library from the other wheel family (CUDA 12 or 13),
     loaded by another package, and mpbind's own copy is of this one: two copies of one library in a
-    process (or one built for the other CUDA line) would mix their state. Raised before mpbind loads
+    process (or one built for the other CUDA line) would mix their state. For NVSHMEM also a second
+    copy of the same family (``same_family``), which an override would load beside the first. Raised before mpbind loads
     or calls either. ``library``; ``path`` and ``wheel`` (mpbind's copy and the wheel that installed
     it); ``loaded_path`` and ``loaded_wheel`` (the copy already in the process)."""
 
     def __init__(self, library: str, path: str, wheel: str, loaded_path: str, loaded_wheel: str,
-                 env_var: str = "") -> None:
+                 env_var: str = "", same_family: bool = False) -> None:
         use = f" or set {env_var}={loaded_path} to use the loaded copy" if env_var else ""
+        if same_family:  # one runtime per copy: NVSHMEM's dependents bind to the copy loaded first
+            why = (f"another file{f' (named by {env_var})' if env_var else ''}. The libraries that use "
+                   f"{library} (cuFFTMp, cuBLASMp) bind to the copy loaded first, and each copy keeps its own "
+                   f"runtime, so memory of one is not symmetric for the other. Load one copy: unset {env_var} "
+                   f"or set {env_var}={loaded_path}, or import mpbind before the other package")
+        else:
+            why = (f"of the other wheel family. Use one family in a process: install the mpbind extra of the "
+                   f"loaded one{use}")
         # ImportError's own `path` is the file that failed to import: mpbind's copy
         super().__init__(
             f"cannot load {library}: this process already holds {loaded_path} ({loaded_wheel}), loaded by "
-            f"another package, and mpbind's copy is {path} ({wheel}), of the other wheel family. Use one "
-            f"family in a process: install the mpbind extra of the loaded one{use}", path=path)
+            f"another package, and mpbind's copy is {path} ({wheel}), {why}", path=path)
         self.library = library
         self.wheel = wheel
         self.loaded_path = loaded_path
         self.loaded_wheel = loaded_wheel
         self.env_var = env_var
+        self.same_family = same_family
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.library, self.path, self.wheel, self.loaded_path, self.loaded_wheel,
-                             self.env_var))
+                             self.env_var, self.same_family))
 
 
 class MissingDependencyError(MpbindError, ImportError):

@@ -14,6 +14,7 @@ import importlib.metadata as md
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -347,3 +348,40 @@ def test_the_conflict_error_is_a_library_not_found_error() -> None:
                                "/b/libnvshmem_host.so.3", "nvidia-nvshmem-cu13 3.4.5, family cu13")
     assert isinstance(err, LibraryNotFoundError) and isinstance(err, ImportError)
     assert "MPBIND" not in str(err)  # no override variable named: none given
+
+
+SECOND_NVSHMEM = """
+import ctypes, json, os, pickle
+ctypes.CDLL({first!r}, mode=os.RTLD_NOW | os.RTLD_GLOBAL)  # another package loaded its NVSHMEM first
+from mpbind import _loader
+try:
+    out = {{"type": None, "path": _loader.load("nvshmem").path}}
+except Exception as exc:
+    clone = pickle.loads(pickle.dumps(exc))
+    out = {{"type": type(exc).__name__, "message": str(exc), "same_family": exc.same_family,
+           "attrs": [exc.path, exc.loaded_path], "clone": [type(clone).__name__, str(clone)]}}
+out["mapped"] = sorted({{line.split()[-1] for line in open("/proc/self/maps") if "libnvshmem_host" in line}})
+print(json.dumps(out))
+"""
+
+
+def test_a_second_nvshmem_copy_named_by_the_override_is_refused(tmp_path: Path, installed: dict[str, Any]) -> None:
+    """NVSHMEM is one runtime per copy, and cuFFTMp and cuBLASMp bind to the copy loaded first: an
+    override naming another file than the mapped copy would split them, so it is refused before loading."""
+    pin = installed["nvshmem"]
+    _needs(pin)
+    wheel_copy = _families.installed_file((pin.wheel,), ("libnvshmem_host.so.3",))
+    assert wheel_copy is not None
+    first = tmp_path / "libnvshmem_host.so.3"
+    shutil.copyfile(wheel_copy, first)
+    out = _run(SECOND_NVSHMEM.format(first=str(first)), {"MPBIND_NVSHMEM_PATH": str(Path(wheel_copy).parent)})
+    assert out["type"] == "LibraryConflictError" and out["same_family"] is True, out
+    assert [Path(p).resolve() for p in out["attrs"]] == [Path(wheel_copy).resolve(), first.resolve()]
+    for text in ("MPBIND_NVSHMEM_PATH", "not symmetric", str(first)):
+        assert text in out["message"]
+    assert out["clone"] == ["LibraryConflictError", out["message"]]
+    assert out["mapped"] == [str(first)]  # mpbind's copy never opened
+    # The override naming the mapped copy, or no override (the search takes the mapped copy), loads it.
+    for env in ({"MPBIND_NVSHMEM_PATH": str(first)}, {}):
+        out = _run(SECOND_NVSHMEM.format(first=str(first)), env)
+        assert (out["type"], out["mapped"]) == (None, [str(first)]), out

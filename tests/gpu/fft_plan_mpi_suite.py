@@ -278,6 +278,8 @@ def torch_cases(n: int) -> list[FFTCase]:
     """PyTorch tensors as inputs: copied in, and in place through a view of an mpbind.nvshmem array."""
     uneven, odd, bad = (50, 62, 36), (50, 62, 35), (51, 63, 36)
     return [FFTCase("torch.c2c.c64.50x62x36", uneven, "complex64", none, none, "torch", None),
+            FFTCase("torch.c2c.c128.51x63x36.x_to_x.copied", bad, "complex128", none,
+                    lambda n: dist.Split(bad, n, 0), "torch", None),
             FFTCase("torch.c2c.c128.51x63x36.x_to_x", bad, "complex128", none, lambda n: dist.Split(bad, n, 0),
                     "torch_symmetric", None),
             FFTCase("torch.r2c.f32.50x62x35.odd", odd, "float32", none, none, "torch_symmetric", None),
@@ -536,12 +538,37 @@ def run_suite(c: Ctx, report: Report, only: str | None, with_torch: bool) -> Non
     r("lifetimes", lambda: case_lifetimes(c))
 
 
+def one_nvshmem_copy() -> str:
+    """Where torch mapped an NVSHMEM of its own and MPBIND_NVSHMEM_PATH names another file, the loader
+    refuses to load a second copy (cuFFTMp would bind to torch's, and our symmetric memory would not be
+    symmetric for it); the suite then goes on with the mapped copy, as a user's program would."""
+    from mpbind import _families, _loader
+    from mpbind.errors import LibraryConflictError
+
+    mapped = _families.mapped_copies(("libnvshmem_host.so.3",))
+    override = os.environ.get("MPBIND_NVSHMEM_PATH")
+    if not mapped or not override or _loader.is_loaded("nvshmem"):
+        return f"torch mapped {mapped or 'no NVSHMEM'}; override {override or 'unset'}"
+    try:
+        lib = _loader.load("nvshmem")
+    except LibraryConflictError as exc:
+        if not exc.same_family or exc.loaded_path != mapped[0]:
+            raise
+        del os.environ["MPBIND_NVSHMEM_PATH"]
+        return f"refused a second copy beside {mapped[0]}; going on with it"
+    if not _families.same_file(lib.path, mapped[0]):
+        raise AssertionError(f"a second NVSHMEM copy loaded: {lib.path} beside {mapped[0]}")
+    return f"the override names the mapped copy {lib.path}"
+
+
 def run(args: argparse.Namespace, comm: Any, report: Report) -> None:
     pe = comm.Get_rank()
     device = 0 if args.one_gpu else pe % cp.cuda.runtime.getDeviceCount()
     cp.cuda.Device(device).use()
     cp.cuda.runtime.free(0)
     c = Ctx(comm, pe, comm.Get_size(), device, cp.cuda.Stream(non_blocking=True))
+    if args.torch:
+        report.check("torch.one_nvshmem_copy", one_nvshmem_copy)
     nvshmem.init(mpi_comm=comm, device=device)
     report.passed += 1
     report.line("PASS", "init.nvshmem", f"{c.npes} PE(s), device {device}")
