@@ -123,12 +123,15 @@ def launch_array_address(launch: Launch, blocks: int, value: int) -> str:
     return launch.expect_filled(blocks, value)
 
 
-def launch_grid_zero(launch: Launch, value: int) -> str:
-    """A grid of 0: NVSHMEM launches the largest grid that is co-resident (the queried size)."""
-    launch.clear()
-    args, _held = launch.arguments(value)
-    nv.collective_launch(launch.kernel, 0, THREADS, args, 0, 0)
-    return launch.expect_filled(launch.max_grid, value)
+def launch_grid_zero(launch: Launch) -> str:
+    """A grid of 0 blocks is refused by the library (a status, not a launch of some other size)."""
+    args, _held = launch.arguments(1)
+    try:
+        nv.collective_launch(launch.kernel, 0, THREADS, args, 0, 0)
+    except NVSHMEMError as exc:
+        expect(exc.status == nv.Status.ERROR_COLLECTIVE_LAUNCH_FAILED, f"status {exc.status_name}")
+        return str(exc.status_name)
+    raise AssertionError("a grid of 0 blocks launched")
 
 
 def launch_too_large(launch: Launch) -> str:
@@ -172,7 +175,7 @@ def run(report: Report, launch: Launch) -> None:
     report.check("launch.kernel_object", lambda: launch_with(launch, KernelObject(kernel), blocks, 11))
     report.check("launch.int_address", lambda: launch_with(launch, int(kernel), blocks, 13))
     report.check("launch.args_array_address", lambda: launch_array_address(launch, blocks, 17))
-    report.check("launch.grid_zero", lambda: launch_grid_zero(launch, 19))
+    report.check("launch.grid_zero", lambda: launch_grid_zero(launch))
     report.check("launch.grid_too_large", lambda: launch_too_large(launch))
     report.check("launch.attr", lambda: launch_attr(launch, blocks, 23))
     report.check("launch.cufunction", lambda: launch_cufunction(launch, blocks, 29))
