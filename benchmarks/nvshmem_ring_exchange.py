@@ -33,6 +33,9 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
                       ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")):
     os.environ.setdefault(_name, _value)
 
+import mpbind  # noqa: E402
+
+mpbind.load_libraries("nvshmem")  # before torch maps its own NVSHMEM: ours is then the one copy in the process
 import torch  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 

@@ -59,6 +59,10 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=4096, help="columns of w per PE")
     a = ap.parse_args()
     import _pes
+
+    import mpbind
+
+    mpbind.load_libraries("nvshmem")  # before torch maps its own NVSHMEM: ours is then the one copy in the process
     import torch
 
     from mpbind import nvshmem

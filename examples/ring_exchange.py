@@ -124,6 +124,10 @@ def main() -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[8, 64 * 1024, 16 * 1024 * 1024])
     a = ap.parse_args()
     import _pes
+
+    import mpbind
+
+    mpbind.load_libraries("nvshmem")  # before torch maps its own NVSHMEM: ours is then the one copy in the process
     import torch
 
     from mpbind import nvshmem

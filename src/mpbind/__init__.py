@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     __version__: str
 
-__all__ = ["__version__", "drain", "queued", "registrations", "show_config"]
+__all__ = ["__version__", "drain", "load_libraries", "queued", "registrations", "show_config"]
 
 _SUBMODULES = frozenset(
     {"bindings", "errors", "nccl", "nvshmem", "cublasmp", "cufftmp", "bootstrap", "distributions", "fft"}
@@ -34,6 +34,25 @@ def show_config() -> None:
     from mpbind._info import show_config as _show_config
 
     _show_config()
+
+
+def load_libraries(*names: str) -> dict[str, str]:
+    """Load the named libraries now (of ``"nccl"``, ``"nvshmem"``, ``"cublasmp"``, ``"cufftmp"``)
+    instead of on their first call, and return ``{name: path}`` of the copies loaded.
+
+    Call it before importing a package that brings its own copy of a library: PyTorch maps its own
+    NVSHMEM when it is imported, and the libraries that use NVSHMEM bind to whichever copy the
+    process loaded first. Loading mpbind's first makes it the one copy; with another copy already
+    mapped, the loader uses that one, or raises ``LibraryConflictError`` where it cannot (another
+    wheel family, or ``MPBIND_NVSHMEM_PATH`` naming another file)."""
+    from mpbind import _loader
+
+    if not names:
+        raise TypeError("name the libraries to load, e.g. load_libraries('nvshmem')")
+    unknown = [n for n in names if not isinstance(n, str) or n not in _loader.LIBRARIES]
+    if unknown:
+        raise ValueError(f"unknown libraries {unknown}; mpbind loads {sorted(_loader.LIBRARIES)}")
+    return {name: _loader.load(name).path for name in names}
 
 
 def drain() -> int:

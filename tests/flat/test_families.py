@@ -385,3 +385,26 @@ def test_a_second_nvshmem_copy_named_by_the_override_is_refused(tmp_path: Path, 
     for env in ({"MPBIND_NVSHMEM_PATH": str(first)}, {}):
         out = _run(SECOND_NVSHMEM.format(first=str(first)), env)
         assert (out["type"], out["mapped"]) == (None, [str(first)]), out
+
+
+def test_load_libraries_loads_now_and_first(tmp_path: Path, installed: dict[str, Any]) -> None:
+    """Loaded before another package maps its copy, mpbind's is the one copy the process holds."""
+    pin = installed["nvshmem"]
+    _needs(pin)
+    wheel_copy = _families.installed_file((pin.wheel,), ("libnvshmem_host.so.3",))
+    assert wheel_copy is not None
+    out = _run("""
+        import json, mpbind
+        paths = mpbind.load_libraries("nvshmem")
+        mapped = sorted({line.split()[-1] for line in open("/proc/self/maps") if "libnvshmem_host" in line})
+        errors = []
+        for bad in ((), ("nvshmem", "mpi"), (3,)):
+            try:
+                mpbind.load_libraries(*bad)
+            except (TypeError, ValueError) as exc:
+                errors.append(type(exc).__name__)
+        print(json.dumps({"paths": paths, "mapped": mapped, "errors": errors}))
+    """)
+    assert [Path(p).resolve() for p in out["mapped"]] == [Path(wheel_copy).resolve()]
+    assert Path(out["paths"]["nvshmem"]).resolve() == Path(wheel_copy).resolve()
+    assert out["errors"] == ["TypeError", "ValueError", "ValueError"]

@@ -15,12 +15,15 @@ import sys
 import warnings
 from typing import Any
 
-import torch
-from kernel_suite import load_example, main, refused
-from suite_report import Report, expect
+import mpbind
 
-from mpbind import nvshmem
-from mpbind import nvshmem_kernels as nk
+mpbind.load_libraries("nvshmem")  # before torch maps its own NVSHMEM: ours is then the one copy in the process
+import torch  # noqa: E402
+from kernel_suite import load_example, main, refused  # noqa: E402
+from suite_report import Report, expect  # noqa: E402
+
+from mpbind import nvshmem  # noqa: E402
+from mpbind import nvshmem_kernels as nk  # noqa: E402
 
 # Appended to the example's source, so that one compile serves every check.
 BARRIER = r"""
