@@ -248,12 +248,12 @@ def finalize() -> None:
 
 def my_pe() -> int:
     """This PE's number in the world team."""
-    return int(_nv.runtime().my_pe)
+    return int(_nv.my_pe())
 
 
 def n_pes() -> int:
     """The number of PEs."""
-    return int(_nv.runtime().n_pes)
+    return int(_nv.n_pes())
 
 
 def _device() -> int:

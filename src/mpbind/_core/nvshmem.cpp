@@ -822,6 +822,9 @@ void register_nvshmem(nb::module_& parent) {
           "nvshmem_malloc, nvshmem_calloc (zero=True) or nvshmem_align (alignment > 0). Collective.");
     m.def("runtime", [] { return Runtime(current()); },
           "The live runtime; UsageError before init() or after finalize().");
+    // The facade's my_pe() and n_pes(): without making a Runtime object per call.
+    m.def("my_pe", [] { return current()->pe; }, "This PE's number; UsageError before init() or after finalize().");
+    m.def("n_pes", [] { return current()->npes; }, "The number of PEs; UsageError before init() or after finalize().");
     m.def("is_initialized", [] {
         Global& g = global();
         Lock l = lock(g.mu);
