@@ -53,7 +53,7 @@ def test_every_ending_is_recorded_and_the_batch_goes_on(tmp_path: Path) -> None:
 
 
 def test_batches_run_side_by_side(tmp_path: Path) -> None:
-    batches = [[_returns] * 3, [_segfault, _returns], [], [_c_exit]]
+    batches: list[list[Callable[[], Any]]] = [[_returns] * 3, [_segfault, _returns], [], [_c_exit]]
     results = runner.run(batches, _execute, lambda: None, jobs=2, timeout=5, workdir=tmp_path)
     assert [[r["outcome"] for r in rs] for rs in results] == [
         ["returned"] * 3, ["signal", "returned"], [], ["exit"]]
