@@ -20,7 +20,10 @@ def _function(lib: Library, pl: Plan) -> list[str]:
     """def <python>(...): the roles' conversions around one C call, its status check and result."""
     f = pl.f
     sig = [pp.decl if pp.default is None else f"{pp.decl}={pp.default}" for pp in pl.params]
-    pre = [line for r in pl.roles for line in r.guard() + r.convert()]
+    # Every guard, then the init check, then every conversion: nothing is converted, allocated
+    # or called before each argument was accepted.
+    pre = [line for r in pl.roles for line in r.guard()] + _init_check(lib, f) + \
+        [line for r in pl.roles for line in r.convert()]
     cleanup = [line for r in pl.roles for line in r.cleanup()]
     call = f"{f.name}({', '.join(r.arg() for r in pl.roles)})"
     inner = _call(f, call) + _check(lib, f) + [line for r in pl.roles for line in r.after()] + _tail(lib, pl)
@@ -36,12 +39,39 @@ def _function(lib: Library, pl: Plan) -> list[str]:
     return [line.rstrip() for line in "\n".join(out).split("\n")] + ["", ""]
 
 
+def _init_check(lib: Library, f: Function) -> list[str]:
+    """Raise the library's not-initialised error when its runtime is below what f needs: the
+    library's own status call, so a runtime another library initialised (or finalised) counts."""
+    if lib.init_check is None or f.needs_init is None:
+        return []
+    needed = lib.enums[lib.init_check.enum].value_of(f.needs_init)
+    return [f"if {lib.init_check.function}() < {needed}:", f'{I4}_not_initialized("{f.name}", {needed})']
+
+
+def _not_initialized(lib: Library) -> list[str]:
+    """_not_initialized(function, needed): raise the init check's error, naming both statuses."""
+    ic = lib.init_check
+    if ic is None:
+        return []
+    e = lib.enums[ic.enum]
+    return [
+        "cdef int _not_initialized(str function, int needed) except -1:",
+        f"{I4}status = {ic.function}()",
+        f"{I4}raise _NotInitializedError(function, _enum_or_int({e.python}, needed), _enum_or_int({e.python}, status))",
+        "",
+        "",
+    ]
+
+
 def _docstring(lib: Library, pl: Plan) -> str:
     f = pl.f
     doc = [f"{f.name}({', '.join(cy_type(q.type, q.name) for q in f.params)})"]
     if pl.returns:
         doc += ["", f"Returns {pl.return_type}."]
     doc += ["", "Releases the GIL." if f.releases_gil else "Keeps the GIL (an O(1) query)."]
+    if f.needs_init is not None and lib.init_check is not None:
+        member = next(m for m in lib.enums[lib.init_check.enum].members if m.c == f.needs_init)
+        doc.append(f"Needs {lib.init_check.function}() >= {member.python} (else {lib.init_check.error}).")
     since = f.since or ""
     if not since.startswith("<="):
         doc.append(f"Needs {lib.pretty} {since} or later.")
@@ -163,6 +193,8 @@ def _families(lib: Library) -> list[str]:
         "",
         "",
         "cdef str _type_name(object dtype, dict members, str op):",
+        f"{I4}if dtype is None:  # numpy.dtype(None) is float64: never a guess",
+        f'{I8}raise TypeError("%s: dtype must be a type name or a NumPy dtype, not None" % op)',
         f"{I4}if isinstance(dtype, str) and dtype in members:",
         f"{I8}return dtype",
         f"{I4}if isinstance(dtype, str) and dtype in FAMILY_TYPES:",
@@ -227,7 +259,7 @@ def _hoist_declarations(pre: list[str]) -> tuple[list[str], list[str]]:
 def python_pyx(lib: Library) -> str:
     """<lib>.pyx, in order: imports, constants, handle types, enums, errors, struct classes, the
     support file's include, one function per C function, family dispatchers, typed attributes."""
-    lines = _head(lib) + _constants(lib) + _enums(lib) + _raise_error(lib)
+    lines = _head(lib) + _constants(lib) + _enums(lib) + _raise_error(lib) + _not_initialized(lib)
     structs, _, _ = lib.reachable_types()
     for name in structs:
         lines += struct_class(lib, lib.structs[name])
@@ -260,26 +292,27 @@ def _head(lib: Library) -> list[str]:
         "from libc.string cimport memcpy, memset",
         "",
         f"from mpbind.bindings.cy{lib.name} cimport *",
-        *cimports("enum_or_int", "str_or_none", "to_bytes", "raise_library_error"),
+        *cimports("enum_or_int", "str_or_none", "to_bytes", "raise_library_error", "as_address", "is_int",
+                  "int_arg"),
         *(cimports("convert_mpi_comm") if mpi_comm else []),
         "",
         *(["import struct as _struct"] if lib.typed_attributes else []),
         "from enum import IntEnum as _IntEnum",
-        "from typing import NewType as _NewType",
         "",
+        "from mpbind.bindings._common import HandleType as _HandleType",
         "from mpbind.errors import UsageError as _UsageError",
+        *([f"from mpbind.errors import {lib.init_check.error} as _NotInitializedError"] if lib.init_check else []),
         "",
         "",
     ]
 
 
 def _constants(lib: Library) -> list[str]:
-    """Constants, then one NewType per handle type."""
+    """Constants, then one handle type per handle (typing.NewType(name, int) in the stubs; at
+    run time a HandleType, which behaves alike without importing typing)."""
     lines = [f"{const_name(lib, c.name)} = {c.value!r}" for c in lib.constants] + [""]
     for cname, py in sorted(lib.handles.items()):
-        lines.append(f'{py} = _NewType("{py}", int)  # {cname}')
-        # NewType takes its module from the caller's frame, which Cython lacks.
-        lines.append(f"{py}.__module__ = __name__")
+        lines.append(f'{py} = _HandleType("{py}", __name__)  # {cname}')
     return lines + ["", ""]
 
 

@@ -25,6 +25,11 @@ def _set_attr_versions(attr, loaded):
 
 
 def _hostlib_init(requested, flags, attr):
+    # Every argument is checked before attr is written to or the library is called.
+    requested = _int_arg(requested, "requested")
+    flags = _int_arg(flags, "flags")
+    if attr is not None:
+        attr = _as_InitAttr(attr, "attributes")
     loaded = vendor_get_version_info()
     if attr is not None:
         _set_attr_versions(attr, loaded)
