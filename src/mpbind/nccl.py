@@ -17,19 +17,23 @@ when its last :class:`Registration` closes. The flat C API is :mod:`mpbind.bindi
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
-from typing import Any, cast
+from collections.abc import Sequence
 
 # drain, queued, registrations: process-wide (mpbind.drain() ...), kept here as aliases.
 from mpbind import _args, _core, _interop, drain, queued, registrations
 from mpbind._core import nccl as _core_nccl
 from mpbind._optional import require
 from mpbind._owned import Owned
-from mpbind._typing import Buffer as BufferLike
-from mpbind._typing import Operand, Stream
 from mpbind.bindings import nccl as _flat
 from mpbind.bindings.nccl import Config, DataType, RedOp, UniqueId, get_unique_id, get_version
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: import time
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+    from typing import Any
+
+    from mpbind._typing import Buffer as BufferLike
+    from mpbind._typing import Operand, Stream
 
 __all__ = [
     "Buffer", "Communicator", "Config", "DataType", "RedOp", "Registration", "UniqueId", "drain",
@@ -48,14 +52,19 @@ def mem_alloc(nbytes: int) -> Buffer:
     return _core.nccl.mem_alloc(_args.integer(nbytes, "nbytes", minimum=1, maximum=_MAX_SIZE))
 
 
-@contextlib.contextmanager
-def group() -> Iterator[None]:
-    """``ncclGroupStart()`` ... ``ncclGroupEnd()`` around the block (also when it raises)."""
-    _flat.group_start()
-    try:
-        yield
-    finally:
+class _Group:
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        _flat.group_start()
+
+    def __exit__(self, *exc: object) -> None:
         _flat.group_end()
+
+
+def group() -> AbstractContextManager[None]:
+    """``ncclGroupStart()`` ... ``ncclGroupEnd()`` around the block (also when it raises)."""
+    return _Group()  # a class, not contextlib.contextmanager: importing mpbind.nccl stays cheap
 
 
 def _config(config: Config | None) -> Config | None:
@@ -147,7 +156,7 @@ class Communicator(Owned):
     @property
     def ptr(self) -> _flat.Comm:
         """The ``ncclComm_t`` (an int) for :mod:`mpbind.bindings.nccl`; ``UsageError`` once closed."""
-        return cast("_flat.Comm", self._core.ptr)
+        return _flat.Comm(self._core.ptr)
 
     handle = ptr  # its earlier name
 
