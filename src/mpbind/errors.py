@@ -94,8 +94,10 @@ class NVSHMEMNotInitializedError(UsageError):
         self.function = function
         self.needed = needed
         self.status = status
+        todo = ("call init again, with a CUDA device current, to finish the initialisation" if int(status) == 1
+                else "call mpbind.nvshmem.init() (or the flat init functions) first")
         super().__init__(f"{function} needs an initialised NVSHMEM runtime (init status {_status_name(needed)}); "
-                         f"it is {_status_name(status)}: call mpbind.nvshmem.init() (or the flat init functions) first")
+                         f"it is {_status_name(status)}: {todo}")
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.function, self.needed, self.status))

@@ -193,11 +193,13 @@ BEFORE_INIT_REFUSED = {
     "nvshmem.culibrary_finalize(0)": "nvshmemx_culibrary_finalize",
     "nvshmem.signal_fetch(0)": "nvshmem_signal_fetch",
     "nvshmem.global_exit(0)": "nvshmem_global_exit",
-    # These need only a bootstrapped runtime (they finish its initialisation themselves).
+    # The library takes these on a runtime that is only bootstrapped, and ends the process when it
+    # cannot finish initialising it: they need an initialised runtime too.
     "nvshmem.barrier_all()": "nvshmem_barrier_all",
     "nvshmem.malloc(1 << 20)": "nvshmem_malloc",
     "nvshmem.hostlib_finalize()": "nvshmemx_hostlib_finalize",
     "nvshmem.finalize()": "nvshmemx_hostlib_finalize",
+    "nvshmem.id_hostlib_finalize(0, 0)": "nvshmemid_hostlib_finalize",
 }
 BEFORE_INIT_ALLOWED = [
     "nvshmem.init_status()", "nvshmem.id_init_status()", "nvshmem.my_pe()", "nvshmem.n_pes()",

@@ -41,7 +41,7 @@ ALL_ZEROS = -1  # the slot of the call that passes 0 everywhere
 BY_DESIGN: dict[str, str] = {
     "mpbind.bindings.nvshmem.global_exit":
         "nvshmem_global_exit(status) ends the process of every PE with `status` once NVSHMEM is initialised: "
-        "that is its purpose",
+        "that is its purpose (before init the bindings refuse it: NVSHMEMNotInitializedError)",
 }
 # Calls the bad values never make (they need a valid unique id): source -> why. They block only
 # where the library can initialise (a GPU); elsewhere they fail at once.
