@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from emit_common import I4
 from ir_types import Library
 
@@ -90,8 +92,12 @@ def status_py(libs: list[Library]) -> str:
 
 
 def coverage_py(libs: list[Library]) -> str:
+    """_coverage.py: per library, every function its pinned headers declare and every function
+    its pinned library exports, each bound or excluded with a reason; what the library exports;
+    what each reproduced static inline function calls; the `since` of each bound function."""
     lines = [
-        '"""Every C function of the pinned headers: its Python name, or why it is excluded."""',
+        '"""The audit of the bindings: every C function of the pinned headers and every function the',
+        'pinned library exports, bound (its Python name) or excluded (why)."""',
         "",
         "from __future__ import annotations",
         "",
@@ -99,12 +105,26 @@ def coverage_py(libs: list[Library]) -> str:
     ]
     for lib in libs:
         lines.append(f'    "{lib.name}": "{lib.version}",')
-    lines += ["}", "", "COVERAGE: dict[str, list[tuple[str, str | None, str | None]]] = {"]
+    lines += ["}", "", "# (C function, Python name or None, why it is not bound or None)",
+              "COVERAGE: dict[str, list[tuple[str, str | None, str | None]]] = {"]
     for lib in libs:
+        rows = [(f.name, f.python, f.excluded) for f in lib.functions]
+        rows += [(u.name, None, u.excluded) for u in lib.undeclared]
         lines.append(f'    "{lib.name}": [')
-        for f in sorted(lib.functions, key=lambda f: f.name):
-            lines.append(f'        ({f.name!r}, {f.python!r}, {f.excluded!r}),')
+        lines += [f"        {row!r}," for row in sorted(rows)]
         lines.append("    ],")
+    lines += ["}", "", "# The functions (with one of the library's prefixes) the pinned library exports.",
+              "EXPORTED: dict[str, frozenset[str]] = {"]
+    for lib in libs:
+        names = ", ".join(repr(n) for n in sorted(lib.exports))
+        lines.append(f'    "{lib.name}": frozenset({{')
+        lines += [f"        {chunk}" for chunk in textwrap.wrap(names, 96, break_on_hyphens=False)]
+        lines.append("    }),")
+    lines += ["}", "", "# A header's static inline function, reproduced in Python -> the exported function it calls.",
+              "CALLS: dict[str, dict[str, str]] = {"]
+    for lib in libs:
+        calls = {f.name: f.inline_body.uses for f in lib.bound if f.inline_body is not None}
+        lines.append(f'    "{lib.name}": {{' + ", ".join(f"{c!r}: {u!r}" for c, u in sorted(calls.items())) + "},")
     lines += ["}", "", "SINCE: dict[str, dict[str, str]] = {"]
     for lib in libs:
         lines.append(f'    "{lib.name}": {{')

@@ -9,6 +9,7 @@ from emit_common import I4, attribute_table, const_name
 from ir_types import Array, CType, HandleType, Library, Struct
 from plan import plan
 from pyvalues import class_name, py_type, value_kind
+from roles import STUB_TYPES
 
 
 def _field_type(lib: Library, t: CType) -> tuple[str, str]:
@@ -142,5 +143,8 @@ def stub(lib: Library) -> str:
     head.append("from enum import IntEnum")
     if typing_names:
         head.append(f"from typing import {', '.join(typing_names)}")
+    own = [n for n in STUB_TYPES if re.search(rf"\b{n}\b", body)]
+    if own:
+        head += ["", f"from mpbind._typing import {', '.join(own)}"]
     head.append("")
     return "\n".join(head) + "\n" + body

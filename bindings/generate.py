@@ -9,6 +9,11 @@
     python bindings/generate.py --lib nccl --headers DIR --release 2.28.9 --out DIR
                                                 the bindings of another release, from its headers in
                                                 DIR, written under --out (not into the repository)
+    python bindings/generate.py --lib cufftmp --headers DIR --release 11.4.0.6 --layouts
+                                                record that release's struct layouts, enum values and
+                                                prototypes in bindings/layouts/<lib>.json (a release a
+                                                wheel family installs under the same bindings) and say
+                                                where they differ from the pinned ones
 
 Headers come from the pinned nvidia-* wheel installed in the running interpreter
 (versions in bindings/versions.toml, which --check also compares with pyproject.toml's pins).
@@ -23,7 +28,6 @@ import hashlib
 import importlib.metadata as md
 import json
 import re
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -37,6 +41,7 @@ import emit_python  # noqa: E402
 import emit_shared  # noqa: E402
 import emit_status  # noqa: E402
 import emit_stubs  # noqa: E402
+import layouts  # noqa: E402
 import since  # noqa: E402
 import versions  # noqa: E402
 from emit_common import body_digest, seal, unseal  # noqa: E402
@@ -88,12 +93,6 @@ def headers_digest(include: Path) -> str:
     return h.hexdigest()
 
 
-def exported_symbols(binary: Path) -> set[str]:
-    out = subprocess.run(["nm", "-D", "--defined-only", str(binary)], capture_output=True, text=True,
-                         check=True).stdout
-    return {line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip()}
-
-
 def parse_lib(lib: str) -> tuple[dict[str, Any] | None, str]:
     """The IR of the pinned release, from the wheel installed in this interpreter."""
     spec = Spec.load(lib)
@@ -105,7 +104,8 @@ def parse_lib(lib: str) -> tuple[dict[str, Any] | None, str]:
     if parsed is None:
         return None, why
     binary = Path(str(md.distribution(spec.wheel).locate_file(spec.binary)))
-    return make_ir(spec, parsed, include, version, exported_symbols(binary)), ""
+    # The functions it exports, read as the symbol record reads every release (bindings/since.py).
+    return make_ir(spec, parsed, include, version, since.exported_functions(binary, spec.prefixes)), ""
 
 
 def parse_headers(spec: Spec, include: Path) -> tuple[dict[str, Any] | None, str]:
@@ -130,6 +130,9 @@ def make_ir(spec: Spec, parsed: dict[str, Any], include: Path, version: str, exp
     import parse
 
     shas = {h: parse.sha256_of(include / h) for h in spec.headers}
+    # Where the exported functions the parse did not declare are declared, if anywhere.
+    undeclared = exports - {f["name"] for f in parsed["functions"]}
+    parsed = {**parsed, "elsewhere": parse.declaring_headers(include, undeclared)}
     ir = build_ir(spec, parsed, version, shas, exports)
     ir["headers_digest"] = headers_digest(include)
     return ir
@@ -177,6 +180,20 @@ def write_release(lib: str, include: Path, release: str, out: Path) -> int:
     return 0
 
 
+def write_layouts(lib: str, include: Path, release: str) -> int:
+    ir, _, _ = release_ir(lib, include, release)
+    record = layouts.of(Library.from_json(ir))
+    target = layouts.write(lib, release, record, f"bindings/generate.py --lib {lib} --headers DIR --release "
+                                                 f"{release} --layouts")
+    problems, notes = layouts.compare(load_library(lib), release, record)
+    print(f"{lib} {release}: recorded in {target.relative_to(REPO)}")
+    for line in notes:
+        print(f"note: {line}")
+    for line in problems:
+        print(f"error: {line}")
+    return 1 if problems else 0
+
+
 def render(irs: dict[str, dict[str, Any]]) -> dict[Path, str]:
     """Every generated file, path -> sealed text, from the IR documents by library."""
     out: dict[Path, str] = {}
@@ -218,6 +235,8 @@ def check(libs: list[str]) -> int:
             problems.append(f"{rel}: stale (the IR or the generator changed; regenerate)")
     problems += versions.problems()
     pins = versions.load()
+    problems += layouts.problems({lib: Library.from_json(ir) for lib, ir in irs.items()},
+                                 {lib: [w.release for w in pin.others.values()] for lib, pin in pins.items()})
     problems += [f"bindings/ir/{lib}.json: {ir['version']}, but bindings/versions.toml pins {pins[lib].version} "
                  "(run bindings/generate.py)" for lib, ir in irs.items() if ir["version"] != pins[lib].version]
     for lib in libs:
@@ -245,11 +264,15 @@ def main() -> int:
     ap.add_argument("--headers", type=Path, help="another release's include folder (with --release, --out)")
     ap.add_argument("--release", help="the release whose headers --headers holds")
     ap.add_argument("--out", type=Path, help="where that release's IR and bindings are written")
+    ap.add_argument("--layouts", action="store_true",
+                    help="record that release's layouts in bindings/layouts/ (with --headers, --release)")
     a = ap.parse_args()
     libs = a.lib or LIBRARIES
-    if a.headers or a.release or a.out:
-        if not (a.headers and a.release and a.out) or len(libs) != 1:
-            ap.error("--headers, --release and --out go together, with one --lib")
+    if a.headers or a.release or a.out or a.layouts:
+        if not (a.headers and a.release and (a.out or a.layouts)) or len(libs) != 1:
+            ap.error("--headers and --release go with --out or --layouts, and one --lib")
+        if a.layouts:
+            return write_layouts(libs[0], a.headers, a.release)
         return write_release(libs[0], a.headers, a.release, a.out)
     if a.check:
         return check(libs)

@@ -354,6 +354,15 @@ class TypedAttribute:
 
 
 @dataclass(frozen=True)
+class UndeclaredExport:
+    """A function the library exports that no parsed header declares."""
+
+    name: str
+    header: str | None  # the header whose text declares it (not parsed for the host), or None
+    excluded: str  # why it is not bound
+
+
+@dataclass(frozen=True)
 class Library:
     """One library's IR, with the lookups emitters need."""
 
@@ -379,6 +388,8 @@ class Library:
     typed_attributes: Mapping[str, TypedAttribute]  # by attribute enum
     prefixes: tuple[str, ...]
     family_types: Mapping[str, str]  # family type name -> NumPy dtype name
+    exports: frozenset[str] = frozenset()  # the functions (with a library prefix) the library exports
+    undeclared: tuple[UndeclaredExport, ...] = ()  # exported, but declared in no parsed header
     headers_digest: str = ""
     init_check: InitCheck | None = None
 
@@ -396,7 +407,9 @@ class Library:
             functions=tuple(Function.from_json(f) for f in d["functions"]),
             families=tuple(_build(Family, f) for f in d["families"]),
             typed_attributes={n: _build(TypedAttribute, a) for n, a in d["typed_attributes"].items()},
-            prefixes=tuple(d["prefixes"]))
+            prefixes=tuple(d["prefixes"]),
+            exports=frozenset(d.get("exports", ())),
+            undeclared=tuple(_build(UndeclaredExport, u) for u in d.get("undeclared", ())))
 
     # -- lookups --------------------------------------------------------------------------
     @property

@@ -227,11 +227,46 @@ def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[
         "typed_attributes": spec.typed_attributes,
         "prefixes": list(spec.prefixes),
         "family_types": spec.family_types,
+        "exports": sorted(exports),
+        "undeclared": _undeclared(spec, parsed, exports),
     }
     if spec.init:
         ir["init_check"] = {k: spec.init[k] for k in ("function", "enum", "error")}
     _check_roles(ir)
+    _check_coverage(ir)
     return ir
+
+
+def _undeclared(spec: Spec, parsed: dict[str, Any], exports: set[str]) -> list[dict[str, Any]]:
+    """The exported functions no parsed header declares, each with the header whose text declares
+    it (parsed["elsewhere"], from parse.declaring_headers; None: none) and why it is not bound
+    (the spec's [excluded] reason, else where it is declared)."""
+    binary = Path(spec.binary).name
+    reached = set(parsed["included"])
+    out = []
+    for name in sorted(exports - {f["name"] for f in parsed["functions"]}):
+        header = parsed["elsewhere"][name]
+        if name in spec.excluded:
+            why = spec.excluded[name]
+        elif header is None:
+            why = f"exported by {binary}, but declared in no public header (internal)"
+        elif header in reached:
+            why = f"exported by {binary}; {header} declares it only under a preprocessor condition " \
+                  "the parsed host configuration does not meet"
+        else:
+            why = f"exported by {binary}; declared in {header}, which the parsed headers do not include"
+        out.append({"name": name, "header": header, "excluded": why})
+    return out
+
+
+def _check_coverage(ir: dict[str, Any]) -> None:
+    """Every declared function is bound or excluded with a reason; every exported one is declared
+    or listed as undeclared: the audit (python -m mpbind coverage) leaves nothing out."""
+    unaccounted = [f["name"] for f in ir["functions"] if not f.get("python") and not f.get("excluded")]
+    listed = {f["name"] for f in ir["functions"]} | {u["name"] for u in ir["undeclared"]}
+    unaccounted += sorted(set(ir["exports"]) - listed)
+    if unaccounted:
+        raise ValueError(f"{ir['library']}: neither bound nor excluded with a reason: {unaccounted}")
 
 
 def _exclusion(spec: Spec, f: dict[str, Any], exports: set[str]) -> str | None:

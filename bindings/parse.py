@@ -139,10 +139,11 @@ class HeaderParser:
     def _own(self, cursor: ci.Cursor) -> str | None:
         """The header (relative to the include dir) that declares cursor, if ours."""
         loc = cursor.location.file
-        if loc is None:
-            return None
+        return None if loc is None else self._own_path(loc.name)
+
+    def _own_path(self, path: str) -> str | None:
         try:
-            return str(Path(loc.name).resolve().relative_to(self.include_dir))
+            return str(Path(path).resolve().relative_to(self.include_dir))
         except ValueError:
             return None
 
@@ -239,6 +240,7 @@ class HeaderParser:
         functions: list[dict[str, Any]] = []
         enums: dict[str, dict[str, Any]] = {}
         records: dict[str, ci.Cursor] = {}
+        foreign_records: dict[str, ci.Cursor] = {}  # other headers' structs (CUDA's dim3), by name
         macros: list[tuple[str, str]] = []
         seen_fn: set[str] = set()
         # extern "C" blocks (LINKAGE_SPEC) hold most C declarations in C++ mode.
@@ -253,6 +255,8 @@ class HeaderParser:
                 if c.kind == K.ENUM_DECL and c.is_definition() and self._tag_name(c) in foreign_enums:
                     name = self._tag_name(c)
                     enums.setdefault(name, self._enum(c, name, Path(c.location.file.name).name))
+                elif c.kind == K.STRUCT_DECL and c.is_definition() and self._tag_name(c):
+                    foreign_records.setdefault(self._tag_name(c), c)
                 continue
             if c.kind == K.MACRO_DEFINITION:
                 toks = [t.spelling for t in c.get_tokens()]
@@ -277,6 +281,7 @@ class HeaderParser:
                     records[name] = c
 
         structs = {n: self._struct(records[n], n) for n in sorted(records)}
+        self._add_foreign_structs(functions, structs, foreign_records)
         constants, initializers = self._macro_values(macros)
         for sname, init in self.spec.initializers.items():
             canon = typedefs[sname].underlying_typedef_type.get_canonical() if sname in typedefs else None
@@ -291,12 +296,42 @@ class HeaderParser:
             "handles": sorted(self.spec.handles),
             "handle_tags": dict(sorted(self.handle_tags.items())),
             "constants": constants,
+            "included": self._included(tu),
         }
+
+    def _add_foreign_structs(self, functions: list[dict[str, Any]], structs: dict[str, dict[str, Any]],
+                             foreign: dict[str, ci.Cursor]) -> None:
+        """Add the structs of other headers that our functions or structs hold by value (CUDA's
+        dim3 and cudaLaunchConfig_t), with those they hold in turn; structs stay sorted by name."""
+        types = [t for f in functions for t in [f["returns"], *(p["type"] for p in f["params"])]]
+        while True:
+            held = {n for t in types + [fl["type"] for s in structs.values() for fl in s.get("fields", [])]
+                    for n in _by_value_structs(t)}
+            new = sorted(n for n in held - structs.keys() if n in foreign)
+            if not new:
+                break
+            for name in new:
+                structs[name] = self._struct(foreign[name], name)
+        ordered = {n: structs[n] for n in sorted(structs)}
+        structs.clear()
+        structs.update(ordered)
+
+    def _included(self, tu: ci.TranslationUnit) -> list[str]:
+        """Our headers the parse reached (the spec's and what they include)."""
+        return sorted({h for inc in tu.get_includes() if (h := self._own_path(inc.include.name)) is not None}
+                      | set(self.spec.headers))
 
     def _typedefs(self, flat: list[ci.Cursor], foreign_enums: set[str]) -> dict[str, ci.Cursor]:
         """The typedefs of our headers (and of the foreign enums), noting which name each record has."""
         typedefs = {}
         for c in flat:
+            if c.kind == K.TYPEDEF_DECL and not self._own(c) and c.spelling not in foreign_enums:
+                # Another header's struct is named after its typedef too (cudaLaunchConfig_t).
+                under = c.underlying_typedef_type
+                under = under.get_named_type() if under.kind == T.ELABORATED else under
+                if under.kind == T.RECORD:
+                    self.typedef_of_record.setdefault(under.get_declaration().hash, c.spelling)
+                continue
             if c.kind == K.TYPEDEF_DECL and (self._own(c) or c.spelling in foreign_enums):
                 under = c.underlying_typedef_type
                 if under.kind == T.ELABORATED:
@@ -372,7 +407,8 @@ class HeaderParser:
                 opaque_reason = "bit-field"
                 break
             fields.append({"name": f.spelling, "type": ft, "offset": ty.get_offset(f.spelling) // 8})
-        out: dict[str, Any] = {"name": name, "header": self._own(c), "size": ty.get_size(),
+        header = self._own(c) or Path(c.location.file.name).name  # another library's: its file name
+        out: dict[str, Any] = {"name": name, "header": header, "size": ty.get_size(),
                                "align": ty.get_align()}
         if opaque_reason is None:
             out["fields"] = fields
@@ -444,6 +480,35 @@ class HeaderParser:
                 continue
             consts.append({"name": m, "header": h, "value": v})
         return consts, inits
+
+
+def _by_value_structs(t: dict[str, Any]) -> set[str]:
+    """The structs a value of IR type t holds by value (through arrays and typedefs, not pointers)."""
+    if t["kind"] == "struct":
+        return {t["name"]}
+    if t["kind"] == "array":
+        return _by_value_structs(t["element"])
+    if t["kind"] == "alias":
+        return _by_value_structs(t["target"])
+    return set()
+
+
+def declaring_headers(include: Path, names: set[str]) -> dict[str, str | None]:
+    """For functions the parse did not declare, the header under `include` whose text declares
+    each (`name(` outside a comment line), or None: found by reading, not parsing, because such a
+    header may be device code or for another platform."""
+    found: dict[str, str | None] = dict.fromkeys(sorted(names))
+    if not names:
+        return found
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(names))) + r")\s*\(")
+    for path in sorted(p for p in include.rglob("*") if p.suffix in (".h", ".hpp", ".cuh")):
+        for line in path.read_text(errors="replace").splitlines():
+            if line.lstrip().startswith(("//", "*", "/*", "#define")):
+                continue
+            for m in pattern.finditer(line):
+                if found[m.group(1)] is None:
+                    found[m.group(1)] = str(path.relative_to(include))
+    return found
 
 
 def _unwrap(c: ci.Cursor) -> ci.Cursor:

@@ -546,3 +546,83 @@ class OutStrArray(Role):
     def result(self) -> str:
         n = self.n
         return f"[_str_or_none(_osa_{n}[_i]) for _i in range(_d_{self.p.length_out})] if _osa_{n} != NULL else []"
+
+
+# -- CUDA kernel launches: a kernel, a grid or block shape, the kernel's arguments ----------
+# Their conversions are cdef functions of the library's support file (bindings/support/
+# <lib>.pxi), named in `helpers`; the stubs name the argument types mpbind._typing defines.
+
+STUB_TYPES = ("Dim3Like", "KernelArguments", "KernelLike")  # imported by a stub that uses them
+
+
+class _LaunchInput(Input):
+    """An argument converted by a support-file helper; never a typed Cython parameter (the helper
+    sees the Python object)."""
+
+    helpers: ClassVar[tuple[str, ...]] = ()
+
+
+@role("kernel")
+class Kernel(_LaunchInput):
+    """A kernel passed as CUDA's `const void* func`: a CUkernel or CUfunction (cuda.bindings), an
+    object whose `handle` is one (cuda.core's Kernel), or an int address; never NULL."""
+
+    helpers = ("_launch_kernel",)
+
+    @classmethod
+    def applies(cls, p: Param) -> bool:
+        return isinstance(p.type, Pointer)
+
+    def stub_type(self) -> str:
+        return "KernelLike"
+
+    def convert(self) -> list[str]:
+        return [f'cdef const void* _k_{self.n} = _launch_kernel({self.py}, "{self.py}")']
+
+    def arg(self) -> str:
+        return f"_k_{self.n}"
+
+
+@role("dim3")
+class Dim3(_LaunchInput):
+    """A grid or block shape, CUDA's dim3 by value: an int n (n, 1, 1), a tuple or list of one to
+    three extents (the missing ones 1, as dim3's constructor), or an object with x, y and z."""
+
+    helpers = ("_launch_dim3",)
+
+    @classmethod
+    def applies(cls, p: Param) -> bool:
+        return value_kind(p.type) == "struct"
+
+    def stub_type(self) -> str:
+        return "Dim3Like"
+
+    def convert(self) -> list[str]:
+        return [f'cdef {cy_type(resolve(self.p.type), drop_const=True)} _d3_{self.n} = '
+                f'_launch_dim3({self.py}, "{self.py}")']
+
+    def arg(self) -> str:
+        return f"_d3_{self.n}"
+
+
+@role("kernel_args")
+class KernelArgs(_LaunchInput):
+    """A kernel's arguments as CUDA's `void** kernelParams`: a tuple or list with the address of
+    each argument's value (copied into a C array for the call), the int address of such an
+    array, or None (NULL: a kernel without parameters)."""
+
+    helpers = ("_launch_params",)
+
+    def stub_type(self) -> str:
+        return "KernelArguments"
+
+    def convert(self) -> list[str]:
+        n, py = self.n, self.py
+        return [f"cdef void** _kp_{n} = NULL", f"cdef void** _ka_{n} = NULL",
+                f'_launch_params({py}, "{py}", &_kp_{n}, &_ka_{n})']
+
+    def arg(self) -> str:
+        return f"_kp_{self.n}"
+
+    def cleanup(self) -> list[str]:
+        return [f"PyMem_Free(_ka_{self.n})"]

@@ -1,8 +1,11 @@
 """The pinned library versions, bindings/versions.toml: the one source of pyproject.toml's pins.
 
-The cu13 extra installs the four pinned library wheels; the test extra pins the same four and
-the wheels their headers include. `pyproject_problems` says where pyproject.toml disagrees
-(run by ``bindings/generate.py --check``); `rewrite_pyproject` and `set_version` are the edits
+A wheel family is the CUDA major version its wheels are built for (the `-cu13`/`-cu12` suffix of
+their names). The bindings are generated from the pinned wheels of the first family (`wheel`,
+`version`); each other family (`cu12`) pins its own wheel of the same library. The extra named
+after a family installs its four library wheels; the test extra pins those of the first family and
+the wheels their headers include. `pyproject_problems` says where pyproject.toml disagrees (run by
+``bindings/generate.py --check``); `rewrite_pyproject` and `set_version` are the edits
 ``bindings/bump.py`` makes.
 """
 
@@ -21,9 +24,26 @@ else:  # pragma: no cover
 ROOT = Path(__file__).resolve().parent
 VERSIONS = ROOT / "versions.toml"
 PYPROJECT = ROOT.parent / "pyproject.toml"
-# Extras that pin the library wheels, and whether each also pins the header wheels.
-EXTRAS = {"cu13": False, "test": True}
+# Extras that pin the library wheels: the family whose wheels each pins (None: the first family, the
+# generator's), and whether it also pins the header wheels.
+EXTRAS: dict[str, tuple[str | None, bool]] = {"cu13": (None, False), "cu12": ("cu12", False), "test": (None, True)}
+_FAMILY = re.compile(r"-(cu\d+)$")
+_FAMILY_KEY = re.compile(r"cu\d+")
 _REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:==\s*([^\s;,]+))?")
+
+
+@dataclass(frozen=True)
+class Wheel:
+    """One family's wheel of a library: its name, its pinned version, and the release the symbol and
+    layout records name it by (the version, less a `.postN` repackaging)."""
+
+    wheel: str
+    version: str
+    release: str
+
+    @property
+    def family(self) -> str:
+        return family_of(self.wheel)
 
 
 @dataclass(frozen=True)
@@ -33,17 +53,45 @@ class Pin:
     version: str
     releases_from: list[str]
     header_wheels: dict[str, str] = field(default_factory=dict)
+    # the other families' wheels of this library: family -> Wheel
+    others: dict[str, Wheel] = field(default_factory=dict)
+
+    @property
+    def family(self) -> str:
+        """The family the bindings are generated from."""
+        return family_of(self.wheel)
+
+    def families(self) -> dict[str, Wheel]:
+        """Every family's wheel, the generator's first."""
+        return {self.family: Wheel(self.wheel, self.version, self.version), **self.others}
+
+
+def family_of(wheel: str) -> str:
+    m = _FAMILY.search(wheel)
+    if m is None:
+        raise ValueError(f"{wheel} names no wheel family (-cuNN)")
+    return m[1]
 
 
 def load(text: str | None = None) -> dict[str, Pin]:
     doc = tomllib.loads(VERSIONS.read_text() if text is None else text)
-    return {lib: Pin(lib, d["wheel"], d["version"], list(d["releases_from"]), dict(d.get("header_wheels", {})))
-            for lib, d in doc.items()}
+    pins = {}
+    for lib, d in doc.items():
+        others = {key: Wheel(v["wheel"], v["version"], v.get("release", v["version"]))
+                  for key, v in d.items() if _FAMILY_KEY.fullmatch(key)}
+        for key, w in others.items():
+            if w.family != key:
+                raise ValueError(f"bindings/versions.toml: [{lib}] {key} names {w.wheel}, of family {w.family}")
+        pins[lib] = Pin(lib, d["wheel"], d["version"], list(d["releases_from"]), dict(d.get("header_wheels", {})),
+                        others)
+    return pins
 
 
-def wheel_pins(pins: dict[str, Pin], headers: bool) -> dict[str, str]:
-    """wheel -> version: the library wheels, and with headers=True the wheels their headers include."""
-    out = {p.wheel: p.version for p in pins.values()}
+def wheel_pins(pins: dict[str, Pin], headers: bool, family: str | None = None) -> dict[str, str]:
+    """wheel -> version: one family's library wheels (None: the generator's), and with headers=True the
+    wheels their headers include."""
+    chosen = [p.families()[family or p.family] for p in pins.values()]
+    out = {w.wheel: w.version for w in chosen}
     if headers:
         for p in pins.values():
             out.update(p.header_wheels)
@@ -58,8 +106,8 @@ def pyproject_problems(text: str, pins: dict[str, Pin]) -> list[str]:
     """Where the extras of pyproject.toml (its text) disagree with versions.toml."""
     extras = tomllib.loads(text)["project"]["optional-dependencies"]
     problems = []
-    for extra, headers in EXTRAS.items():
-        want = {_normal(w): (w, v) for w, v in wheel_pins(pins, headers).items()}
+    for extra, (family, headers) in EXTRAS.items():
+        want = {_normal(w): (w, v) for w, v in wheel_pins(pins, headers, family).items()}
         have: dict[str, str | None] = {}
         for req in extras.get(extra, []):
             m = _REQUIREMENT.match(req)
@@ -78,7 +126,8 @@ def pyproject_problems(text: str, pins: dict[str, Pin]) -> list[str]:
 
 def rewrite_pyproject(text: str, pins: dict[str, Pin]) -> str:
     """pyproject.toml's text with every `"<wheel>==<version>"` of a pinned wheel set to its pin."""
-    for wheel, version in wheel_pins(pins, headers=True).items():
+    every = {w.wheel: w.version for p in pins.values() for w in p.families().values()}
+    for wheel, version in {**every, **wheel_pins(pins, headers=True)}.items():
         text = re.sub(rf'"{re.escape(wheel)}==[^"]*"', f'"{wheel}=={version}"', text)
     return text
 

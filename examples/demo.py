@@ -73,6 +73,30 @@ def all_reduce_one_rank(uid: Any, count: int = 1 << 20) -> bool:
     return ok
 
 
+def poisson_on_every_gpu(count: int) -> bool:
+    """examples/poisson3d.py under mpirun, one process per GPU (skipped below two GPUs, or without mpirun,
+    mpi4py or CuPy)."""
+    if count < 2:
+        print(f"skipped: Poisson solve (examples/poisson3d.py) needs more than one GPU; {count} visible")
+        return True
+    import importlib.util
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    mpirun = shutil.which("mpirun")
+    missing = [m for m in ("mpi4py", "cupy") if importlib.util.find_spec(m) is None]
+    if mpirun is None or missing:
+        print(f"skipped: Poisson solve on {count} GPUs (needs {'mpirun' if mpirun is None else ', '.join(missing)})")
+        return True
+    forward = [a for name in ("PYTHONPATH", "LD_LIBRARY_PATH") if os.environ.get(name) for a in ("-x", name)]
+    cmd = [mpirun, "--allow-run-as-root", "--bind-to", "none", "-np", str(count), "-x", "NCCL_NVLS_ENABLE=0",
+           "-x", "NVSHMEM_DISABLE_NVLS=1", "-x", "TORCH_SYMM_MEM_DISABLE_MULTICAST=1", *forward, sys.executable,
+           str(Path(__file__).with_name("poisson3d.py")), "--n", "64"]
+    print(f"Poisson solve on {count} GPUs (mpbind.fft, one process per GPU):")
+    return subprocess.run(cmd, timeout=600).returncode == 0
+
+
 def main() -> int:
     print(f"mpbind {mpbind.__version__}")
     from mpbind.bindings import nccl
@@ -88,11 +112,15 @@ def main() -> int:
     print(f"NCCL: unique id of {len(raw)} bytes: {raw[:16].hex()}...")
 
     count, reason = _info.gpu_count()
+    import tp_mlp  # beside this script: on every GPU, one process each; skipped (saying why) below two GPUs
+
     if count == 0:
         print(f"skipped: one-rank all-reduce (no GPU visible: {reason})")
-        return 0
+        return 0 if poisson_on_every_gpu(count) and tp_mlp.on_every_gpu(count) else 1
     print(f"GPU: {count} visible; one-rank all-reduce on device 0")
-    return 0 if all_reduce_one_rank(uid) else 1
+    ok = all_reduce_one_rank(uid)
+    ok = poisson_on_every_gpu(count) and ok
+    return 0 if tp_mlp.on_every_gpu(count) and ok else 1
 
 
 if __name__ == "__main__":

@@ -3,15 +3,20 @@
 Tests marked ``gpu`` are skipped, with the reason, when no CUDA GPU is visible.
 Tests import the installed ``mpbind`` (pytest runs with ``--import-mode=importlib``
 and ``src/`` is never put on ``sys.path``). The pinned library versions tests expect
-come from ``bindings/versions.toml`` (the ``pins`` fixture), never from a literal.
+come from ``bindings/versions.toml`` (the ``pins`` fixture: those the bindings are
+generated from; ``installed``: those of the wheel family this environment installed),
+never from a literal.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.metadata as md
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,16 +37,44 @@ class Pin:
 
     @property
     def parts(self) -> tuple[int, ...]:
-        """The release's numbers: (2, 28, 9) for NCCL 2.28.9, (0, 9, 1, 3056) for cuBLASMp 0.9.1.3056."""
-        return tuple(int(x) for x in self.version.split("."))
+        """The release's numbers: (2, 28, 9) for NCCL 2.28.9, (0, 9, 1, 3056) for cuBLASMp 0.9.1.3056
+        (a `.postN` repackaging is the same release)."""
+        return tuple(int(x) for x in re.findall(r"\d+", self.version.split(".post")[0]))
+
+    @property
+    def family(self) -> str:
+        return self.wheel.rsplit("-", 1)[-1]
+
+
+def _versions() -> dict[str, dict[str, Any]]:
+    if not VERSIONS.is_file():
+        pytest.skip("bindings/versions.toml is not in this checkout")
+    return tomllib.loads(VERSIONS.read_text())
 
 
 @pytest.fixture(scope="session")
 def pins() -> dict[str, Pin]:
-    """Library -> its pinned wheel and version."""
-    if not VERSIONS.is_file():
-        pytest.skip("bindings/versions.toml is not in this checkout")
-    return {lib: Pin(d["wheel"], d["version"]) for lib, d in tomllib.loads(VERSIONS.read_text()).items()}
+    """Library -> the wheel and version the bindings are generated from."""
+    return {lib: Pin(d["wheel"], d["version"]) for lib, d in _versions().items()}
+
+
+def _installed_pin(d: dict[str, Any]) -> Pin:
+    """The pin of the first family whose wheel of the library is installed (the generator's when none is)."""
+    families = [Pin(d["wheel"], d["version"])] + [Pin(v["wheel"], v["version"]) for k, v in d.items()
+                                                   if re.fullmatch(r"cu\d+", k)]
+    for pin in families:
+        try:
+            md.distribution(pin.wheel)
+        except md.PackageNotFoundError:
+            continue
+        return pin
+    return families[0]
+
+
+@pytest.fixture(scope="session")
+def installed() -> dict[str, Pin]:
+    """Library -> the pinned wheel and version of the wheel family installed here (cu13, or cu12)."""
+    return {lib: _installed_pin(d) for lib, d in _versions().items()}
 
 
 @functools.cache

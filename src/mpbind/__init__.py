@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["__version__", "drain", "queued", "registrations", "show_config"]
 
 _SUBMODULES = frozenset(
-    {"bindings", "errors", "nccl", "nvshmem", "cublasmp", "cufftmp", "bootstrap"}
+    {"bindings", "errors", "nccl", "nvshmem", "cublasmp", "cufftmp", "bootstrap", "distributions", "fft"}
 )
 
 

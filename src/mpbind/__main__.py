@@ -20,8 +20,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     cov = sub.add_parser(
         "coverage",
-        help="C functions of the pinned headers and how each is bound",
-        description="Show which C functions of the pinned headers are bound or excluded.",
+        help="every function of the pinned headers and libraries, bound or excluded",
+        description="Show, per library, every C function its pinned headers declare and every function "
+        "its pinned library exports: bound (its Python name) or excluded (why).",
     )
     cov.add_argument("--json", action="store_true", help="print every function as JSON")
     return parser

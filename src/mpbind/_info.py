@@ -40,6 +40,9 @@ class LibraryReport:
     found: bool = False
     path: str | None = None
     version: str | None = None
+    wheel: str | None = None  # the nvidia-* wheel that installed it, "<distribution> <version>"
+    family: str | None = None  # its wheel family: cu13, cu12
+    found_via: str | None = None
     error: str | None = None
     pinned: str | None = None
     coverage: CoverageSummary | None = None
@@ -144,6 +147,10 @@ def library_report(
         lib = _loader.load(name)
         report.found = True
         report.path = str(lib.path)
+        report.found_via = lib.found_via
+        if lib.owner is not None:
+            report.wheel = str(lib.owner)
+            report.family = lib.owner.family
     except Exception as exc:
         report.error = _describe(exc)
         return report
@@ -151,6 +158,9 @@ def library_report(
         report.version = _loader.loaded_version(name)
     except Exception as exc:
         report.notes.append(f"version query failed: {_describe(exc)}")
+    if report.version and report.pinned and not report.pinned.startswith(report.version):
+        report.notes.append(f"the bindings are generated from {report.pinned}'s headers: what {report.version} "
+                            "lacks raises FunctionNotFoundError")
     return report
 
 
@@ -187,13 +197,17 @@ def format_info() -> str:
     if coverage_error:
         lines.append(f"warning: no coverage table ({coverage_error})")
 
+    reports = []
     for name in names:
         try:
             report = library_report(name, coverage, pinned)
         except Exception as exc:  # library_report does not raise; belt and braces
             report = LibraryReport(name=name, error=_describe(exc))
+        reports.append(report)
         lines.append("")
         lines.extend(_format_report(report))
+    lines.append("")
+    lines.append(family_line(reports))
 
     lines.append("")
     count, reason = gpu_count()
@@ -210,6 +224,11 @@ def _format_report(report: LibraryReport) -> list[str]:
         out.append("  status:   found")
         out.append(f"  path:     {report.path}")
         out.append(f"  version:  {report.version or 'unknown'}")
+        if report.wheel:
+            out.append(f"  wheel:    {report.wheel} (family {report.family or 'unknown'})")
+        else:
+            out.append("  wheel:    none (not installed by an nvidia-* wheel: family unknown)")
+        out.append(f"  via:      {report.found_via or 'unknown'}")
     else:
         out.append("  status:   not found")
         if report.error:
@@ -234,58 +253,97 @@ def _format_report(report: LibraryReport) -> list[str]:
     return out
 
 
+def family_line(reports: list[LibraryReport]) -> str:
+    """Which wheel family the loaded libraries come from: one, several (a mix), or none known."""
+    by_family: dict[str, list[str]] = {}
+    for r in reports:
+        if r.found:
+            by_family.setdefault(r.family or "unknown", []).append(r.name)
+    if not by_family:
+        return "wheel family: none loaded"
+    text = "; ".join(f"{family} ({', '.join(libs)})" for family, libs in by_family.items())
+    known = [f for f in by_family if f != "unknown"]
+    if len(known) > 1:
+        return f"wheel families: {text} -- mixed: install one of the extras cu13 and cu12"
+    return f"wheel family: {text}"
+
+
 def show_config(file: IO[str] | None = None) -> None:
     """Print :func:`format_info` to ``file`` (default: standard output)."""
     print(format_info(), file=file if file is not None else sys.stdout)
 
 
+def _coverage_module() -> Any:
+    """mpbind.bindings._coverage, or RuntimeError saying why it cannot be read."""
+    try:
+        from mpbind.bindings import _coverage
+    except Exception as exc:
+        raise RuntimeError(f"no coverage table: {_describe(exc)}") from exc
+    return _coverage
+
+
 def coverage_json() -> dict[str, dict[str, Any]]:
-    """Coverage of every bound library, in the shape printed by ``coverage --json``."""
-    coverage, pinned, error = _load_coverage()
-    if error:
-        raise RuntimeError(f"no coverage table: {error}")
+    """Coverage of every bound library, in the shape printed by ``coverage --json``: per library
+    its pin and, for every function its pinned headers declare or its pinned library exports, the
+    Python name or why it is excluded, whether the library exports it, and (for a header's static
+    inline function reproduced in Python) the exported function it calls."""
+    cov = _coverage_module()
     return {
         lib: {
-            "pinned": pinned.get(lib),
+            "pinned": cov.PINNED.get(lib),
             "functions": [
-                {"c_name": c_name, "python_name": py_name, "excluded": reason}
+                {
+                    "c_name": c_name,
+                    "python_name": py_name,
+                    "excluded": reason,
+                    "exported": c_name in cov.EXPORTED.get(lib, ()),
+                    "calls": cov.CALLS.get(lib, {}).get(c_name),
+                }
                 for c_name, py_name, reason in entries
             ],
         }
-        for lib, entries in coverage.items()
+        for lib, entries in cov.COVERAGE.items()
     }
 
 
+# Exclusion reasons shared by at most this many functions list them by name.
+_NAMED_UP_TO = 5
+
+
 def format_coverage_table() -> str:
-    """A one-line-per-library summary of :func:`coverage_json`."""
-    coverage, pinned, error = _load_coverage()
-    if error:
-        return f"no coverage table: {error}"
+    """A one-line-per-library summary of :func:`coverage_json`, then the exclusions by reason."""
+    try:
+        cov = _coverage_module()
+    except RuntimeError as exc:
+        return str(exc)
     names, _ = library_names()
-    names += [lib for lib in coverage if lib not in names]
-    header = ("library", "pinned", "bound", "excluded", "missing", "total")
+    names += [lib for lib in cov.COVERAGE if lib not in names]
+    header = ("library", "pinned", "bound", "excluded", "missing", "total", "exported")
     rows: list[tuple[str, ...]] = [header]
     for lib in names:
-        if lib in coverage:
-            cov = summarize(list(coverage[lib]))
-            rows.append(
-                (
-                    lib,
-                    pinned.get(lib, "-"),
-                    str(cov.bound),
-                    str(cov.excluded),
-                    str(cov.missing),
-                    str(cov.total),
-                )
-            )
+        pinned = cov.PINNED.get(lib, "-")
+        if lib in cov.COVERAGE:
+            s = summarize(list(cov.COVERAGE[lib]))
+            counts = (s.bound, s.excluded, s.missing, s.total, len(cov.EXPORTED.get(lib, ())))
+            rows.append((lib, pinned, *map(str, counts)))
         else:
-            rows.append((lib, pinned.get(lib, "-"), "-", "-", "-", "no bindings yet"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = []
-    for row in rows:
-        cells = [
-            cell.ljust(width) if i < 2 else cell.rjust(width)
-            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
-        ]
-        lines.append("  ".join(cells).rstrip())
+            rows.append((lib, pinned, "-", "-", "-", "-", "no bindings yet"))
+    lines = _aligned(rows, left=2)
+    lines += ["", "excluded, by reason:"]
+    for lib in names:
+        by_reason: dict[str, list[str]] = {}
+        for c_name, _, reason in cov.COVERAGE.get(lib, ()):
+            if reason is not None:
+                by_reason.setdefault(reason, []).append(c_name)
+        for reason, functions in sorted(by_reason.items(), key=lambda item: (-len(item[1]), item[0])):
+            named = f": {', '.join(functions)}" if len(functions) <= _NAMED_UP_TO else ""
+            lines.append(f"  {lib:<9} {len(functions):>5}  {reason}{named}")
     return "\n".join(lines)
+
+
+def _aligned(rows: list[tuple[str, ...]], left: int) -> list[str]:
+    """Rows as columns: the first `left` left-aligned, the others right-aligned."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(width) if i < left else cell.rjust(width)
+                      for i, (cell, width) in enumerate(zip(row, widths, strict=True))).rstrip()
+            for row in rows]

@@ -1,10 +1,15 @@
 """Finds and opens each library once; the generated bindings dlsym on that handle only.
 
 Search order: the library's override variable (MPBIND_<LIB>_PATH, a file or a
-folder holding the library), then cuda.pathfinder (the nvidia-* wheels, then the
-system). Nothing is loaded at import; the first call into a library loads it.
-Symbols are never looked up with RTLD_DEFAULT, which could bind a foreign copy of
-the library already in the process.
+folder holding the library), then cuda.pathfinder (the nvidia-* wheels of either
+family, CUDA 13 or 12, then the system). Nothing is loaded at import; the first
+call into a library loads it. Symbols are never looked up with RTLD_DEFAULT, which
+could bind a foreign copy of the library already in the process.
+
+Each loaded library records the wheel that installed it (`owner`: distribution,
+version, family), told from the installed distributions' file lists. A process
+that already holds the other family's copy of a library (another package loaded
+it) gets LibraryConflictError before mpbind opens its own.
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ import ctypes
 import importlib
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from mpbind.errors import FunctionNotFoundError, LibraryNotFoundError
+from mpbind import _families
+from mpbind._families import Owner
+from mpbind.errors import FunctionNotFoundError, LibraryConflictError, LibraryNotFoundError
 
 
 @dataclass(frozen=True)
@@ -24,6 +31,7 @@ class LibrarySpec:
     pathfinder: str     # cuda.pathfinder's name
     sonames: tuple[str, ...]
     env_var: str
+    wheels: tuple[str, ...]  # its nvidia-* wheel of each family, in _families.FAMILIES order
     deepbind: bool = False  # cuda.pathfinder opens libcufftMp with RTLD_DEEPBIND
     # Libraries to load first, so that this one binds to the process's copy of them
     # (libcufftMp needs the one libnvshmem_host the NVSHMEM bindings use).
@@ -39,15 +47,23 @@ class LoadedLibrary:
     path: str
     handle: int
     found_via: str
+    owner: Owner | None = None  # the wheel that installed it; None: not from an nvidia-* wheel
+
+
+def _wheels(name: str) -> tuple[str, ...]:
+    return tuple(f"nvidia-{name}-{family}" for family in _families.FAMILIES)
 
 
 LIBRARIES: dict[str, LibrarySpec] = {
-    "nccl": LibrarySpec("nccl", "nccl", ("libnccl.so.2",), "MPBIND_NCCL_PATH"),
-    "nvshmem": LibrarySpec("nvshmem", "nvshmem_host", ("libnvshmem_host.so.3",), "MPBIND_NVSHMEM_PATH"),
+    "nccl": LibrarySpec("nccl", "nccl", ("libnccl.so.2",), "MPBIND_NCCL_PATH", _wheels("nccl")),
+    "nvshmem": LibrarySpec("nvshmem", "nvshmem_host", ("libnvshmem_host.so.3",), "MPBIND_NVSHMEM_PATH",
+                           _wheels("nvshmem")),
     "cublasmp": LibrarySpec("cublasmp", "cublasmp", ("libcublasmp.so.0",), "MPBIND_CUBLASMP_PATH",
-                            depends=("nccl",), min_versions=(("nccl", "2.29.2"),), needs_driver=True),
+                            _wheels("cublasmp"), depends=("nccl",), min_versions=(("nccl", "2.29.2"),),
+                            needs_driver=True),
+    # libcufftMp.so.12 is cuFFTMp 12 (the cu13 wheel), libcufftMp.so.11 cuFFTMp 11.4 (the cu12 wheel)
     "cufftmp": LibrarySpec("cufftmp", "cufftMp", ("libcufftMp.so.12", "libcufftMp.so.11"),
-                           "MPBIND_CUFFTMP_PATH", deepbind=True, depends=("nvshmem",)),
+                           "MPBIND_CUFFTMP_PATH", _wheels("cufftmp"), deepbind=True, depends=("nvshmem",)),
 }
 
 _lock = threading.Lock()
@@ -61,8 +77,12 @@ def _spec(name: str) -> LibrarySpec:
         raise LibraryNotFoundError(f"mpbind does not know a library called {name!r}") from None
 
 
+def _override_candidates(spec: LibrarySpec, value: str) -> list[str]:
+    return [os.path.join(value, s) for s in spec.sonames] if os.path.isdir(value) else [value]
+
+
 def _open_override(spec: LibrarySpec, value: str) -> LoadedLibrary:
-    candidates = [os.path.join(value, s) for s in spec.sonames] if os.path.isdir(value) else [value]
+    candidates = _override_candidates(spec, value)
     tried = []
     mode = os.RTLD_NOW | os.RTLD_GLOBAL | (os.RTLD_DEEPBIND if spec.deepbind else 0)
     for path in candidates:
@@ -113,6 +133,7 @@ def load(name: str) -> LoadedLibrary:
         found = _loaded.get(name)
         if found is None:
             override = os.environ.get(spec.env_var)
+            _refuse_the_other_family(spec, override)
             try:
                 found = _open_override(spec, override) if override else _open_pathfinder(spec)
             except LibraryNotFoundError as exc:
@@ -123,8 +144,36 @@ def load(name: str) -> LoadedLibrary:
                         f"where a GPU driver is. ({exc})"
                     ) from exc
                 raise
+            found = replace(found, owner=_families.owner(found.path))
             _loaded[name] = found
     return found
+
+
+def _own_copy(spec: LibrarySpec, override: str | None) -> str | None:
+    """The file mpbind would load: the override's, else the one a wheel of this environment installed."""
+    if override:
+        return next((c for c in _override_candidates(spec, override) if os.path.isfile(c)), None)
+    return _families.installed_file(spec.wheels, spec.sonames)
+
+
+def _refuse_the_other_family(spec: LibrarySpec, override: str | None) -> None:
+    """LibraryConflictError when the process already maps a copy of the library from the other wheel
+    family than mpbind's own copy. Copies of unknown origin (no nvidia-* wheel installed them) and of
+    the same family are left to the search, as before (cuda.pathfinder uses a copy already loaded)."""
+    copies = _families.mapped_copies(spec.sonames)
+    if not copies:
+        return
+    ours = _own_copy(spec, override)
+    mine = _families.owner(ours) if ours else None
+    if ours is None or mine is None or mine.family is None:
+        return
+    for path in copies:
+        if _families.same_file(path, ours):
+            continue
+        theirs = _families.owner(path)
+        if theirs is not None and theirs.family is not None and theirs.family != mine.family:
+            raise LibraryConflictError(spec.name, ours, f"{mine}, family {mine.family}", path,
+                                       f"{theirs}, family {theirs.family}", spec.env_var)
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:

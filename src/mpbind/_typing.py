@@ -9,11 +9,12 @@ module imports nothing but ``typing`` at run time.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol, SupportsIndex, TypeAlias
 
 __all__ = [
     "Array", "Buffer", "CuPyStream", "CudaArrayInterface", "CudaStreamProtocol", "DLPackArray", "DTypeLike",
-    "DeviceBuffer", "Operand", "Stream", "TorchStream",
+    "DeviceBuffer", "Dim3Like", "Extents", "KernelArguments", "KernelLike", "KernelObject", "Operand", "Stream",
+    "TorchStream",
 ]
 
 
@@ -61,6 +62,36 @@ class DeviceBuffer(Protocol):
     def nbytes(self) -> int: ...
 
 
+class KernelObject(Protocol):
+    """A kernel object whose ``handle`` is the kernel: cuda.core's ``Kernel`` (a ``CUkernel``)."""
+
+    @property
+    def handle(self) -> SupportsIndex: ...
+
+
+class Extents(Protocol):
+    """A grid or block shape with ``x``, ``y`` and ``z``: ``nvshmem.Dim3``, cuda.bindings' ``dim3``."""
+
+    @property
+    def x(self) -> int: ...
+
+    @property
+    def y(self) -> int: ...
+
+    @property
+    def z(self) -> int: ...
+
+
+#: A kernel to launch: a ``CUkernel`` or ``CUfunction`` of cuda.bindings (ints to ``int()``), a
+#: cuda.core ``Kernel``, or the kernel's address as an int.
+KernelLike: TypeAlias = SupportsIndex | KernelObject
+#: A grid or block shape (CUDA's ``dim3``): ``n`` is ``(n, 1, 1)``; one to three extents, the
+#: missing ones 1; or an object with ``x``, ``y`` and ``z``.
+Dim3Like: TypeAlias = int | tuple[int, ...] | list[int] | Extents
+#: A kernel's arguments as CUDA's ``kernelParams``: the address of each argument's value, in the
+#: kernel's parameter order (read when the launch is made), or the int address of such a
+#: ``void*`` array.
+KernelArguments: TypeAlias = tuple[int, ...] | list[int] | int
 #: A CUDA stream: None (the default stream), a ``cudaStream_t`` as an int, or a stream object.
 Stream: TypeAlias = int | None | CudaStreamProtocol | TorchStream | CuPyStream
 #: A device array, described by the CUDA array interface or DLPack.

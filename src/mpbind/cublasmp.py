@@ -489,3 +489,12 @@ def gemm(handle: Handle, a: Matrix, b: Matrix, c: Matrix, *, transa: bool = Fals
     host = handle.host_workspace(host_bytes)  # lives with the handle: the library may use it after returning
     full: tuple[Any, ...] = (*args, work, device_bytes, host, host_bytes)
     _flat.gemm(*full)
+
+
+# --- matmuls planned from distributions (mpbind.distributions; the decisions: mpbind._matmul_plan) ---
+# Below the layer they build on: plan_matmul makes grids, Matrix objects, a MatmulDescriptor and a Matmul.
+
+from mpbind._matmul_plan import ComputeCapabilityError, MatmulPlan  # noqa: E402
+from mpbind._planned_matmul import PlannedMatmul, plan_matmul  # noqa: E402
+
+__all__ += ["ComputeCapabilityError", "MatmulPlan", "PlannedMatmul", "plan_matmul"]

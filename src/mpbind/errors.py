@@ -2,6 +2,7 @@
 
     MpbindError
     ├─ LibraryNotFoundError   (also ImportError)
+    │  └─ LibraryConflictError  the process holds another wheel family's copy of the library
     ├─ MissingDependencyError (also ImportError): an optional package; names the extra to install
     ├─ FunctionNotFoundError  (also NotImplementedError)
     ├─ LibraryError           (also RuntimeError): .library .function .status
@@ -29,6 +30,32 @@ class MpbindError(Exception):
 
 class LibraryNotFoundError(MpbindError, ImportError):
     """A shared library could not be loaded; the message lists what was tried."""
+
+
+class LibraryConflictError(LibraryNotFoundError):
+    """The process already holds a copy of the library from the other wheel family (CUDA 12 or 13),
+    loaded by another package, and mpbind's own copy is of this one: two copies of one library in a
+    process (or one built for the other CUDA line) would mix their state. Raised before mpbind loads
+    or calls either. ``library``; ``path`` and ``wheel`` (mpbind's copy and the wheel that installed
+    it); ``loaded_path`` and ``loaded_wheel`` (the copy already in the process)."""
+
+    def __init__(self, library: str, path: str, wheel: str, loaded_path: str, loaded_wheel: str,
+                 env_var: str = "") -> None:
+        use = f" or set {env_var}={loaded_path} to use the loaded copy" if env_var else ""
+        # ImportError's own `path` is the file that failed to import: mpbind's copy
+        super().__init__(
+            f"cannot load {library}: this process already holds {loaded_path} ({loaded_wheel}), loaded by "
+            f"another package, and mpbind's copy is {path} ({wheel}), of the other wheel family. Use one "
+            f"family in a process: install the mpbind extra of the loaded one{use}", path=path)
+        self.library = library
+        self.wheel = wheel
+        self.loaded_path = loaded_path
+        self.loaded_wheel = loaded_wheel
+        self.env_var = env_var
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.library, self.path, self.wheel, self.loaded_path, self.loaded_wheel,
+                             self.env_var))
 
 
 class MissingDependencyError(MpbindError, ImportError):
@@ -186,6 +213,7 @@ LIBRARY_ERRORS: dict[str, type[LibraryError]] = {
 _BASE_NAMES = [
     "MpbindError",
     "LibraryNotFoundError",
+    "LibraryConflictError",
     "MissingDependencyError",
     "FunctionNotFoundError",
     "UsageError",
@@ -220,3 +248,23 @@ def __dir__() -> list[str]:
     from mpbind import _status
 
     return sorted(set(globals()) | set(_status.__all__))
+
+
+class KernelBuildError(MpbindError):
+    """Device code failed to compile (NVRTC) or link (nvJitLink). ``stage`` is ``"compile"`` or
+    ``"link"``, ``name`` the program's name, ``arch`` its architecture and ``log`` the compiler's or
+    linker's own log, which the message ends with."""
+
+    def __init__(self, stage: str, name: str, arch: str, log: str) -> None:
+        self.stage = stage
+        self.name = name
+        self.arch = arch
+        self.log = log
+        what = "compiling" if stage == "compile" else "linking"
+        super().__init__(f"{what} {name} for {arch} failed:\n{log}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.stage, self.name, self.arch, self.log))
+
+
+_BASE_NAMES.append("KernelBuildError")

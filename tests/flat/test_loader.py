@@ -23,25 +23,26 @@ from mpbind import _loader
 from mpbind.errors import FunctionNotFoundError, LibraryNotFoundError
 
 ENV_VAR = "MPBIND_NCCL_PATH"
-WHEEL = "nvidia-nccl-cu13"
+WHEELS = _loader.LIBRARIES["nccl"].wheels  # nvidia-nccl-cu13, nvidia-nccl-cu12: either family
 
 
 def _wheel_library() -> Path | None:
-    """libnccl.so.2 of the installed nvidia-nccl wheel, found through the wheel's RECORD."""
-    try:
-        dist = importlib.metadata.distribution(WHEEL)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    for entry in dist.files or []:
-        if entry.name == "libnccl.so.2":
-            path = Path(str(dist.locate_file(entry))).resolve()
-            if path.is_file():
-                return path
+    """libnccl.so.2 of the installed nvidia-nccl wheel (either family), found through the wheel's RECORD."""
+    for wheel in WHEELS:
+        try:
+            dist = importlib.metadata.distribution(wheel)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for entry in dist.files or []:
+            if entry.name == "libnccl.so.2":
+                path = Path(str(dist.locate_file(entry))).resolve()
+                if path.is_file():
+                    return path
     return None
 
 
 WHEEL_LIB = _wheel_library()
-needs_wheel = pytest.mark.skipif(WHEEL_LIB is None, reason=f"{WHEEL} is not installed")
+needs_wheel = pytest.mark.skipif(WHEEL_LIB is None, reason=f"none of {', '.join(WHEELS)} is installed")
 
 
 def _run(code: str, env: dict[str, str | None] | None = None) -> dict[str, Any]:

@@ -65,14 +65,16 @@ def test_vendor_version_matches_ctypes() -> None:
     assert version == tuple(v.value for v in out)
 
 
-def test_vendor_version_of_pinned_wheel(pins: dict[str, Any]) -> None:
-    pin = pins["nvshmem"]
+def test_vendor_version_of_pinned_wheel(pins: dict[str, Any], installed: dict[str, Any]) -> None:
+    pin = installed["nvshmem"]  # the library of this environment's wheel family
     if _installed(pin.wheel) != pin.version:
         pytest.skip(f"{pin.wheel} {pin.version} is not installed (found {_installed(pin.wheel)})")
     if not _loader.load("nvshmem").path.endswith("nvidia/nvshmem/lib/libnvshmem_host.so.3"):
         pytest.skip("libnvshmem_host is not loaded from the wheel here")
     assert nvshmem.vendor_get_version_info() == pin.parts
-    assert (nvshmem.VENDOR_MAJOR_VERSION, nvshmem.VENDOR_MINOR_VERSION, nvshmem.VENDOR_PATCH_VERSION) == pin.parts
+    # the constants are the headers' the bindings are generated from
+    assert (nvshmem.VENDOR_MAJOR_VERSION, nvshmem.VENDOR_MINOR_VERSION,
+            nvshmem.VENDOR_PATCH_VERSION) == pins["nvshmem"].parts
 
 
 def test_info_get_version_is_the_openshmem_version() -> None:

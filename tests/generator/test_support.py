@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -63,3 +64,19 @@ def test_generated_module_includes_its_support_file(generate: ModuleType, lib: s
     assert includes == ([library.support] if library.support else [])
     if library.support:
         assert (BINDINGS / library.support).is_file()
+
+
+@pytest.mark.parametrize("lib", LIBRARIES)
+def test_support_file_defines_the_helpers_its_roles_call(
+        generate: ModuleType, generator: Callable[[str], ModuleType], lib: str) -> None:
+    """A role converting through support code (the collective launch's kernel, dim3 and kernel
+    arguments) needs its helpers in the support file of every library that uses it."""
+    roles = generator("roles")
+    library = generate.load_library(lib)
+    needed = {h: f"{f.name}.{p.name}" for f in library.bound for p in f.params
+              for h in getattr(roles.bind(library, f, p), "helpers", ())}
+    if not needed:
+        return
+    text = (BINDINGS / library.support).read_text() if library.support else ""
+    defined = set(re.findall(r"^cdef [^(]*?\b(\w+)\(", text, re.M))
+    assert {h: where for h, where in needed.items() if h not in defined} == {}

@@ -39,12 +39,34 @@ def test_a_stale_pin_is_reported_then_rewritten(versions: ModuleType) -> None:
     stale = text.replace(f'"{wheel}=={version}"', f'"{wheel}==2.0.1"')
     assert stale != text
     problems = versions.pyproject_problems(stale, pins)
+    # the extras of the generator's family (cu13, test) pin it
+    generators = [extra for extra, (family, _) in versions.EXTRAS.items() if family is None]
+    assert generators == ["cu13", "test"]
     assert problems == [f"pyproject.toml: extra {extra} pins {wheel}==2.0.1, bindings/versions.toml {version}"
-                        for extra in versions.EXTRAS]
+                        for extra in generators]
     assert versions.rewrite_pyproject(stale, pins) == text
     missing = text.replace(f'    "{pins["cublasmp"].wheel}=={pins["cublasmp"].version}",\n', "", 1)
     assert versions.pyproject_problems(missing, pins) == [
         f"pyproject.toml: extra cu13 does not pin {pins['cublasmp'].wheel}=={pins['cublasmp'].version}"]
+
+
+def test_the_cu12_extra_pins_the_cu12_family(versions: ModuleType) -> None:
+    text = versions.PYPROJECT.read_text()
+    pins = versions.load()
+    cu12 = pins["cufftmp"].others["cu12"]
+    assert (cu12.family, cu12.release) == ("cu12", cu12.version.split(".post")[0])
+    assert versions.wheel_pins(pins, headers=False, family="cu12") == {
+        p.others["cu12"].wheel: p.others["cu12"].version for p in pins.values()}
+    stale = text.replace(f'"{cu12.wheel}=={cu12.version}"', f'"{cu12.wheel}==11.0.0"')
+    assert versions.pyproject_problems(stale, pins) == [
+        f"pyproject.toml: extra cu12 pins {cu12.wheel}==11.0.0, bindings/versions.toml {cu12.version}"]
+    assert versions.rewrite_pyproject(stale, pins) == text
+    mixed = text.replace(f'"{cu12.wheel}=={cu12.version}"', f'"{pins["cufftmp"].wheel}=={pins["cufftmp"].version}"')
+    assert f"pyproject.toml: extra cu12 does not pin {cu12.wheel}=={cu12.version}" in \
+        versions.pyproject_problems(mixed, pins)
+    with pytest.raises(ValueError, match="family"):
+        versions.load(versions.VERSIONS.read_text().replace('cu12 = { wheel = "nvidia-nccl-cu12"',
+                                                            'cu12 = { wheel = "nvidia-nccl-cu13"'))
 
 
 def test_set_version_changes_one_library(versions: ModuleType) -> None:
@@ -75,9 +97,11 @@ def test_generate_check_fails_on_a_stale_pin(generator: Callable[[str], ModuleTy
     assert f"pins {pin.wheel}==12.0.0.1, bindings/versions.toml {pin.version}" in capsys.readouterr().out
 
 
-def test_no_test_hard_codes_a_pinned_version(pins: dict[str, Any]) -> None:
-    """Tests read the pins (the `pins` fixture, the IR); a literal would go stale at the next bump."""
-    needles = {p.version for p in pins.values()} | {".".join(p.version.split(".")[:3]) for p in pins.values()}
+def test_no_test_hard_codes_a_pinned_version(versions: ModuleType) -> None:
+    """Tests read the pins (the `pins` and `installed` fixtures, the IR); a literal would go stale at the
+    next bump. Every family's pins count."""
+    every = {w.version for p in versions.load().values() for w in p.families().values()}
+    needles = every | {".".join(v.split(".")[:3]) for v in every}
     rx = re.compile(r"(?<![\w.])(" + "|".join(re.escape(n) for n in needles) + r")(?![\w.])")
     tests = REPO / "tests"
     found = [f"{path.relative_to(REPO)}:{no}" for path in sorted(tests.rglob("*.py")) if "fixtures" not in path.parts

@@ -20,15 +20,11 @@ after a case's collective calls, so a failed check does not leave other PEs wait
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import gc
 import os
 import sys
-import time
-import traceback
 import warnings
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,8 +35,9 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
 
 import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
+from array_checks import expect_changed, expect_close, expect_equal  # noqa: E402
 from mpi4py import MPI  # noqa: E402
-from suite_report import Report, expect  # noqa: E402
+from suite_report import Report, add_timeout, expect, expect_raises, nvshmem_teardown, watched  # noqa: E402
 
 from mpbind import _core, cufftmp  # noqa: E402
 from mpbind.bindings import nvshmem as nv  # noqa: E402
@@ -49,44 +46,6 @@ from mpbind.errors import UsageError  # noqa: E402
 DEVICE = 0
 SEED = 20250211
 RTOL = {"complex64": 1e-4, "complex128": 1e-10, "float32": 1e-4, "float64": 1e-10}
-MAX_UNCHANGED = 0.05
-
-
-def expect_raises(exc_type: type[BaseException], fn: Callable[[], Any], what: str) -> str:
-    try:
-        fn()
-    except exc_type as exc:
-        return str(exc)
-    except Exception as exc:
-        raise AssertionError(f"{what}: raised {type(exc).__name__}: {exc}, expected {exc_type.__name__}") from None
-    raise AssertionError(f"{what}: did not raise {exc_type.__name__}")
-
-
-def expect_equal(got: np.ndarray, want: np.ndarray, what: str) -> None:
-    expect(got.shape == want.shape, f"{what}: shape {got.shape} != expected {want.shape}")
-    if not np.array_equal(got, want):
-        bad = np.argwhere(got != want)
-        i = tuple(int(v) for v in bad[0])
-        raise AssertionError(f"{what}: {len(bad)} of {want.size} elements differ; first at {i}: "
-                             f"got {got[i]!r}, expected {want[i]!r}")
-
-
-def expect_close(got: np.ndarray, want: np.ndarray, rtol: float, what: str) -> float:
-    expect(got.shape == want.shape, f"{what}: shape {got.shape} != expected {want.shape}")
-    expect(bool(np.all(np.isfinite(got))), f"{what}: non-finite values")
-    scale = float(np.max(np.abs(want))) or 1.0
-    worst = float(np.max(np.abs(got.astype(np.complex128) - want.astype(np.complex128))))
-    expect(worst <= rtol * scale, f"{what}: max |got - expected| = {worst:.3g} > {rtol:g} x {scale:.3g}")
-    return worst / scale
-
-
-def expect_changed(before: np.ndarray, after: np.ndarray, what: str) -> None:
-    word = np.float64 if before.dtype in (np.float64, np.complex128) else np.float32
-    a = np.ascontiguousarray(before).view(word).ravel()
-    b = np.ascontiguousarray(after).view(word).ravel()
-    n = min(a.size, b.size)
-    same = int(np.sum(a[:n] == b[:n]))
-    expect(same <= MAX_UNCHANGED * n, f"{what}: {same} of {n} words are unchanged from the input")
 
 
 def split(n: int, parts: int, k: int) -> tuple[int, int]:
@@ -408,41 +367,29 @@ def run_suite(c: Ctx, report: Report) -> None:
     r("teardown.dropped_plan_drained", lambda: case_dropped_plan(c))
 
 
+def run(comm: Any, report: Report) -> None:
+    cp.cuda.Device(DEVICE).use()
+    cp.cuda.runtime.free(0)  # the primary context, before NVSHMEM looks for it
+    stream = cp.cuda.Stream(non_blocking=True)
+    c = Ctx(comm=comm, pe=comm.Get_rank(), npes=comm.Get_size(), stream=stream)
+    attr = nv.InitAttr()
+    nv.set_attr_mpi_comm_args(c.comm, attr)
+    nv.init_attr(nv.InitFlags.WITH_MPI_COMM, attr)
+    report.passed += 1
+    report.line("PASS", "init.nvshmem_with_mpi_comm")
+    try:
+        run_suite(c, report)
+    finally:
+        nvshmem_teardown(report, comm, c.sync, nv.finalize)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--timeout", type=float, default=150.0,
-                    help="dump every thread's stack and exit after this many seconds (a hang)")
+    add_timeout(ap, 150.0)
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
     report = Report(comm.Get_rank(), tracebacks="CUFFTMP_SUITE_TRACEBACKS")
-    faulthandler.dump_traceback_later(args.timeout, exit=True)
-    start = time.monotonic()
-    try:
-        cp.cuda.Device(DEVICE).use()
-        cp.cuda.runtime.free(0)  # the primary context, before NVSHMEM looks for it
-        stream = cp.cuda.Stream(non_blocking=True)
-        c = Ctx(comm=comm, pe=comm.Get_rank(), npes=comm.Get_size(), stream=stream)
-        attr = nv.InitAttr()
-        nv.set_attr_mpi_comm_args(c.comm, attr)
-        nv.init_attr(nv.InitFlags.WITH_MPI_COMM, attr)
-        report.passed += 1
-        report.line("PASS", "init.nvshmem_with_mpi_comm")
-        try:
-            run_suite(c, report)
-        finally:
-            c.sync()
-            comm.Barrier()
-            report.check("teardown.queue_empty", lambda: expect(_core.queued() == [], f"{_core.queued()}"))
-            report.check("teardown.nvshmem_finalize", nv.finalize)
-    except Exception as exc:
-        report.failed += 1
-        report.line("FAIL", "setup", f"{type(exc).__name__}: {exc}")
-        traceback.print_exc()
-    finally:
-        faulthandler.cancel_dump_traceback_later()
-        report.info("elapsed", f"{time.monotonic() - start:.2f} s")
-        print(report.summary(), flush=True)
-    return 1 if report.failed else 0
+    return watched(report, args.timeout, lambda: run(comm, report), elapsed=True)
 
 
 if __name__ == "__main__":

@@ -36,11 +36,8 @@ plan is destroyed; a plan made first is then kept for the whole run. Symmetric b
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import os
 import sys
-import time
-import traceback
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,8 +50,9 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
 
 import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
+from array_checks import expect_changed, expect_close, expect_equal  # noqa: E402
 from mpi4py import MPI  # noqa: E402
-from suite_report import Report, Skip, expect  # noqa: E402
+from suite_report import Report, Skip, add_timeout, expect, watched  # noqa: E402
 
 from mpbind.bindings import cufftmp as cf  # noqa: E402
 from mpbind.bindings import nvshmem as nv  # noqa: E402
@@ -67,47 +65,6 @@ Box = tuple[list[int], list[int], list[int]]  # lower, upper, strides (elements)
 DEVICE = 0
 SEED = 20240917
 RTOL = {"single": 1e-4, "double": 1e-10}  # relative to the largest magnitude expected
-# At most this share of a result's elements may equal, bit for bit, the buffer's input.
-MAX_UNCHANGED = 0.05
-
-
-# --- outcomes ---------------------------------------------------------------------------------
-
-
-def expect_equal(got: np.ndarray, want: np.ndarray, what: str) -> None:
-    expect(got.shape == want.shape, f"{what}: shape {got.shape} != expected {want.shape}")
-    if not np.array_equal(got, want):
-        bad = np.argwhere(got != want)
-        i = tuple(int(v) for v in bad[0])
-        raise AssertionError(f"{what}: {len(bad)} of {want.size} elements differ; first at {i}: "
-                             f"got {got[i]!r}, expected {want[i]!r}")
-
-
-def expect_close(got: np.ndarray, want: np.ndarray, rtol: float, what: str) -> float:
-    """Max |got - want| within rtol * max |want|; returns that error relative to max |want|."""
-    expect(got.shape == want.shape, f"{what}: shape {got.shape} != expected {want.shape}")
-    expect(bool(np.all(np.isfinite(got))), f"{what}: {int(np.sum(~np.isfinite(got)))} non-finite values")
-    scale = float(np.max(np.abs(want))) or 1.0
-    diff = np.abs(got.astype(np.complex128) - want.astype(np.complex128))
-    worst = float(np.max(diff))
-    if worst > rtol * scale:
-        i = tuple(int(v) for v in np.unravel_index(int(np.argmax(diff)), diff.shape))
-        raise AssertionError(f"{what}: max |got - expected| = {worst:.3g} > {rtol:g} x max|expected| "
-                             f"({scale:.3g}); {int(np.sum(diff > rtol * scale))} of {want.size} elements off; "
-                             f"worst at {i}: got {got[i]!r}, expected {want[i]!r}")
-    return worst / scale
-
-
-def expect_changed(before: np.ndarray, after: np.ndarray, what: str) -> None:
-    """The buffer the library wrote must not still hold its input: compare the raw words."""
-    word = np.float64 if before.dtype in (np.float64, np.complex128) else np.float32
-    a = np.ascontiguousarray(before).view(word).ravel()
-    b = np.ascontiguousarray(after).view(word).ravel()
-    n = min(a.size, b.size)
-    same = int(np.sum(a[:n] == b[:n]))
-    expect(same <= MAX_UNCHANGED * n,
-           f"{what}: {same} of {n} words are unchanged from the input"
-           + (" (the buffer still holds its input)" if same == n else ""))
 
 
 # --- device memory through CuPy ---------------------------------------------------------------
@@ -753,50 +710,37 @@ def init_nvshmem(args: argparse.Namespace, c: Ctx, report: Report, resources: Re
                  lambda: expect(nv.team_my_pe(nv.Team.WORLD) == c.pe, "team_my_pe(WORLD) != this PE"))
 
 
+def run(args: argparse.Namespace, comm: Any, report: Report) -> None:
+    select_device()
+    stream = cp.cuda.Stream(non_blocking=True)
+    c = Ctx(comm=comm, pe=comm.Get_rank(), npes=comm.Get_size(), stream=stream)
+    keeper = Resources(c)
+    init_nvshmem(args, c, report, keeper)
+    report.info("versions", f"cuFFTMp {cf.get_version()} (bindings for {cf.VERSION}), NVSHMEM "
+                + ".".join(map(str, nv.vendor_get_version_info())))
+    report.info("init_status", status_name(int(nv.init_status())))
+    try:
+        run_suite(c, report)
+    finally:
+        c.sync()
+        comm.Barrier()
+        if args.init == "library":
+            errors = keeper.release()
+            report.check("teardown.destroy_first_plan", lambda: expect(not errors, "; ".join(errors)))
+        else:
+            report.check("teardown.nvshmem_finalize", nv.finalize)
+        report.info("init_status_after_teardown", status_name(int(nv.init_status())))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--init", choices=("nvshmem", "library"), default="nvshmem",
                     help="initialise NVSHMEM here through MPI, or let cuFFTMp do it")
-    ap.add_argument("--timeout", type=float, default=150.0,
-                    help="dump every thread's stack and exit after this many seconds (a hang)")
+    add_timeout(ap, 150.0)
     args = ap.parse_args()
-
     comm = MPI.COMM_WORLD
     report = Report(comm.Get_rank(), tracebacks="CUFFTMP_SUITE_TRACEBACKS")
-    # A C-level watchdog: it fires even while a thread is blocked in CUDA, NVSHMEM or cuFFTMp.
-    faulthandler.dump_traceback_later(args.timeout, exit=True)
-    start = time.monotonic()
-    keeper: Resources | None = None
-    try:
-        select_device()
-        stream = cp.cuda.Stream(non_blocking=True)
-        c = Ctx(comm=comm, pe=comm.Get_rank(), npes=comm.Get_size(), stream=stream)
-        keeper = Resources(c)
-        init_nvshmem(args, c, report, keeper)
-        report.info("versions", f"cuFFTMp {cf.get_version()} (bindings for {cf.VERSION}), NVSHMEM "
-                    + ".".join(map(str, nv.vendor_get_version_info())))
-        report.info("init_status", status_name(int(nv.init_status())))
-        try:
-            run_suite(c, report)
-        finally:
-            c.sync()
-            comm.Barrier()
-            if args.init == "library":
-                errors = keeper.release()
-                keeper = None
-                report.check("teardown.destroy_first_plan", lambda: expect(not errors, "; ".join(errors)))
-            else:
-                report.check("teardown.nvshmem_finalize", nv.finalize)
-            report.info("init_status_after_teardown", status_name(int(nv.init_status())))
-    except Exception as exc:  # initialisation itself failed: nothing else can run
-        report.failed += 1
-        report.line("FAIL", "setup", f"{type(exc).__name__}: {exc}")
-        traceback.print_exc()
-    finally:
-        faulthandler.cancel_dump_traceback_later()
-        report.info("elapsed", f"{time.monotonic() - start:.2f} s")
-        print(report.summary(), flush=True)
-    return 1 if report.failed else 0
+    return watched(report, args.timeout, lambda: run(args, comm, report), elapsed=True)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from cublasmp_multirank import Dist, expect_close, gather, grid_position, random_matrix
+from cublasmp_cases import grid_position
+from cublasmp_multirank import Dist, expect_close, gather, random_matrix
 from mpi4py import MPI
+from rank_per_gpu import rank_per_gpu
 from suite_report import Report, Skip
 
 from mpbind import cublasmp, nccl
@@ -135,20 +137,8 @@ def close_order(comm_factory: Any) -> str:
 
 def main() -> int:
     faulthandler.enable()
-    world = MPI.COMM_WORLD
-    report = Report(world.Get_rank(), who="rank", tracebacks="CUBLASMP_SUITE_TRACEBACKS")
-    node = world.Split_type(MPI.COMM_TYPE_SHARED)
-    if torch.cuda.device_count() < node.Get_size():
-        report.failed += 1
-        report.line("FAIL", "setup", f"{node.Get_size()} ranks on this node but {torch.cuda.device_count()} GPUs")
-        print(report.summary(), flush=True)
-        return 1
-    torch.cuda.set_device(node.Get_rank())
-    comm = nccl.Communicator.from_mpi(world)
-    stream = torch.cuda.Stream()
-    torch.cuda.set_stream(stream)
-    handle = cublasmp.Handle(stream)
-    try:
+    report = Report(MPI.COMM_WORLD.Get_rank(), who="rank", tracebacks="CUBLASMP_SUITE_TRACEBACKS")
+    with rank_per_gpu(report) as (world, comm, _, handle):
         report.check("nccl.collectives", functools.partial(collectives, comm, world))
         report.check("nccl.windows", functools.partial(windows, comm))
         report.check("nccl.teardown_order", functools.partial(teardown_order, comm))
@@ -156,12 +146,6 @@ def main() -> int:
         report.check("cublasmp.matmul_2d.fp64",
                      functools.partial(matmul_2d, comm, handle, torch.float64, 1e-11, 1e-11))
         report.check("cublasmp.close_order", functools.partial(close_order, lambda: nccl.Communicator.from_mpi(world)))
-    finally:
-        torch.cuda.synchronize()
-        handle.close()
-        comm.close()
-    world.Barrier()
-    print(report.summary(), flush=True)
     return 1 if report.failed else 0
 
 

@@ -12,13 +12,11 @@ CUDA MPS) team creation, team barriers and collectives are skipped, with the rea
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import gc
 import os
 import subprocess
 import sys
 import time
-import traceback
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,8 +29,9 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
 
 import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
+from array_checks import expect_equal  # noqa: E402
 from mpi4py import MPI  # noqa: E402
-from suite_report import Report, Skip, expect  # noqa: E402
+from suite_report import Report, Skip, add_timeout, expect, watched  # noqa: E402
 
 from mpbind import _core  # noqa: E402
 from mpbind import nvshmem as nv  # noqa: E402
@@ -49,17 +48,6 @@ NUMPY_REDUCE: dict[str, Any] = {
 }
 REDUCE_CASES = ([(op, t) for t in ("float32", "float64", "int32", "int64") for op in ("sum", "prod", "min", "max")]
                 + [(op, t) for t in ("int32", "uint64") for op in ("and", "or", "xor")])
-
-
-def expect_equal(got: Any, want: Any, what: str = "result") -> None:
-    got_arr, want_arr = np.asarray(got), np.asarray(want)
-    if got_arr.shape != want_arr.shape:
-        raise AssertionError(f"{what}: shape {got_arr.shape} != expected {want_arr.shape}")
-    if not np.array_equal(got_arr, want_arr):
-        bad = np.flatnonzero(got_arr.ravel() != want_arr.ravel())
-        i = int(bad[0])
-        raise AssertionError(f"{what}: {bad.size} of {want_arr.size} elements differ; first at {i}: "
-                             f"got {got_arr.ravel()[i]!r}, expected {want_arr.ravel()[i]!r}")
 
 
 def expect_usage_error(fn: Callable[[], object], match: str) -> None:
@@ -508,22 +496,11 @@ def run(args: argparse.Namespace, comm: Any, report: Report) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--init", choices=("uid", "mpi"), default="uid")
-    ap.add_argument("--timeout", type=float, default=150.0,
-                    help="dump every thread's stack and exit after this many seconds (a hang)")
+    add_timeout(ap, 150.0)
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
     report = Report(comm.Get_rank(), tracebacks="NVSHMEM_SUITE_TRACEBACKS", xfail_column=True)
-    faulthandler.dump_traceback_later(args.timeout, exit=True)
-    try:
-        run(args, comm, report)
-    except Exception as exc:
-        report.failed += 1
-        report.line("FAIL", "setup", f"{type(exc).__name__}: {exc}")
-        traceback.print_exc()
-    finally:
-        faulthandler.cancel_dump_traceback_later()
-        print(report.summary(), flush=True)
-    return 1 if report.failed else 0
+    return watched(report, args.timeout, lambda: run(args, comm, report))
 
 
 if __name__ == "__main__":

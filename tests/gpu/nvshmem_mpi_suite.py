@@ -29,11 +29,9 @@ same process and reports what happened without judging it.
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import os
 import sys
 import time
-import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -46,8 +44,9 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
 
 import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
+from array_checks import expect_equal  # noqa: E402
 from mpi4py import MPI  # noqa: E402
-from suite_report import KnownLimitation, Report, Skip, expect  # noqa: E402
+from suite_report import KnownLimitation, Report, Skip, add_timeout, expect, watched  # noqa: E402
 
 from mpbind.bindings import nvshmem as nv  # noqa: E402
 from mpbind.errors import NVSHMEMError, NVSHMEMNotInitializedError  # noqa: E402
@@ -80,20 +79,6 @@ LIMITED_MPG_REASON = ("not supported by NVSHMEM in limited MPG mode (several PEs
                       "CUDA MPS): libnvshmem_host would exit the process")
 HOST_AMO_REASON = ("libnvshmem_host does not implement host-initiated atomics: the call prints "
                    "'not implemented' and leaves the target unchanged")
-
-
-# --- outcomes ---------------------------------------------------------------------------------
-
-
-def expect_equal(got: Any, want: Any, what: str = "result") -> None:
-    got_arr, want_arr = np.asarray(got), np.asarray(want)
-    if got_arr.shape != want_arr.shape:
-        raise AssertionError(f"{what}: shape {got_arr.shape} != expected {want_arr.shape}")
-    if not np.array_equal(got_arr, want_arr):
-        bad = np.flatnonzero(got_arr.ravel() != want_arr.ravel())
-        i = int(bad[0])
-        raise AssertionError(f"{what}: {bad.size} of {want_arr.size} elements differ; first at {i}: "
-                             f"got {got_arr.ravel()[i]!r}, expected {want_arr.ravel()[i]!r}")
 
 
 # --- symmetric memory through CuPy ------------------------------------------------------------
@@ -768,33 +753,25 @@ def main_reinit(args: argparse.Namespace, comm: Any, report: Report) -> None:
         report.info("reinit.second_init", f"raised {type(exc).__name__}: {exc}")
 
 
+def run(args: argparse.Namespace, comm: Any, report: Report) -> None:
+    select_device()
+    if args.reinit:
+        main_reinit(args, comm, report)
+    else:
+        main_suite(args, comm, report)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--init", choices=("uid", "mpi"), default="uid")
     ap.add_argument("--reinit", action="store_true", help="initialise, finalise, report init_status")
     ap.add_argument("--second-init", action="store_true", help="with --reinit: also try a second init")
-    ap.add_argument("--timeout", type=float, default=90.0,
-                    help="dump every thread's stack and exit after this many seconds (a hang)")
+    add_timeout(ap, 90.0)
     args = ap.parse_args()
 
     comm = MPI.COMM_WORLD
     report = Report(comm.Get_rank(), tracebacks="NVSHMEM_SUITE_TRACEBACKS", xfail_column=True)
-    # A C-level watchdog: it fires even while a thread is blocked in CUDA or NVSHMEM.
-    faulthandler.dump_traceback_later(args.timeout, exit=True)
-    try:
-        select_device()
-        if args.reinit:
-            main_reinit(args, comm, report)
-        else:
-            main_suite(args, comm, report)
-    except Exception as exc:  # initialisation itself failed: nothing else can run
-        report.failed += 1
-        report.line("FAIL", "setup", f"{type(exc).__name__}: {exc}")
-        traceback.print_exc()
-    finally:
-        faulthandler.cancel_dump_traceback_later()
-        print(report.summary(), flush=True)
-    return 1 if report.failed else 0
+    return watched(report, args.timeout, lambda: run(args, comm, report))
 
 
 if __name__ == "__main__":

@@ -10,14 +10,21 @@ One line per check, tagged with the process that ran it:
 
 and a closing ``pe=<k> passed=<p> failed=<f> skipped=<s>`` (``rank=`` for the NCCL suites;
 `` xfailed=<x>`` is added for suites that check documented limitations).
+
+A suite's main runs its body under :func:`watched` (a watchdog, a failed setup reported, the
+summary, the exit status); a suite over NVSHMEM ends with :func:`nvshmem_teardown`.
 """
 
 from __future__ import annotations
 
+import argparse
+import faulthandler
 import os
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from mpbind.errors import FunctionNotFoundError
 
@@ -79,3 +86,56 @@ class Report:
 def expect(condition: bool, message: str) -> None:
     if not condition:
         raise AssertionError(message)
+
+
+def expect_raises(exc_type: type[BaseException], fn: Callable[[], Any], what: str) -> str:
+    """`fn()` raises `exc_type`; its message."""
+    try:
+        fn()
+    except exc_type as exc:
+        return str(exc)
+    except Exception as exc:
+        raise AssertionError(f"{what}: raised {type(exc).__name__}: {exc}, expected {exc_type.__name__}") from None
+    raise AssertionError(f"{what}: did not raise {exc_type.__name__}")
+
+
+def add_timeout(ap: argparse.ArgumentParser, default: float) -> None:
+    """The ``--timeout`` option of a suite run under :func:`watched`."""
+    ap.add_argument("--timeout", type=float, default=default,
+                    help="dump every thread's stack and exit after this many seconds (a hang)")
+
+
+def watched(report: Report, timeout: float, body: Callable[[], None], *, elapsed: bool = False) -> int:
+    """Run a suite's `body` and print its summary; the process's exit status (1 when anything failed).
+
+    A C-level watchdog dumps every thread's stack and exits after `timeout` seconds: it fires even
+    while a thread is blocked in CUDA or a library. An exception out of `body` is its setup failing
+    (nothing else can run): one ``FAIL setup`` line and its traceback. With `elapsed`, an ``INFO
+    elapsed`` line (seconds since the start) comes before the summary.
+    """
+    faulthandler.dump_traceback_later(timeout, exit=True)
+    start = time.monotonic()
+    try:
+        body()
+    except Exception as exc:
+        report.failed += 1
+        report.line("FAIL", "setup", f"{type(exc).__name__}: {exc}")
+        traceback.print_exc()
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        if elapsed:
+            report.info("elapsed", f"{time.monotonic() - start:.2f} s")
+        print(report.summary(), flush=True)
+    return 1 if report.failed else 0
+
+
+def nvshmem_teardown(report: Report, comm: Any, sync: Callable[[], object], finalize: Callable[[], None]) -> None:
+    """The end of a suite over NVSHMEM, on every PE alike: its work synchronised (`sync`), the PEs
+    aligned, then the checks that no release is left queued for ``mpbind.drain()`` and that
+    `finalize` (NVSHMEM's) succeeds."""
+    from mpbind import _core  # on use: importing this module starts nothing of mpbind's
+
+    sync()
+    comm.Barrier()
+    report.check("teardown.queue_empty", lambda: expect(_core.queued() == [], f"{_core.queued()}"))
+    report.check("teardown.nvshmem_finalize", finalize)

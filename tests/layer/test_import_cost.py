@@ -12,7 +12,7 @@ import sys
 import pytest
 
 MODULES = ["mpbind", "mpbind.nccl", "mpbind.nvshmem", "mpbind.cufftmp", "mpbind.cublasmp", "mpbind.bootstrap",
-           "mpbind._interop"]
+           "mpbind._interop", "mpbind.fft"]
 
 
 # cublasmp's matmul-descriptor attributes are a Generic descriptor class, which needs typing at run time.

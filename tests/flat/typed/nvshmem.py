@@ -51,6 +51,15 @@ def put_floats(dest: int, source: int, count: int, pe: int) -> None:
     nvshmem.sum_reduce_on_stream("float", nvshmem.Team.WORLD, dest, source, count, 0)
 
 
+def launch(kernel: int, buffer_address: int, value_address: int, stream: int) -> int:
+    """A collective launch of fill(buffer, value) over the largest co-resident grid (not run here)."""
+    grid: int = nvshmem.collective_launch_query_gridsize(kernel, (128, 1, 1), None, 0)
+    nvshmem.collective_launch(kernel, grid, [128], [buffer_address, value_address], 0, stream)
+    config = nvshmem.LaunchConfig(gridDim=nvshmem.Dim3(x=grid, y=1, z=1), blockDim=nvshmem.Dim3(x=128, y=1, z=1))
+    nvshmem.collective_launch_attr(nvshmem.CollectiveLaunchAttr(cuda_config=config), kernel, (buffer_address,))
+    return grid
+
+
 def explain(error: LibraryError) -> str:
     if isinstance(error, NVSHMEMOutOfMemoryError):
         return f"out of symmetric memory in {error.function}"

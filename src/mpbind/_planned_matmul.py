@@ -1,0 +1,487 @@
+"""A planned distributed matmul made of the layer's cuBLASMp objects (``cublasmp.plan_matmul``).
+
+The decisions are :mod:`mpbind._matmul_plan`'s, from values every rank passes alike. What only
+this rank knows (its arrays' shapes, types and device, its GPU's compute capability) is checked
+here, and the ranks agree on the outcome before anything else collective runs: one all-gather of
+(fingerprint of the plan's values, refused or not, compute capability) per rank, which every rank
+enters unconditionally. A refusal on one rank then raises on every rank, so that no rank goes on
+into a grid creation or a workspace allocation another rank will never reach.
+
+Then the plan is built from the existing layer: ``cublasmp.grid`` (cached grids), ``Matrix`` (its
+descriptor on a replicated operand's view), ``MatmulDescriptor`` (transposes, epilogue, bias, aux
+and scale pointers) and one ``Matmul`` whose workspace is the grid's shared one (``cublasMpMalloc``,
+NCCL symmetric memory, registered on every grid the matmul touches: what the overlapped algorithms
+need).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+from mpbind import _core, _interop, cublasmp, nccl
+from mpbind._matmul_plan import EPILOGUES, ComputeCapabilityError, MatmulPlan, block_scale_elements, plan
+from mpbind._owned import Owned, Parts
+from mpbind._typing import Array, Stream
+from mpbind.distributions import Distribution
+from mpbind.errors import UsageError
+
+__all__ = ["PlannedMatmul", "plan_matmul"]
+
+_SCALE_DTYPES = {"tensor": ("float32",), "mxfp8": ("float8_e8m0fnu", "uint8"), "nvfp4": ("float8_e4m3fn", "uint8")}
+
+
+def plan_matmul(comm: nccl.Communicator, a: Array, b: Array, d: Array, *, a_dist: Distribution, b_dist: Distribution,
+                d_dist: Distribution, c: Array | None = None, c_dist: Distribution | None = None,
+                transa: bool = False, transb: bool = False, alpha: complex = 1.0, beta: complex = 0.0,
+                epilogue: str | None = None, bias: Array | None = None, aux: Array | None = None,
+                compute_type: cublasmp.CublasComputeType | int | None = None, scaling: str | None = None,
+                scales: Mapping[str, Array] | None = None, handle: cublasmp.Handle | None = None,
+                stream: Stream = None, algo_type: cublasmp.MatmulAlgoType | int | None = None,
+                communication_sm_count: int | None = None,
+                communication_type: str | cublasmp.CudaDataType | None = None) -> PlannedMatmul:
+    """Plan ``D = alpha op(A) op(B) + beta C`` from how each matrix is spread over `comm`'s ranks.
+
+    `a`, `b`, `d` (and `c`) are this rank's local pieces, column-major device arrays (a row-major
+    ``x`` enters as ``x.T``); ``*_dist`` are :mod:`mpbind.distributions` values of the global
+    (stored) matrices, the same on every rank: split by rows or columns (uniform or uneven),
+    replicated, or 2-D block-cyclic. The plan picks cuBLASMp's algorithm (AllGather+GEMM,
+    GEMM+ReduceScatter, GEMM+AllReduce where their layouts hold, a local product where no data need
+    move, else the general one), the grids, the descriptors and block sizes, and the workspace
+    (the grids' shared ``cublasMpMalloc`` memory); ``algorithm`` and ``explain()`` say which and why.
+
+    `epilogue`: None, ``"bias"``, ``"relu"``, ``"relu_bias"``, ``"relu_aux"``, ``"relu_aux_bias"``,
+    ``"gelu"``, ``"gelu_bias"``, ``"gelu_aux"``, ``"gelu_aux_bias"``, ``"drelu"``, ``"drelu_bgrad"``,
+    ``"dgelu"``, ``"dgelu_bgrad"``, ``"bgrada"``, ``"bgradb"``; `bias` holds the entries of D's local
+    rows (a bias gradient: all of them), `aux` the auxiliary matrix. FP8 (float8_e4m3fn x
+    float8_e4m3fn or x float8_e5m2, TN) takes `scales` ``{"a", "b", "d", "amax_d"}``: device float32
+    scalars (``scaling="tensor"``) or block scales (``"mxfp8"``, compute capability 10.0+).
+
+    Communication settings: `algo_type` (a hint, e.g. ``SPLIT_P2P``, ``ATOMIC_P2P``, ``NO_OVERLAP``),
+    `communication_sm_count` (SMs the overlapped algorithms give to communication) and
+    `communication_type` (the type GEMM+ReduceScatter and GEMM+AllReduce send their partial
+    products in: D's own type halves the traffic of the float32 default for 16-bit results).
+
+    Every refusal is a ``UsageError`` (``ComputeCapabilityError`` for the GPU) raised on every rank
+    alike before any grid, descriptor or workspace is made: the ranks first agree (one small
+    all-gather) that each of them accepted the same plan. Collective: every rank calls it.
+    """
+    if not isinstance(comm, nccl.Communicator):
+        raise TypeError(f"comm must be an mpbind.nccl.Communicator, not {type(comm).__name__}")
+    rank, nranks = comm.rank, comm.size
+    arrays = {"a": a, "b": b, "c": c, "d": d}
+    dists = {"a": a_dist, "b": b_dist, "c": c_dist, "d": d_dist}
+    scales = dict(scales or {})
+    failure: Exception | None = None
+    the_plan: MatmulPlan | None = None
+    capability = (0, 0)
+    dtypes: dict[str, str] = {}
+    try:
+        infos = {name: _interop.device_array(x, name, writable=name == "d", contiguous=False)
+                 for name, x in arrays.items() if x is not None}
+        dtypes = {name: info.dtype for name, info in infos.items()}
+        if (c is None) != (c_dist is None):
+            raise UsageError("c and c_dist go together")
+        the_plan = plan(a=a_dist, b=b_dist, c=c_dist, d=d_dist, a_dtype=dtypes["a"], b_dtype=dtypes["b"],
+                        c_dtype=dtypes.get("c"), d_dtype=dtypes["d"], transa=transa, transb=transb, alpha=alpha,
+                        beta=beta, epilogue=epilogue, compute_type=compute_type, scaling=scaling,
+                        scales=tuple(scales), compute_capability=None, communication_type=communication_type)
+        algo_type, communication_sm_count = _settings(algo_type, communication_sm_count)
+        _check_local(the_plan, rank, comm.device, arrays, infos, bias, aux, scales)
+        if the_plan.required_capability is not None:
+            capability = _capability(comm.device)
+            the_plan.require(capability)
+    except (UsageError, TypeError) as exc:
+        failure = exc
+    fingerprint = _fingerprint(dists, dtypes, transa, transb, alpha, beta, epilogue, compute_type, scaling,
+                               sorted(scales), bias is not None, aux is not None, _plain(algo_type),
+                               _plain(communication_sm_count), _plain(communication_type))
+    _agree(comm, rank, nranks, fingerprint, failure, capability, the_plan)
+    assert the_plan is not None  # _agree raised otherwise
+    return PlannedMatmul._build(comm, the_plan, arrays, bias, aux, scales, handle, stream, algo_type,
+                                communication_sm_count)
+
+
+def _settings(algo_type: Any, sm_count: Any) -> tuple[cublasmp.MatmulAlgoType | None, int | None]:
+    """The communication settings, checked before anything collective."""
+    if algo_type is not None:
+        if isinstance(algo_type, bool) or not isinstance(algo_type, int):
+            raise TypeError(f"algo_type must be a cublasmp.MatmulAlgoType, not {type(algo_type).__name__}")
+        try:
+            algo_type = cublasmp.MatmulAlgoType(algo_type)
+        except ValueError:
+            raise UsageError(f"algo_type {algo_type} is not a cublasmp.MatmulAlgoType") from None
+    if sm_count is not None:
+        if isinstance(sm_count, bool) or not isinstance(sm_count, int):
+            raise TypeError(f"communication_sm_count must be an int, not {type(sm_count).__name__}")
+        if not 1 <= sm_count <= 2**31 - 1:
+            raise UsageError(f"communication_sm_count must be >= 1; got {sm_count}")
+    return algo_type, sm_count
+
+
+def _plain(value: Any) -> Any:
+    """An option as the same plain value on every rank (an enum member as its int)."""
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+# --- what only this rank knows --------------------------------------------------------------------
+
+
+def _check_local(p: MatmulPlan, rank: int, device: int, arrays: dict[str, Array | None],
+                 infos: dict[str, _interop.ArrayInfo], bias: Array | None, aux: Array | None,
+                 scales: Mapping[str, Array]) -> None:
+    """This rank's arrays against the plan: local shapes, column-major, device, dtypes (no library call)."""
+    for o in p.operands:
+        info = infos[o.name]
+        expected = o.shape if o.distribution.replicated else o.given_shape(rank)
+        if info.shape != expected:
+            raise UsageError(f"{o.name}: rank {rank}'s local array is {_shape(info.shape)}; {o.distribution!r} gives "
+                             f"it {_shape(expected)}")
+        if info.shape[0] > 1 and info.strides[0] != 1:
+            raise UsageError(f"{o.name} must be column-major (strides (1, lld)); got strides {info.strides} elements: "
+                             "pass x.T for a row-major x")
+        if info.device != device:
+            raise UsageError(f"{o.name} is on device {info.device}; the communicator's is {device}")
+        if info.dtype not in cublasmp._CUDA_TYPES:
+            raise UsageError(f"{o.name}: the layer's matrices have no {info.dtype} type")
+        if o.views[rank] is not None and not hasattr(arrays[o.name], "__getitem__"):
+            raise UsageError(f"{o.name} is replicated and hands over a slice: it must support x[r0:r1, c0:c1]")
+    kind = EPILOGUES[p.epilogue]
+    if p.bias_dtype is not None:
+        _check_vector(bias, "bias", p.bias_dtype, p.bias_length(rank), device, writable=kind.bias == "out")
+    elif bias is not None:
+        raise UsageError(f"bias= is for an epilogue with a bias; the epilogue is {p.epilogue!r}")
+    if kind.aux:
+        if aux is None:
+            raise UsageError(f"the {p.epilogue} epilogue needs aux= (its auxiliary matrix)")
+        ld, cols, nbytes = p.aux_layout(rank)
+        info = _interop.device_array(aux, "aux", writable=kind.aux == "out", contiguous=False)
+        if info.nbytes < nbytes or info.device != device:
+            raise UsageError(f"aux must hold {nbytes} bytes on device {device} (ld {ld} x {cols} columns); got "
+                             f"{info.nbytes} bytes on device {info.device}")
+    elif aux is not None:
+        raise UsageError(f"aux= is for an epilogue with an auxiliary matrix; the epilogue is {p.epilogue!r}")
+    for name, array in scales.items():
+        if name in ("a", "b") and p.scaling in ("mxfp8", "nvfp4"):
+            op = p.a if name == "a" else p.b
+            k, outer = op.local_shape(rank)  # TN: K is the stored rows
+            count = block_scale_elements(outer, k, p.scaling)
+            _check_vector(array, f"scales[{name!r}]", _SCALE_DTYPES[p.scaling], count, device)
+        else:
+            _check_vector(array, f"scales[{name!r}]", ("float32",), 1, device, writable=name == "amax_d")
+
+
+def _check_vector(array: Array | None, what: str, dtypes: str | tuple[str, ...], count: int, device: int,
+                  writable: bool = False) -> None:
+    if array is None:
+        raise UsageError(f"{what} is required")
+    allowed = (dtypes,) if isinstance(dtypes, str) else dtypes
+    info = _interop.device_array(array, what, writable=writable)
+    if info.dtype not in allowed or info.size != count or info.device != device:
+        raise UsageError(f"{what} must be {count} contiguous {' or '.join(allowed)} on device {device}; got "
+                         f"{info.size} {info.dtype} on device {info.device}")
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return " x ".join(map(str, shape))
+
+
+def _capability(device: int) -> tuple[int, int]:
+    from cuda.bindings import driver
+
+    attr = driver.CUdevice_attribute
+    (err,) = driver.cuInit(0)
+    values = []
+    for which in (attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR):
+        err, value = driver.cuDeviceGetAttribute(which, device)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise UsageError(f"cannot read device {device}'s compute capability ({err.name})")
+        values.append(int(value))
+    return values[0], values[1]
+
+
+# --- agreeing ---------------------------------------------------------------------------------------
+
+
+def _fingerprint(*values: Any) -> int:
+    """A digest of the plan's values (reprs are the same on every rank that passed the same values)."""
+    digest = hashlib.blake2b(repr(values).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+def _agree(comm: nccl.Communicator, rank: int, nranks: int, fingerprint: int, failure: Exception | None,
+           capability: tuple[int, int], the_plan: MatmulPlan | None) -> None:
+    """Raise on every rank when any rank refused the plan or passed other values; else return."""
+    mine = (fingerprint, 0 if failure is None else 2 if isinstance(failure, ComputeCapabilityError) else 1,
+            capability[0] * 10 + capability[1])
+    words = [mine] if nranks == 1 else _all_gather(comm, mine, nranks)
+    if failure is not None:
+        raise failure
+    differ = [r for r, w in enumerate(words) if w[0] != fingerprint]
+    if differ:
+        raise UsageError(f"ranks {differ} passed other distributions, types or options than rank {rank}: a plan "
+                         "needs the same values on every rank")
+    for r, (_, status, cc) in enumerate(words):
+        if status == 2 and the_plan is not None and the_plan.required_capability is not None:
+            raise ComputeCapabilityError(_feature_name(the_plan), (cc // 10, cc % 10), the_plan.required_capability,
+                                         f"rank {r}'s GPU")
+    refused = [r for r, w in enumerate(words) if w[1]]
+    if refused:
+        raise UsageError(f"rank{'s' if len(refused) > 1 else ''} {refused} refused this matmul (its arrays disagree "
+                         "with the plan; its own error says how); no rank went on")
+
+
+def _feature_name(p: MatmulPlan) -> str:
+    return {"mxfp8": "MXFP8 block scaling", "nvfp4": "NVFP4 block scaling"}.get(p.scaling or "", "FP8 matmul")
+
+
+def _all_gather(comm: nccl.Communicator, mine: tuple[int, int, int], nranks: int) -> list[tuple[int, int, int]]:
+    """Every rank's three int64 words, through NCCL on the legacy default stream."""
+    from cuda.bindings import driver
+
+    n = 3 * nranks
+    buf = nccl.mem_alloc(8 * (n + 3))
+    try:
+        host = (ctypes.c_int64 * (n + 3))(*([0] * n), *mine)
+        _ok(driver.cuMemcpyHtoD(buf.ptr + 8 * n, ctypes.addressof(host) + 8 * n, 24), "cuMemcpyHtoD")
+        comm.all_gather((buf.ptr + 8 * n, 3, "int64"), (buf.ptr, n, "int64"), stream=0)
+        _ok(driver.cuStreamSynchronize(0), "cuStreamSynchronize")
+        _ok(driver.cuMemcpyDtoH(ctypes.addressof(host), buf.ptr, 8 * n), "cuMemcpyDtoH")
+    finally:
+        buf.close()
+    return [(host[3 * r], host[3 * r + 1], host[3 * r + 2]) for r in range(nranks)]
+
+
+def _ok(result: tuple[Any, ...], what: str) -> None:
+    from cuda.bindings import driver
+
+    if result[0] != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"{what} failed while the ranks agreed on a plan: {result[0].name}")
+
+
+# --- the plan, built --------------------------------------------------------------------------------
+
+
+class _Parts(Parts):
+    """What a planned matmul owns, released together by ``close()``: its ``Matmul`` (and with it the
+    matmul descriptor), its matrices (their descriptors), the per-rank communicator of a ``local``
+    plan, and a handle it made. Grids and the shared workspace stay the grids' (cached)."""
+
+    def __init__(self, matmul: cublasmp.Matmul | None, matrices: list[cublasmp.Matrix],
+                 own: list[Any]) -> None:
+        # Closed newest first: the matmul, the matrices, then a communicator and a handle.
+        super().__init__([*own, *matrices, *([matmul] if matmul is not None else [])], "planned matmul parts",
+                         serial=matmul.serial if matmul is not None else 0)
+        self.matmul = matmul
+        self.matrices = matrices
+        self.own = own
+
+
+class PlannedMatmul(Owned):
+    """A distributed matmul planned from distributions: ``execute(a, b, d)`` runs it again on new
+    local arrays of the planned shapes (one ``cublasMpMatmul``), ``capture()`` records it into a
+    CUDA graph. ``algorithm`` and ``explain()`` say what was chosen and why."""
+
+    _core: _Parts
+    plan: MatmulPlan
+
+    @classmethod
+    def _build(cls, comm: nccl.Communicator, p: MatmulPlan, arrays: dict[str, Array | None], bias: Array | None,
+               aux: Array | None, scales: Mapping[str, Array], handle: cublasmp.Handle | None, stream: Stream,
+               algo_type: cublasmp.MatmulAlgoType | int | None, sm_count: int | None) -> PlannedMatmul:
+        self = cls.__new__(cls)
+        self.plan = p
+        self._rank = comm.rank
+        own: list[Any] = []
+        matrices: list[cublasmp.Matrix] = []
+        m, n, k = p.gemm_shape(comm.rank)
+        grid_comm = comm
+        if p.algorithm == "local" and p.nranks > 1:
+            alone = comm.split(color=comm.rank, key=0)  # collective; this rank's 1 x 1 grid lives on it
+            assert alone is not None
+            own.append(alone)
+            grid_comm = alone
+        if m == 0 or n == 0:  # a local product with nothing on this rank
+            self._core = _Parts(None, matrices, own)
+            self._matmul = None
+            return self
+        if handle is None:
+            handle = cublasmp.Handle(stream)
+            own.insert(0, handle)
+        views: dict[str, tuple[int, int, int, int]] = {}
+        operands: dict[str, cublasmp.Matrix] = {}
+        for o in p.operands:
+            desc = o.desc(comm.rank)
+            view = o.views[comm.rank]
+            local = arrays[o.name]
+            assert local is not None
+            if view is not None:
+                views[o.name] = view
+                local = _slice(local, view)
+            grid = cublasmp.grid(grid_comm, desc.nprow, desc.npcol, o.grid[2])
+            operands[o.name] = cublasmp.Matrix(grid, local, shape=(desc.m, desc.n), block=(desc.mb, desc.nb),
+                                               src=(desc.rsrc, desc.csrc))
+            matrices.append(operands[o.name])
+        descriptor = _descriptor(p, bias, aux, scales, comm.rank, algo_type, sm_count)
+        is_complex = p.a.dtype.startswith("complex")
+        compute = int(p.compute_type)
+        alpha = cublasmp._scalar(p.alpha, compute, is_complex)
+        beta = cublasmp._scalar(p.beta, compute, is_complex)
+        if p.algorithm != "local" and not p.uniform:
+            _agree_on_workspace(comm, handle, descriptor, operands, (m, n, k), alpha, beta)
+        keep = (operands, descriptor, bias, aux, dict(scales))
+        core = _core.cublasmp.MatmulPlan(
+            handle, descriptor._core, m, n, k, alpha, operands["a"].operand(), operands["b"].operand(), beta,
+            operands["c"].operand() if "c" in operands else None, operands["d"].operand(), None, keep, True)
+        matmul = cublasmp.Matmul._over(core)  # the layer's Matmul over this plan: m, n, k fixed above
+        matmul.m, matmul.n, matmul.k, matmul.descriptor = m, n, k, descriptor
+        matmul.execute = core.execute  # type: ignore[method-assign]
+        self._core = _Parts(matmul, matrices, own)
+        self._matmul = matmul
+        self._views = views
+        self._shapes = {name: p.a.shape if name == "a" else p.b.shape if name == "b" else p.d.shape
+                        for name in views}
+        return self
+
+    @property
+    def algorithm(self) -> str:
+        """``local``, ``allgather_gemm``, ``gemm_reducescatter``, ``gemm_allreduce`` or ``general``."""
+        return self.plan.algorithm
+
+    def explain(self) -> str:
+        """Why this algorithm, its grids, blocks and memory: one line per decision."""
+        return self.plan.explain()
+
+    @property
+    def local_shapes(self) -> dict[str, tuple[int, int]]:
+        """Operand -> the local piece cuBLASMp works on at this rank (a replicated operand's slice)."""
+        return self.plan.local_shapes(self._rank)
+
+    @property
+    def matmul(self) -> cublasmp.Matmul | None:
+        """The layer's ``Matmul`` this plan runs (None on a rank with nothing to compute)."""
+        return self._matmul
+
+    @property
+    def workspace_size(self) -> tuple[int, int]:
+        """(device bytes, host bytes) cuBLASMp asked for at this rank."""
+        return (0, 0) if self._matmul is None else self._matmul.workspace_size
+
+    def execute(self, a: Array | None = None, b: Array | None = None, d: Array | None = None, c: Array | None = None,
+                *, stream: Stream = None) -> None:
+        """Run the matmul on `stream` (default: the handle's), on the planned arrays or on new local
+        arrays of the same shapes, types and leading dimensions (a replicated operand: the whole
+        array again). A captured plan replays what it recorded and refuses new arrays."""
+        mm = self._matmul
+        if mm is None:
+            return
+        if self._views:
+            given = {"a": a, "b": b, "c": c, "d": d}
+            for name, view in self._views.items():
+                x = given[name]
+                if x is not None:
+                    shape = tuple(getattr(x, "shape", ()))
+                    if shape != self._shapes[name]:
+                        raise UsageError(f"{name} is replicated: the new array must be {_shape(self._shapes[name])}, "
+                                         f"not {shape}")
+                    given[name] = _slice(x, view)
+            a, b, c, d = given["a"], given["b"], given["c"], given["d"]
+        mm.execute(stream, a=a, b=b, c=c, d=d)
+
+    __call__ = execute
+
+    def capture(self, stream: Stream = None) -> PlannedMatmul:
+        """Record the call into a CUDA graph on `stream` (every rank captures; replayed by ``execute()``).
+        Returns self."""
+        if self._matmul is not None:
+            self._matmul.capture(stream)
+        return self
+
+    @property
+    def captured(self) -> bool:
+        return self._matmul is not None and self._matmul.captured
+
+    def _described(self) -> str:
+        return f"{self.plan.algorithm} {self.plan.m} x {self.plan.n} x {self.plan.k}"
+
+    _rank: int
+    _matmul: cublasmp.Matmul | None
+    _views: dict[str, tuple[int, int, int, int]]
+    _shapes: dict[str, tuple[int, int]]
+
+
+def _agree_on_workspace(comm: nccl.Communicator, handle: cublasmp.Handle, descriptor: cublasmp.MatmulDescriptor,
+                        operands: dict[str, cublasmp.Matrix], mnk: tuple[int, int, int], alpha: bytes,
+                        beta: bytes) -> None:
+    """Take the shared workspace of D's grid at the largest size any rank needs, on every rank.
+
+    cuBLASMp sizes the workspace from this rank's pieces; where they differ between ranks (uneven
+    splits) the sizes may too. The shared workspace is allocated and registered collectively, and
+    whether a plan reuses it or grows it follows from the size asked: asked at different sizes,
+    one rank could grow it (a collective ``cublasMpMalloc``) while another reuses it, and wait
+    forever. Asked here at one size everywhere, the plan then finds it large enough on every rank."""
+    mine = _device_bytes(handle, descriptor, operands, mnk, alpha, beta)
+    agreed = max(words[0] for words in _all_gather(comm, (mine, 0, 0), comm.size))
+    if agreed > 0:
+        workspace = _core.cublasmp.shared_workspace(operands["d"].grid, agreed)
+        workspace.serve([o.grid for o in operands.values()])  # every rank, even one that needs none itself
+
+
+def _device_bytes(handle: cublasmp.Handle, descriptor: cublasmp.MatmulDescriptor, operands: dict[str, cublasmp.Matrix],
+                  mnk: tuple[int, int, int], alpha: bytes, beta: bytes) -> int:
+    """``cublasMpMatmul_bufferSize``'s device bytes at this rank."""
+    from mpbind.bindings import cublasmp as flat
+
+    scalars = ctypes.create_string_buffer(alpha + beta, len(alpha) + len(beta))
+    at = ctypes.addressof(scalars)
+
+    def operand(name: str) -> tuple[int, int, int, Any]:
+        o = operands.get(name)
+        return (0, 1, 1, 0) if o is None else (o.ptr, 1, 1, o.descriptor.ptr)
+
+    device, _ = flat.matmul_buffer_size(handle.ptr, descriptor.ptr, *mnk, at, *operand("a"), *operand("b"),
+                                        at + len(alpha), *operand("c"), *operand("d"))
+    return int(device)
+
+
+def _slice(array: Any, view: tuple[int, int, int, int]) -> Any:
+    r0, r1, c0, c1 = view
+    return array[r0:r1, c0:c1]
+
+
+def _descriptor(p: MatmulPlan, bias: Array | None, aux: Array | None, scales: Mapping[str, Array], rank: int,
+                algo_type: cublasmp.MatmulAlgoType | int | None, sm_count: int | None) -> cublasmp.MatmulDescriptor:
+    """The matmul descriptor of the plan: transposes, epilogue, and the pointers it reads or writes."""
+    CO = cublasmp.CublasOperation
+    desc = cublasmp.MatmulDescriptor(p.compute_type, transa=CO.T if p.transa else CO.N,
+                                     transb=CO.T if p.transb else CO.N, epilogue=p.epilogue_member)
+    if algo_type is not None:
+        desc.algo_type = algo_type
+    if sm_count is not None:
+        desc.communication_sm_count = sm_count
+    types = cublasmp._CUDA_TYPES
+    if p.communication_dtype is not None:
+        desc.communication_type = types[p.communication_dtype]
+    if bias is not None and p.bias_dtype is not None:
+        desc.bias_pointer = _interop.array_info(bias, "bias").ptr
+        desc.bias_data_type = types[p.bias_dtype]
+        if EPILOGUES[p.epilogue].bias == "out":  # the scheme says what becomes of a gradient written; a read has none
+            desc.bias_result_scheme = cublasmp.ResultScheme.FULL  # a bias gradient comes out whole on every rank
+    if aux is not None:
+        ld, _, _ = p.aux_layout(rank)
+        desc.epilogue_aux_pointer = _interop.array_info(aux, "aux").ptr
+        desc.epilogue_aux_ld = ld
+        if p.aux_dtype is not None:
+            desc.epilogue_aux_data_type = types[p.aux_dtype]
+    mode = p.scale_mode
+    for name, array in scales.items():
+        ptr = _interop.array_info(array, name).ptr
+        if name == "amax_d":
+            desc.amax_d_pointer = ptr
+            continue
+        setattr(desc, f"{name}_scale_pointer", ptr)
+        assert mode is not None
+        setattr(desc, f"{name}_scale_mode", mode if name in ("a", "b") else cublasmp.MatmulMatrixScale.SCALAR_FP32)
+    return desc

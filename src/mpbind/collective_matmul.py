@@ -1,0 +1,395 @@
+"""A collective matmul over NVSHMEM: ``out = all_gather(x, rows) @ w``, the gather overlapped with the
+GEMMs, as in the bidirectional-ring all-gather matmul of JAX's Pallas guides.
+
+Every PE holds ``x`` (``[m, k]``, its rows of the gathered left operand) and ``w`` (``[k, n]``, its
+columns of the right operand) and gets ``out = concat(x of PE 0 .. P-1) @ w`` (``[P*m, n]``). Each
+chunk is split in two halves that travel the ring in opposite directions (the top half to the left
+neighbour, the bottom half to the right one), forwarded PE to PE by NVSHMEM puts with signals; while
+the halves of step s+1 are in flight, the GEMMs of step s run. The GEMM is the caller's: any callable
+``gemm(a, b, out)`` that writes ``a @ b`` into ``out`` (arrays of ``x``'s framework: PyTorch,
+CuPy); the default is ``torch.matmul(a, b, out=out)`` or ``out[...] = a @ b``.
+
+::
+
+    with nvshmem.init(mpi_comm=MPI.COMM_WORLD, device=rank) as rt:
+        with AllGatherMatmul(m, k, n, "bfloat16") as agmm:    # collective: allocates the ring buffers
+            out = agmm(x, w)                                  # on torch.cuda.current_stream()
+
+Two ways to move the halves (``method=``):
+
+* ``"host"``: on-stream NVSHMEM calls issued from the host on a second, high-priority stream
+  (``nvshmemx_putmem_signal_nbi_on_stream``, ``nvshmemx_signal_wait_until_on_stream``), the GEMMs on
+  the caller's stream, each after an on-stream wait for its half's signal;
+* ``"kernel"``: one kernel per call, collectively launched on that second stream, issues every put
+  and forwarding wait itself (``nvshmemx_putmem_signal_nbi_block`` by several CTAs); the GEMMs wait
+  for its signals as above. One launch instead of 4(P-1) host calls.
+
+Checks: the plan's arguments (shapes, dtype, method, GPU) are compared across the PEs when it is made,
+through a fixed-size exchange that cannot itself hang, and every PE raises the same ``UsageError``
+when any PE's are wrong or differ; a call then checks its arrays against the plan (shape, dtype,
+device, contiguity) before any NVSHMEM call. Plans are collective objects: make, call and close them
+on every PE in the same order.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from mpbind import _core, nvshmem
+from mpbind._interop import device_array, dlpack_code, dtype_name, itemsize, stream_handle
+from mpbind.errors import UsageError
+
+__all__ = ["AllGatherMatmul", "KERNEL_SOURCE"]
+
+#: The "kernel" method's communication kernel. The symmetric buffers hold, per call parity, P chunks
+#: of two halves each (slot(parity, source PE, half)); signals are laid out alike and count the
+#: CTAs' puts (each adds 1), so the r-th call of a parity has delivered a half once its signal reaches
+#: r * CTAs (`epoch` is r).
+KERNEL_SOURCE = r"""
+#include <nvshmem.h>
+#include <nvshmemx.h>
+
+// This CTA's slice of a half, with a signal that adds 1 (a CTA with no bytes left still signals).
+__device__ void put_slice(char* dst, const char* src, unsigned long long len, uint64_t* signal, int pe) {
+    if (len > 0) {
+        nvshmemx_putmem_signal_nbi_block(dst, src, len, signal, 1, NVSHMEM_SIGNAL_ADD, pe);
+    } else if (threadIdx.x == 0) {
+        nvshmemx_signal_op(signal, 1, NVSHMEM_SIGNAL_ADD, pe);
+    }
+}
+
+extern "C" __global__ void ag_ring(char* slots, const char* x, unsigned long long half_bytes,
+                                   uint64_t* signals, unsigned long long epoch, int parity) {
+    const int me = nvshmem_my_pe(), npes = nvshmem_n_pes();
+    const int left = (me + npes - 1) % npes, right = (me + 1) % npes;
+    const unsigned long long per = (half_bytes + gridDim.x - 1) / gridDim.x;
+    const unsigned long long begin = min(half_bytes, blockIdx.x * per);
+    const unsigned long long len = min(half_bytes, begin + per) - begin;
+    const unsigned long long target = epoch * gridDim.x;
+#define SLOT(src, half) (slots + ((((unsigned long long)parity * npes + (src)) * 2 + (half)) * half_bytes))
+#define SIGNAL(src, half) (signals + (((unsigned long long)parity * npes + (src)) * 2 + (half)))
+    // Step 0: this PE's top half goes left, its bottom half right.
+    put_slice(SLOT(me, 0) + begin, x + begin, len, SIGNAL(me, 0), left);
+    put_slice(SLOT(me, 1) + begin, x + half_bytes + begin, len, SIGNAL(me, 1), right);
+    // Steps 1 .. P-2: forward what arrived, once all of its CTAs' slices are there.
+    for (int s = 1; s < npes - 1; ++s) {
+        const int from_right = (me + s) % npes, from_left = (me + npes - s) % npes;
+        if (threadIdx.x == 0) nvshmem_signal_wait_until(SIGNAL(from_right, 0), NVSHMEM_CMP_GE, target);
+        __syncthreads();
+        put_slice(SLOT(from_right, 0) + begin, SLOT(from_right, 0) + begin, len, SIGNAL(from_right, 0), left);
+        if (threadIdx.x == 0) nvshmem_signal_wait_until(SIGNAL(from_left, 1), NVSHMEM_CMP_GE, target);
+        __syncthreads();
+        put_slice(SLOT(from_left, 1) + begin, SLOT(from_left, 1) + begin, len, SIGNAL(from_left, 1), right);
+    }
+    nvshmem_quiet();  // x may be overwritten once the kernel is done
+}
+"""
+
+_METHODS = ("host", "kernel")
+_DTYPES = ("float16", "bfloat16", "float32")
+# Refusals agreed on every PE: a code travels, the message is the same everywhere.
+_PROBLEMS = {
+    1: "m, k and n must be positive ints",
+    2: "m (rows of x per PE) must be even: each chunk travels as two halves",
+    3: f"dtype must be one of {', '.join(_DTYPES)}",
+    4: f"method must be one of {', '.join(_METHODS)}",
+    5: "ctas must be a positive int",
+}
+_FIELDS = 7  # problem, m, k, n, dtype, method, ctas
+
+
+def _local_problem(m: Any, k: Any, n: Any, dtype: Any, method: Any, ctas: Any) -> tuple[int, str | None]:
+    def positive(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+    if not (positive(m) and positive(k) and positive(n)):
+        return 1, None
+    if m % 2:
+        return 2, None
+    try:
+        name = dtype_name(dtype)
+    except (TypeError, ValueError):
+        return 3, None
+    if name not in _DTYPES:
+        return 3, None
+    if method not in _METHODS:
+        return 4, None
+    if not positive(ctas):
+        return 5, None
+    return 0, name
+
+
+def _agree(values: list[int]) -> list[list[int]]:
+    """Every PE's `values` (a fixed number of int64s), through symmetric memory of a fixed size, so
+    that the exchange itself is the same on every PE whatever the values."""
+    fields = len(values)
+    mine = nvshmem.zeros(fields, "int64")
+    every = nvshmem.zeros(fields * nvshmem.n_pes(), "int64")
+    try:
+        _fill(mine, values)
+        nvshmem.fcollect(every, mine)
+        nvshmem.quiet()
+        got = _read(every)
+    finally:
+        every.free()
+        mine.free()
+    return [got[i * fields:(i + 1) * fields] for i in range(nvshmem.n_pes())]
+
+
+def _fill(array: Any, values: list[int]) -> None:
+    import ctypes
+
+    from cuda.bindings import runtime as cudart
+
+    data = (ctypes.c_int64 * len(values))(*values)
+    (err,) = cudart.cudaMemcpy(array.ptr, ctypes.addressof(data), ctypes.sizeof(data),
+                               cudart.cudaMemcpyKind.cudaMemcpyHostToDevice)
+    if err != cudart.cudaError_t.cudaSuccess:
+        raise RuntimeError(f"cudaMemcpy failed: {err.name}")
+
+
+def _read(array: Any) -> list[int]:
+    import ctypes
+
+    from cuda.bindings import runtime as cudart
+
+    (err,) = cudart.cudaDeviceSynchronize()
+    if err != cudart.cudaError_t.cudaSuccess:
+        raise RuntimeError(f"cudaDeviceSynchronize failed: {err.name}")
+    data = (ctypes.c_int64 * array.size)()
+    (err,) = cudart.cudaMemcpy(ctypes.addressof(data), array.ptr, ctypes.sizeof(data),
+                               cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost)
+    if err != cudart.cudaError_t.cudaSuccess:
+        raise RuntimeError(f"cudaMemcpy failed: {err.name}")
+    return list(data)
+
+
+def check_agreement(rows: list[list[int]]) -> None:
+    """Raise the same UsageError on every PE when a PE refused its arguments or the PEs differ."""
+    for pe, row in enumerate(rows):
+        if row[0]:
+            raise UsageError(f"AllGatherMatmul refused on PE {pe}: {_PROBLEMS.get(row[0], 'bad arguments')}")
+    first = rows[0][1:]
+    for pe, row in enumerate(rows):
+        if row[1:] != first:
+            names = ("m", "k", "n", "dtype", "method", "ctas")
+            diff = [f"{name}={a} on PE 0, {b} on PE {pe}" for name, a, b in zip(names, first, row[1:], strict=True)
+                    if a != b]
+            raise UsageError("AllGatherMatmul needs the same arguments on every PE: " + "; ".join(diff))
+
+
+def _framework(obj: Any) -> Any:
+    """The module whose ``from_dlpack`` makes arrays like `obj` (torch, cupy)."""
+    root = type(obj).__module__.split(".", 1)[0]
+    module = importlib.import_module(root)
+    if not hasattr(module, "from_dlpack"):
+        raise UsageError(f"x is a {type(obj).__name__}; AllGatherMatmul needs arrays of a framework with "
+                         "from_dlpack (PyTorch, CuPy)")
+    return module
+
+
+def _default_gemm(framework: Any) -> Callable[[Any, Any, Any], None]:
+    if framework.__name__ == "torch":
+        matmul = framework.matmul
+        return lambda a, b, out: matmul(a, b, out=out)
+
+    def gemm(a: Any, b: Any, out: Any) -> None:
+        out[...] = a @ b
+
+    return gemm
+
+
+class AllGatherMatmul:
+    """The plan of ``out = all_gather(x) @ w`` for `m` rows of x per PE, `k` columns of x (rows of w)
+    and `n` columns of w, of `dtype` (float16, bfloat16, float32). Collective: every PE makes it with
+    the same arguments; it allocates ``2 * P * m * k`` elements of symmetric memory (two call
+    parities), and, with ``method="kernel"``, compiles (cached) and loads the ring kernel.
+    ``ctas`` is the kernel's CTA count."""
+
+    m: int
+    k: int
+    n: int
+    dtype: str
+    method: str
+    ctas: int
+    n_pes: int
+    pe: int
+
+    def __init__(self, m: int, k: int, n: int, dtype: Any = "bfloat16", *, method: str = "host",
+                 gemm: Callable[[Any, Any, Any], Any] | None = None, ctas: int = 16) -> None:
+        code, name = _local_problem(m, k, n, dtype, method, ctas)
+        dtype_code = _DTYPES.index(name) if name else -1
+        method_code = _METHODS.index(method) if method in _METHODS else -1
+        values = [code, *(v if isinstance(v, int) and not code else -1 for v in (m, k, n)), dtype_code, method_code,
+                  ctas if isinstance(ctas, int) and not code else -1]
+        check_agreement(_agree(values))  # collective, fixed size: the same verdict on every PE
+        assert name is not None
+        self.m, self.k, self.n, self.dtype, self.method, self.ctas = m, k, n, name, method, ctas
+        self.n_pes, self.pe = nvshmem.n_pes(), nvshmem.my_pe()
+        self._gemm = gemm
+        self._half_bytes = (m // 2) * k * itemsize(name)
+        self._slots = nvshmem.empty((2, self.n_pes, m, k), name)
+        self._signals = nvshmem.zeros((2, self.n_pes, 2), "uint64")
+        self._epoch = 0  # calls made; odd and even calls use the two halves of the buffers
+        self._round = 0
+        self._views: dict[tuple[str, int, int, int], Any] = {}
+        self._library: Any = None
+        self._kernel: Any = None
+        from cuda.core import Device, StreamOptions
+
+        self._device = Device(nvshmem._device())
+        self._device.set_current()
+        self._comm = self._device.create_stream(options=StreamOptions(nonblocking=True, priority=-1))
+        if method == "kernel":
+            self._load_kernel()
+        nvshmem.barrier_all()  # every PE's buffers exist and are zeroed before any put
+        self._closed = False
+
+    def _load_kernel(self) -> None:
+        from mpbind import nvshmem_kernels as nk
+
+        self._library = nk.compile(KERNEL_SOURCE, name="ag_ring").load()
+        self._kernel = self._library.kernel(
+            "ag_ring", nk.symmetric("slots"), nk.pointer("x"), nk.value("half_bytes", "uint64"),
+            nk.symmetric("signals", "uint64"), nk.value("epoch", "uint64"), nk.value("parity", "int32"),
+            collective=True)
+
+    # --- addresses ----------------------------------------------------------------------------
+
+    def _slot(self, parity: int, src: int, half: int) -> int:
+        return self._slots.ptr + ((parity * self.n_pes + src) * 2 + half) * self._half_bytes
+
+    def _signal(self, parity: int, src: int, half: int) -> int:
+        return self._signals.ptr + ((parity * self.n_pes + src) * 2 + half) * 8
+
+    def _rows(self, framework: Any, parity: int, src: int, half: int) -> Any:
+        """x rows of PE `src` held here: one half (`half` 0 or 1) or the whole chunk (`half` 2)."""
+        key = (framework.__name__, parity, src, half)
+        view = self._views.get(key)
+        if view is None:
+            rows = self.m if half == 2 else self.m // 2
+            code, bits = dlpack_code(self.dtype)
+            ptr = self._slot(parity, src, 0 if half == 2 else half)
+            view = framework.from_dlpack(_core.dlpack_view(ptr, [rows, self.k], code, bits, self._slots.device,
+                                                           self._slots))
+            self._views[key] = view
+        return view
+
+    # --- the call -----------------------------------------------------------------------------
+
+    def _check(self, x: Any, w: Any, out: Any) -> None:
+        if self._closed:
+            raise UsageError("this AllGatherMatmul is closed")
+        xi = device_array(x, "x", dtype=self.dtype, contiguous=True)
+        if xi.shape != (self.m, self.k):
+            raise UsageError(f"x must be [{self.m}, {self.k}] (this PE's rows), got {list(xi.shape)}")
+        wi = device_array(w, "w", dtype=self.dtype, contiguous=False)
+        if wi.shape != (self.k, self.n):
+            raise UsageError(f"w must be [{self.k}, {self.n}] (this PE's columns), got {list(wi.shape)}")
+        oi = device_array(out, "out", dtype=self.dtype, writable=True, contiguous=True)
+        if oi.shape != (self.n_pes * self.m, self.n):
+            raise UsageError(f"out must be [{self.n_pes * self.m}, {self.n}], got {list(oi.shape)}")
+        for name, info in (("x", xi), ("w", wi), ("out", oi)):
+            if info.device not in (-2, self._slots.device):
+                raise UsageError(f"{name} is on device {info.device}; this plan's PE uses device {self._slots.device}")
+
+    def __call__(self, x: Any, w: Any, out: Any = None, stream: Any = None) -> Any:
+        """``out = all_gather(x) @ w`` on `stream` (default: the framework's current stream, else the
+        default stream); returns `out` (allocated like ``x`` when not given). Collective."""
+        framework = _framework(x)
+        if out is None:
+            if not hasattr(x, "new_empty"):
+                raise UsageError("pass out= (an array of [P*m, n]) for arrays without new_empty()")
+            out = x.new_empty((self.n_pes * self.m, self.n))
+        self._check(x, w, out)
+        if stream is None and framework.__name__ == "torch":
+            stream = framework.cuda.current_stream()
+        from cuda.core import Stream
+
+        compute = Stream.from_handle(stream_handle(stream))
+        gemm = self._gemm or _default_gemm(framework)
+        self._epoch += 1
+        parity = self._epoch % 2
+        # Signals only grow: each call adds 1 per put (per CTA) to the signals of its parity.
+        self._round = (self._epoch + 1) // 2
+        # The ring starts after what the caller queued before (x is ready; the previous call's
+        # GEMMs, which read the other parity, are queued before this one's on the same stream).
+        self._comm.wait(compute.record())
+        if self.method == "kernel":
+            self._launch_ring(x, parity)
+        else:
+            self._host_ring(x, parity)
+        self._gemms(framework, gemm, x, w, out, parity, compute)
+        compute.wait(self._comm.record())  # x and the buffers are free once the caller's stream is past
+        return out
+
+    def _host_ring(self, x: Any, parity: int) -> None:
+        from mpbind.bindings import nvshmem as flat
+
+        comm, half, epoch = int(self._comm.handle), self._half_bytes, self._round
+        left, right = (self.pe - 1) % self.n_pes, (self.pe + 1) % self.n_pes
+        base = device_array(x, "x").ptr
+        add = int(flat.SignalOp.ADD)
+        ge = int(flat.CmpType.GE)
+        flat.putmem_signal_nbi_on_stream(self._slot(parity, self.pe, 0), base, half,
+                                         self._signal(parity, self.pe, 0), 1, add, left, comm)
+        flat.putmem_signal_nbi_on_stream(self._slot(parity, self.pe, 1), base + half, half,
+                                         self._signal(parity, self.pe, 1), 1, add, right, comm)
+        for s in range(1, self.n_pes - 1):
+            from_right, from_left = (self.pe + s) % self.n_pes, (self.pe - s) % self.n_pes
+            flat.signal_wait_until_on_stream(self._signal(parity, from_right, 0), ge, epoch, comm)
+            flat.putmem_signal_nbi_on_stream(self._slot(parity, from_right, 0), self._slot(parity, from_right, 0), half,
+                                             self._signal(parity, from_right, 0), 1, add, left, comm)
+            flat.signal_wait_until_on_stream(self._signal(parity, from_left, 1), ge, epoch, comm)
+            flat.putmem_signal_nbi_on_stream(self._slot(parity, from_left, 1), self._slot(parity, from_left, 1), half,
+                                             self._signal(parity, from_left, 1), 1, add, right, comm)
+        flat.quiet_on_stream(comm)
+
+    def _launch_ring(self, x: Any, parity: int) -> None:
+        self._kernel.launch_collective(self._slots, device_array(x, "x").ptr, self._half_bytes, self._signals,
+                                       self._round, parity, grid=self.ctas, block=512, stream=self._comm)
+
+    def _gemms(self, framework: Any, gemm: Callable[[Any, Any, Any], Any], x: Any, w: Any, out: Any, parity: int,
+               compute: Any) -> None:
+        from mpbind.bindings import nvshmem as flat
+
+        m, h, ge = self.m, self.m // 2, int(flat.CmpType.GE)
+        target = self._round * (self.ctas if self.method == "kernel" else 1)
+        stream = int(compute.handle)
+        gemm(x, w, out[self.pe * m:(self.pe + 1) * m])
+        for s in range(1, self.n_pes):
+            from_right, from_left = (self.pe + s) % self.n_pes, (self.pe - s) % self.n_pes
+            flat.signal_wait_until_on_stream(self._signal(parity, from_right, 0), ge, target, stream)
+            if from_right == from_left:  # both halves of one chunk: one GEMM of all its rows
+                flat.signal_wait_until_on_stream(self._signal(parity, from_left, 1), ge, target, stream)
+                gemm(self._rows(framework, parity, from_right, 2), w, out[from_right * m:(from_right + 1) * m])
+                continue
+            gemm(self._rows(framework, parity, from_right, 0), w, out[from_right * m:from_right * m + h])
+            flat.signal_wait_until_on_stream(self._signal(parity, from_left, 1), ge, target, stream)
+            gemm(self._rows(framework, parity, from_left, 1), w, out[from_left * m + h:(from_left + 1) * m])
+
+    # --- lifetime -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free the ring buffers (collective: every PE closes its plan) and unload the kernel."""
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        self._device.sync()
+        self._views.clear()
+        if self._library is not None:
+            self._library.close()
+        self._signals.free()
+        self._slots.free()
+
+    def __enter__(self) -> AllGatherMatmul:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if getattr(self, "_closed", True) else f"pe {self.pe} of {self.n_pes}"
+        return (f"<AllGatherMatmul m={self.m} k={self.k} n={self.n} {self.dtype} method={self.method} {state}>")

@@ -1,0 +1,716 @@
+"""Distributed FFTs and reshapes planned from distributions: arrays in, arrays out, on every GPU.
+
+::
+
+    from mpi4py import MPI
+    from mpbind import fft, distributions as dist
+
+    comm = MPI.COMM_WORLD
+    p = fft.plan(comm, (nx, ny, nz), "complex64")           # X-slabs in, Y-slabs out (cuFFTMp's own)
+    y = p.execute(x)                                        # x: this rank's X-slab (torch, CuPy, DLPack)
+    back = p.execute(y, direction=fft.INVERSE)              # Y-slabs back to X-slabs (unnormalised)
+
+    r = fft.plan(comm, (nx, ny, nz), "float32", output=dist.Split((nx, ny, nz // 2 + 1), n, axis=2))
+    half = r.execute(real_slab)                             # R2C: the Hermitian half, Z-slabs
+
+    move = fft.plan_reshape(comm, dist.Split(shape, n, 0), dist.Pencils(shape, (2, 2)), "int16")
+    mine = move.execute(piece)
+
+A plan says what each rank gives and gets (:attr:`FFTPlan.input_shape`, ``output_shape``,
+``input_dtype``, ``output_dtype``, :meth:`FFTPlan.explain`) and runs again on new data. The input
+and output distributions are :mod:`mpbind.distributions` values of the global arrays (for R2C the
+output's last axis is ``n // 2 + 1``; for C2R that is the input's): cuFFTMp's slabs by default,
+any box per rank otherwise (:mod:`mpbind._fft_plan` says how each pair runs).
+
+Arrays. cuFFTMp transforms in place in NVSHMEM memory. ``execute(x)`` takes this rank's piece as
+a device array of any library (PyTorch, CuPy, DLPack, ``__cuda_array_interface__``), C-contiguous,
+of the plan's dtype and local shape:
+
+* an array in mpbind's NVSHMEM memory (:func:`mpbind.nvshmem.empty`, or a view into it) with room
+  for the plan's buffer from its start (:attr:`FFTPlan.buffer_bytes`: the larger side, stored) is
+  transformed where it is, copy-free: it then holds the result, and the returned view is over it;
+* any other array is copied into the plan's own buffer (and left as it was); the returned view is
+  over that buffer, valid until the next ``execute``; pass ``out=`` to have it copied out;
+* ``x=None`` transforms what the plan's own buffer holds (fill it through :meth:`FFTPlan.input_view`).
+
+Results are :class:`DeviceView` objects (``__cuda_array_interface__``, and DLPack where they are
+contiguous): ``torch.as_tensor(y, device="cuda")`` or ``cupy.asarray(y)`` view them without a copy.
+They can be passed to the next plan (an R2C output to a C2R plan): a view over a plan's buffer with
+room enough runs copy-free too. Work is queued on the plan's stream.
+
+Refusals. Making a plan is collective: every rank passes the same global values (shape, dtype,
+distributions) and the ranks agree on them in one small exchange (over the MPI communicator, or
+NVSHMEM when ``comm`` is None) before anything else collective runs, so a refusal is the same
+:class:`~mpbind.errors.UsageError` on every rank. ``execute`` checks this rank's array against the
+plan (dtype, shape, device, contiguity) before any library call; those checks read only the array
+and the plan, so a program that passes each rank the piece the plan states passes them everywhere.
+
+Lifetimes. A plan owns its cuFFTMp plan and buffer (a descriptor), a reshape plan its cuFFTMp
+reshape and symmetric buffers: ``close()`` (or ``with``) releases them, collectively, on every
+rank; dropped unclosed they wait for :func:`mpbind.drain`, as every collective release does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+from mpbind import _core, _fft_plan, _interop, cufftmp, nvshmem
+from mpbind._fft_plan import Algorithm, FFTSpec, Kind, ReshapeSpec, Side, plan_fft, row_major
+from mpbind._owned import Owned, Parts
+from mpbind._typing import Array, Stream
+from mpbind.distributions import Distribution
+from mpbind.errors import UsageError
+
+__all__ = ["FORWARD", "INVERSE", "DeviceView", "FFTPlan", "ReshapePlan", "plan", "plan_reshape"]
+
+FORWARD: int = cufftmp.FORWARD
+INVERSE: int = cufftmp.INVERSE
+
+_DISTRIBUTED_INPUT = int(cufftmp.SubFormat.XT_FORMAT_DISTRIBUTED_INPUT)
+_DISTRIBUTED_OUTPUT = int(cufftmp.SubFormat.XT_FORMAT_DISTRIBUTED_OUTPUT)
+
+
+# --- views -----------------------------------------------------------------------------------------------
+
+
+class DeviceView(_interop.ArrayInfo):
+    """A rank's piece of a distributed array in device memory: pointer, shape, strides (elements),
+    dtype, device. Exports ``__cuda_array_interface__`` (strided where a real side is padded) and,
+    when contiguous, DLPack. It keeps its memory's owner alive; the memory is the owner's (a plan's
+    buffer is overwritten by the plan's next ``execute``). `room`: bytes of symmetric memory from
+    `ptr` on, alike on every rank (0 where it is not symmetric)."""
+
+    __slots__ = ("room",)
+    room: int
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: str, device: int,
+                 room: int, owner: Any) -> None:
+        super().__init__(ptr, shape, strides, dtype, device, False, owner)
+        self.room = room
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def contiguous(self) -> bool:
+        return self.c_contiguous
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        size = self.itemsize
+        strides = None if self.contiguous else tuple(s * size for s in self.strides)
+        return {"version": 3, "shape": self.shape, "typestr": _interop.typestr(self.dtype),
+                "data": (self.ptr, False), "strides": strides, "stream": None}
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        if not self.contiguous:
+            raise BufferError("this view is strided (a padded real side); use __cuda_array_interface__ "
+                              "(torch.as_tensor, cupy.asarray)")
+        code, bits = _interop.dlpack_code(self.dtype)
+        view = _core.dlpack_view(self.ptr, list(self.shape), code, bits, self.device, self)
+        return view.__dlpack__(**{k: v for k, v in kwargs.items() if v is not None})
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (2, self.device)  # kDLCUDA
+
+    def __repr__(self) -> str:
+        return (f"<DeviceView {self.dtype} shape={self.shape} strides={self.strides} ptr={self.ptr:#x} "
+                f"device={self.device}>")
+
+
+def _same_layout(shape: Sequence[int], strides: Sequence[int], want: Sequence[int]) -> bool:
+    """Strides equal where they matter (extents of 1 ignore theirs; an empty array is any layout)."""
+    if 0 in shape:
+        return True
+    return all(n == 1 or s == w for n, s, w in zip(shape, strides, want, strict=True))
+
+
+# --- operands -----------------------------------------------------------------------------------------
+
+
+class _Operand:
+    """An array given to ``execute``, checked against one side of a plan."""
+
+    __slots__ = ("ptr", "device", "in_place", "rows", "row_bytes", "pitch")
+
+    def __init__(self, ptr: int, device: int, in_place: bool, rows: int, row_bytes: int, pitch: int) -> None:
+        self.ptr = ptr
+        self.device = device
+        self.in_place = in_place  # its memory holds the transform: no copy
+        self.rows, self.row_bytes, self.pitch = rows, row_bytes, pitch  # how to copy it in or out
+
+
+def _operand(x: Any, what: str, side: Side, device: int, need: int, writable: bool) -> _Operand:
+    """`x` checked against `side` (dtype, device, local shape, contiguity), and whether it lies in
+    NVSHMEM memory with `need` bytes from its start (then it is used in place)."""
+    info = x if isinstance(x, DeviceView) else _interop.device_array(x, what, writable=writable, contiguous=False)
+    room = x.room if isinstance(x, DeviceView) else -1
+    ptr, shape, strides, dtype, dev = info.ptr, info.shape, info.strides, info.dtype, info.device
+    readonly = info.readonly  # a read-only input is copied, never transformed where it is
+    if dtype != side.dtype:
+        hint = ""
+        if side.dtype.startswith("float") and dtype.startswith("complex"):
+            hint = " (an R2C plan takes the real array; a complex input needs a C2C plan)"
+        raise UsageError(f"{what} is {dtype}; this plan's {_role(what)} on this rank is {side.dtype}{hint}")
+    if dev != device:
+        raise UsageError(f"{what} is on device {dev}; the plan runs on device {device}")
+    if shape == side.shape and _same_layout(shape, strides, side.strides):
+        stored = True  # laid out as the plan stores it (a padded real side included)
+    elif shape == side.storage and _same_layout(shape, strides, row_major(shape)):
+        stored = True  # the padded storage itself
+    elif shape == side.shape and _same_layout(shape, strides, row_major(shape)):
+        stored = False  # packed, the plan pads it
+    elif shape != side.shape and shape != side.storage:
+        extra = f" (or {side.storage} padded)" if side.padded else ""
+        raise UsageError(f"{what} has shape {shape}; this rank's piece is {side.shape}{extra}, box {side.box!r}")
+    else:
+        raise UsageError(f"{what} must be C-contiguous (strides {strides} elements for shape {shape}); "
+                         f"copy it with .contiguous() / cupy.ascontiguousarray first")
+    last = side.shape[-1] if side.shape else 1
+    rows = 1
+    for n in side.shape[:-1]:
+        rows *= n
+    size = side.itemsize
+    if stored:
+        pitch = side.storage[-1] * size
+    else:
+        pitch = last * size
+    in_place = False
+    if stored and not readonly:
+        if room < 0:
+            room = _symmetric_room(ptr, need)
+        in_place = room >= need
+    return _Operand(ptr, dev, in_place, rows, last * size, pitch)
+
+
+def _role(what: str) -> str:
+    return "output" if what == "out" else "input"
+
+
+def _symmetric_room(ptr: int, need: int) -> int:
+    """`need` when [ptr, ptr + need) lies in a live allocation of mpbind's NVSHMEM runtime, else 0."""
+    if not nvshmem.is_initialized():
+        return 0
+    return need if _core.nvshmem.containing(ptr, need) is not None else 0
+
+
+# --- device copies ---------------------------------------------------------------------------------------
+
+
+def _cudart() -> Any:
+    from cuda.bindings import runtime as cudart
+
+    return cudart
+
+
+def _check(result: Any, what: str) -> None:
+    err = result[0] if isinstance(result, tuple) else result
+    if int(err) != 0:
+        raise RuntimeError(f"{what} failed: {getattr(err, 'name', err)}")
+
+
+def _copy(dst: int, dst_pitch: int, src: int, src_pitch: int, row_bytes: int, rows: int, stream: int) -> None:
+    """`rows` rows of `row_bytes` bytes from `src` to `dst` (device memory), on `stream`."""
+    if rows == 0 or row_bytes == 0:
+        return
+    cudart = _cudart()
+    kind = cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+    if src_pitch == row_bytes and dst_pitch == row_bytes:
+        _check(cudart.cudaMemcpyAsync(dst, src, rows * row_bytes, kind, stream), "cudaMemcpyAsync")
+    else:
+        _check(cudart.cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, kind, stream),
+               "cudaMemcpy2DAsync")
+
+
+# --- agreeing ---------------------------------------------------------------------------------------------
+
+
+def _digest(*values: Any) -> int:
+    """A digest of values whose reprs are the same on every rank that passed the same values."""
+    return int.from_bytes(hashlib.blake2b(repr(values).encode(), digest_size=8).digest(), "little", signed=True)
+
+
+def _exchange(comm: Any, mine: tuple[int, int]) -> list[tuple[int, int]]:
+    """Every rank's (digest, status): over `comm` (mpi4py), or NVSHMEM's world (fixed-size fcollect)."""
+    if comm is not None:
+        return [(int(d), int(v)) for d, v in comm.allgather(mine)]
+    from mpbind.collective_matmul import _agree as fcollect_ints  # a fixed-size exchange: it cannot hang
+
+    return [(d, v) for d, v in fcollect_ints(list(mine))]
+
+
+def _agree(comm: Any, rank: int, what: str, digest: int, failure: BaseException | None) -> None:
+    """Raise on every rank when a rank refused or passed other values than this one; else return.
+    Every rank calls it unconditionally."""
+    rows = _exchange(comm, (digest, 0 if failure is None else 1))
+    if failure is not None:
+        raise failure
+    refused = [r for r, (_, status) in enumerate(rows) if status]
+    if refused:
+        who = "ranks" if len(refused) > 1 else "rank"
+        raise UsageError(f"{who} {refused} refused this {what} (their own error says why); no rank went on")
+    differ = [r for r, (d, _) in enumerate(rows) if d != digest]
+    if differ:
+        raise UsageError(f"ranks {differ} passed another shape, dtype, kind or distributions than rank {rank}: a "
+                         f"{what} needs the same values on every rank")
+
+
+_T = TypeVar("_T")
+
+
+def _decided(comm: Any, rank: int, what: str, digest: int, decide: Callable[[], _T]) -> _T:
+    """`decide()` (the pure planner and this rank's checks), then the ranks' agreement on its outcome:
+    the same refusal on every rank, or the decision. Every rank calls it unconditionally."""
+    failure: BaseException | None = None
+    decision: _T | None = None
+    try:
+        decision = decide()
+    except (UsageError, TypeError) as exc:
+        failure = exc
+    except ValueError as exc:  # a dtype name the core does not know
+        failure = UsageError(f"dtype: {exc}")
+    _agree(comm, rank, what, digest, failure)
+    assert decision is not None
+    return decision
+
+
+def _dtype_key(dtype: Any) -> str:
+    """The dtype's name where the core knows it (NumPy, CuPy, torch spellings agree), else its text."""
+    try:
+        return _interop.dtype_name(dtype)
+    except (TypeError, ValueError, UsageError):
+        return repr(dtype)
+
+
+def _largest(comm: Any, mine: int) -> int:
+    """The largest of every rank's `mine`: a size that differs by rank, agreed before a symmetric allocation."""
+    return max(n for _, n in _exchange(comm, (0, int(mine))))
+
+
+def _where(comm: Any) -> tuple[int, int]:
+    """(rank, size) of `comm` (mpi4py), or of NVSHMEM's world when `comm` is None."""
+    if comm is None:
+        if not nvshmem.is_initialized():
+            raise UsageError("comm=None plans over NVSHMEM's world: initialise it first (mpbind.nvshmem.init), "
+                             "or pass an mpi4py communicator")
+        return nvshmem.my_pe(), nvshmem.n_pes()
+    if not (hasattr(comm, "Get_rank") and hasattr(comm, "allgather")):
+        raise TypeError(f"comm must be an mpi4py communicator or None, not {type(comm).__name__}")
+    return int(comm.Get_rank()), int(comm.Get_size())
+
+
+def _runtime(comm: Any, size: int) -> int:
+    """NVSHMEM initialised (over `comm` when not yet, collective) with one PE per rank; its device."""
+    if not nvshmem.is_initialized():
+        nvshmem.init(mpi_comm=comm)
+    if nvshmem.n_pes() != size:
+        raise UsageError(f"the communicator has {size} ranks but NVSHMEM runs {nvshmem.n_pes()} PEs: cuFFTMp plans "
+                         "over NVSHMEM's world")
+    return nvshmem._device()
+
+
+# --- cuFFTMp's descriptor, as the box path writes it -------------------------------------------------------
+
+
+class _LibXtDesc(ctypes.Structure):
+    """cudaLibXtDesc / cudaXtDesc as cudalibxt.h lays them out (checked against the IR by a test)."""
+
+
+class _XtDesc(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_int), ("nGPUs", ctypes.c_int), ("GPUs", ctypes.c_int * 64),
+                ("data", ctypes.c_void_p * 64), ("size", ctypes.c_size_t * 64), ("cudaXtState", ctypes.c_void_p)]
+
+
+_LibXtDesc._fields_ = [("version", ctypes.c_int), ("descriptor", ctypes.POINTER(_XtDesc)), ("library", ctypes.c_int),
+                       ("subFormat", ctypes.c_int), ("libDescriptor", ctypes.c_void_p)]
+
+
+# --- what both plans hold ---------------------------------------------------------------------------------
+
+_Spec = TypeVar("_Spec", FFTSpec, ReshapeSpec)
+
+
+class _Plan(Owned, Generic[_Spec]):
+    """A plan made on every rank: the decision the ranks agreed on (`spec`), this rank's place in it, its
+    device, and the stream its work is queued on."""
+
+    _core: Parts
+    spec: _Spec
+
+    def _place(self, spec: _Spec, rank: int, device: int, stream: Stream) -> None:
+        self.spec = spec
+        self._rank = rank
+        self._device = device
+        self._stream = _interop.stream_handle(stream)
+        self._stream_obj = stream
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """This rank's input piece (a C2C inverse takes the output shape)."""
+        return self.spec.input_side(self._rank).shape
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        return self.spec.output_side(self._rank).shape
+
+    def _view(self, ptr: int, side: Side, room: int, owner: Any) -> DeviceView:
+        """This rank's piece `side` at `ptr` (`room` symmetric bytes from there), kept alive by `owner`."""
+        return DeviceView(ptr, side.shape, side.strides, side.dtype, self._device, room, owner)
+
+    _rank: int
+    _device: int
+    _stream: int
+    _stream_obj: Any
+
+
+# --- FFT plans --------------------------------------------------------------------------------------------
+
+
+def plan(comm: Any, shape: Sequence[int], dtype: Any, kind: Kind | None = None, *, input: Distribution | None = None,
+         output: Distribution | None = None, algorithm: Algorithm | None = None, stream: Stream = None) -> FFTPlan:
+    """Plan a distributed FFT of the global `shape` (2-D or 3-D; for R2C and C2R the real shape) whose
+    input elements are `dtype`, over `comm` (an mpi4py communicator, or None for NVSHMEM's world).
+
+    `kind` is ``"c2c"``, ``"r2c"`` or ``"c2r"`` (default: r2c for a real dtype, c2c for a complex one).
+    `input`/`output` are distributions of the input and output global arrays (default: cuFFTMp's
+    X-slabs in, Y-slabs out; a C2R plan, the inverse of an R2C, takes Y-slabs in and gives X-slabs).
+    `algorithm` None lets the plan pick (``explain()`` says what it picked and why).
+
+    Collective: every rank calls it with the same values; a refusal is raised on every rank before
+    anything collective. NVSHMEM is initialised over `comm` when it is not yet."""
+    rank, size = _where(comm)
+
+    def decide() -> FFTSpec:
+        spec = plan_fft(shape, _interop.dtype_name(dtype), size, kind=kind, input=input, output=output,
+                        algorithm=algorithm)
+        _interop.stream_handle(stream)  # a bad stream is refused here, before anything collective
+        return spec
+
+    shape_key = tuple(shape) if hasattr(shape, "__iter__") else shape
+    digest = _digest(shape_key, _dtype_key(dtype), kind, repr(input), repr(output), algorithm)
+    spec = _decided(comm, rank, "plan", digest, decide)
+    return FFTPlan._make(comm, spec, rank, stream)
+
+
+class FFTPlan(_Plan[FFTSpec]):
+    """A distributed FFT, made: :meth:`execute` runs it on this rank's piece. See :func:`plan`."""
+
+    @classmethod
+    def _make(cls, comm: Any, spec: FFTSpec, rank: int, stream: Stream) -> FFTPlan:
+        device = _runtime(comm, spec.nranks)
+        p = cufftmp.Plan()
+        try:
+            p.attach_comm(comm)
+            if stream is not None:
+                p.set_stream(stream)
+            sub = spec.subformats
+            if sub is not None:
+                p.set_subformat_default(cufftmp.SubFormat[sub[0]], cufftmp.SubFormat[sub[1]])
+            else:
+                lo_in, up_in, st_in, lo_out, up_out, st_out = spec.distribution_boxes(rank)
+                p.set_distribution(lo_in, up_in, lo_out, up_out, st_in, st_out)
+            kind = cufftmp.Type[spec.cufft_type]
+            if spec.ndim == 2:
+                p.make_plan_2d(spec.shape[0], spec.shape[1], kind)
+            else:
+                p.make_plan_3d(spec.shape[0], spec.shape[1], spec.shape[2], kind)
+            # The buffer in the layout the plan reads first (a C2R plan reads the complex, "output" side).
+            inverse_first = spec.kind == "c2r"
+            if sub is not None:
+                fmt = cufftmp.SubFormat[sub[1] if inverse_first else sub[0]]
+            else:
+                fmt = cufftmp.SubFormat.XT_FORMAT_DISTRIBUTED_OUTPUT if inverse_first else \
+                    cufftmp.SubFormat.XT_FORMAT_DISTRIBUTED_INPUT
+            desc = p.malloc(fmt)
+        except BaseException:
+            del p  # its lifetime row applies: queued for drain() on every rank once a communicator is attached
+            raise
+        self = cls._over(Parts([p], "fft plan parts"))
+        self._place(spec, rank, device, stream)
+        self._cplan = p
+        self._desc = desc
+        self._buffer = int(desc.data)
+        # Whether an array is used in place must be decided alike on every rank (cuFFTMp writes into the
+        # other ranks' memory at the address each passes): sizes are the largest over the ranks.
+        self._room = _largest(comm, desc.nbytes)
+        self._need = max(spec.max_buffer_bytes, self._room if spec.algorithm == "boxes" else 0)
+        self._slabs = spec.algorithm == "slabs"
+        self._exec = p._core.exec
+        self._exec_descriptor = p._core.exec_descriptor
+        self._desc_core = desc._core
+        if spec.algorithm == "boxes":
+            lib = _LibXtDesc.from_address(int(desc.ptr))
+            self._lib = lib
+            self._xt = lib.descriptor.contents
+            self._own_data = int(self._xt.data[0] or 0)
+        self._last = None
+        return self
+
+    # --- what each rank gives and gets ---
+
+    @property
+    def algorithm(self) -> str:
+        """``slabs`` (cuFFTMp's built-in layout) or ``boxes`` (cufftXtSetDistribution)."""
+        return self.spec.algorithm
+
+    def explain(self) -> str:
+        """What was chosen and why, and this rank's pieces."""
+        return self.spec.explain(self._rank)
+
+    @property
+    def kind(self) -> str:
+        return self.spec.kind
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The transform's global shape (real for R2C/C2R)."""
+        return self.spec.shape
+
+    @property
+    def input_dtype(self) -> str:
+        return self.spec.input_dtype
+
+    @property
+    def output_dtype(self) -> str:
+        return self.spec.output_dtype
+
+    @property
+    def input_box(self) -> Any:
+        """This rank's box of the global input array."""
+        return self.spec.input_side(self._rank).box
+
+    @property
+    def output_box(self) -> Any:
+        return self.spec.output_side(self._rank).box
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Bytes an array used in place needs from its start on this rank."""
+        return self._need
+
+    @property
+    def device(self) -> int:
+        return self._device
+
+    @property
+    def stream(self) -> int:
+        """The stream the plan's work is queued on (cudaStream_t)."""
+        return self._stream
+
+    def input_view(self, direction: int | str | None = None) -> DeviceView:
+        """The plan's own buffer as this rank's input of `direction` (default: the plan's own, forward but
+        for C2R), stored as the plan stores it; fill it, then ``execute()``."""
+        side = self._sides(self._direction(direction))[0]
+        return self._view(self._buffer, side, self._room, self._desc)
+
+    # --- running it ---
+
+    def execute(self, x: Array | None = None, *, direction: int | str | None = None, out: Array | None = None) -> Any:
+        """Transform this rank's piece `x` (None: the plan's own buffer) and return the result (a
+        :class:`DeviceView`, or `out` when given). `direction` is for C2C plans: FORWARD (default)
+        from the input distribution to the output one, INVERSE back (both unnormalised).
+
+        `x` in mpbind's NVSHMEM memory with :attr:`buffer_bytes` from its start is transformed where it
+        is (it then holds the result); every rank must then pass its counterpart (the same symmetric
+        allocation, at the same offset), as cuFFTMp writes into the other ranks' memory at the address
+        each passes. Any other `x` is copied into the plan's buffer. Collective: every rank calls it."""
+        d = self._direction(direction)
+        last = self._last
+        if out is None and last is not None and last[0] is x and last[1] == d:
+            if x is not None and isinstance(x, nvshmem.SymmetricArray) and x.closed:
+                raise UsageError("x is a freed symmetric array")
+            self._run(last[2].ptr, d)
+            return last[2]
+        src, dst = self._sides(d)
+        target = None if out is None else _operand(out, "out", dst, self._device, 0, writable=True)
+        owner: Any
+        if x is None:
+            ptr, room, owner, in_place = self._buffer, self._room, self._desc, True
+        else:
+            op = _operand(x, "x", src, self._device, self._need, writable=False)
+            in_place = op.in_place
+            if in_place:
+                ptr, room, owner = op.ptr, self._need, x
+            else:
+                self._live()
+                _copy(self._buffer, src.storage[-1] * src.itemsize, op.ptr, op.pitch, op.row_bytes, op.rows,
+                      self._stream)
+                ptr, room, owner = self._buffer, self._room, self._desc
+        self._run(ptr, d)
+        result = self._view(ptr, dst, room, owner)
+        if target is not None:
+            _copy(target.ptr, target.pitch, ptr, dst.storage[-1] * dst.itemsize, target.row_bytes, target.rows,
+                  self._stream)
+            return out
+        self._last = (x, d, result) if in_place else None
+        return result
+
+    __call__ = execute
+
+    def _run(self, ptr: int, d: int) -> None:
+        if self._slabs:
+            self._exec(ptr, None, d, None)
+            return
+        # cufftXtExecDescriptor on the plan's descriptor pointed at `ptr` in the layout it holds
+        # (DISTRIBUTED_INPUT before a forward transform, DISTRIBUTED_OUTPUT before an inverse one).
+        if self._desc.closed:  # the descriptor's host struct is freed with it
+            raise UsageError("fft.FFTPlan is closed")
+        xt, lib = self._xt, self._lib
+        xt.data[0] = ptr
+        lib.subFormat = _DISTRIBUTED_INPUT if d == FORWARD else _DISTRIBUTED_OUTPUT
+        try:
+            self._exec_descriptor(self._desc_core, None, d)
+        finally:
+            xt.data[0] = self._own_data  # cufftXtFree frees what the descriptor points at
+
+    def _direction(self, direction: int | str | None) -> int:
+        kind = self.spec.kind
+        if direction is None:
+            return INVERSE if kind == "c2r" else FORWARD
+        if isinstance(direction, str) and direction.lower() in ("forward", "inverse"):
+            direction = FORWARD if direction.lower() == "forward" else INVERSE
+        if isinstance(direction, bool) or direction not in (FORWARD, INVERSE):
+            raise UsageError(f"direction must be fft.FORWARD ({FORWARD}), fft.INVERSE ({INVERSE}), 'forward' or "
+                             f"'inverse', got {direction!r}")
+        if kind == "r2c" and direction != FORWARD:
+            raise UsageError("an r2c plan only transforms FORWARD (plan a c2r transform for the inverse)")
+        if kind == "c2r" and direction != INVERSE:
+            raise UsageError("a c2r plan only transforms INVERSE (from its complex input to its real output)")
+        return int(direction)
+
+    def _sides(self, d: int) -> tuple[Side, Side]:
+        i, o = self.spec.input_side(self._rank), self.spec.output_side(self._rank)
+        return (o, i) if (self.spec.kind == "c2c" and d == INVERSE) else (i, o)
+
+    def _live(self) -> None:
+        if self._core.released:
+            raise UsageError("fft.FFTPlan is closed")
+
+    def _described(self) -> str:
+        return f"{self.spec.cufft_type} {'x'.join(map(str, self.spec.shape))} {self.spec.algorithm}"
+
+    _cplan: cufftmp.Plan
+    _desc: cufftmp.Descriptor
+    _buffer: int
+    _need: int
+    _room: int
+    _slabs: bool
+    _exec: Any
+    _exec_descriptor: Any
+    _desc_core: Any
+    _lib: Any
+    _xt: Any
+    _own_data: int
+    _last: tuple[Any, int, DeviceView] | None
+
+
+# --- reshapes ---------------------------------------------------------------------------------------------
+
+
+def plan_reshape(comm: Any, input: Distribution, output: Distribution, dtype: Any, *,
+                 stream: Stream = None) -> ReshapePlan:
+    """Plan moving a global array of `dtype` elements from the `input` distribution to `output` (1-D to
+    3-D, any element size) over `comm` (an mpi4py communicator, or None for NVSHMEM's world).
+    Collective, with the same agreement as :func:`plan`."""
+    rank, size = _where(comm)
+
+    def decide() -> ReshapeSpec:
+        spec = _fft_plan.plan_reshape(input, output, _interop.dtype_name(dtype))
+        if spec.nranks != size:
+            raise UsageError(f"input spreads the array over {spec.nranks} ranks; the communicator has {size}")
+        _interop.stream_handle(stream)
+        return spec
+
+    spec = _decided(comm, rank, "reshape", _digest(_dtype_key(dtype), repr(input), repr(output)), decide)
+    return ReshapePlan._make(comm, spec, rank, stream)
+
+
+class ReshapePlan(_Plan[ReshapeSpec]):
+    """A redistribution, made: :meth:`execute` moves this rank's piece. See :func:`plan_reshape`."""
+
+    @classmethod
+    def _make(cls, comm: Any, spec: ReshapeSpec, rank: int, stream: Stream) -> ReshapePlan:
+        device = _runtime(comm, spec.nranks)
+        (lo_in, up_in, st_in), (lo_out, up_out, st_out) = spec.cufftmp_boxes(rank)
+        owned: list[Any] = []
+        try:
+            r = cufftmp.Reshape.create(comm, spec.unit, (lo_in, up_in), (lo_out, up_out), input_strides=st_in,
+                                       output_strides=st_out)
+            owned.append(r)
+            work = _largest(comm, r.workspace_size)
+            # Symmetric memory is allocated alike on every rank: the largest piece of each side.
+            owned.append(nvshmem.empty(spec.max_input_bytes, "uint8"))
+            owned.append(nvshmem.empty(spec.max_output_bytes, "uint8"))
+            if work:
+                owned.append(nvshmem.empty(work, "uint8"))
+        except BaseException:
+            del owned  # their lifetime rows apply (queued for drain() on every rank)
+            raise
+        self = cls._over(Parts(owned, "reshape plan parts"))
+        self._place(spec, rank, device, stream)
+        self._reshape = owned[0]
+        self._exec = owned[0]._core.exec
+        self._in_buf, self._out_buf = owned[1], owned[2]
+        self._work = owned[3].ptr if work else 0
+        return self
+
+    @property
+    def dtype(self) -> str:
+        return self.spec.dtype
+
+    def explain(self) -> str:
+        return self.spec.explain()
+
+    def input_view(self) -> DeviceView:
+        """The plan's own input buffer as this rank's input piece (fill it, then ``execute()``)."""
+        return self._view(self._in_buf.ptr, self.spec.input_side(self._rank), self._in_buf.nbytes, self._in_buf)
+
+    def execute(self, x: Array | None = None, *, out: Array | None = None, stream: Stream = None,
+                sync: bool = True) -> Any:
+        """Move this rank's piece `x` (None: the plan's input buffer) into the output distribution, on
+        `stream` (default: the plan's). Returns the output piece (`out` when given; else a view of the
+        plan's output buffer, valid until the next ``execute``). `x` and `out` lying in mpbind's NVSHMEM
+        memory with room for the largest piece of any rank are used in place (every rank then passes its
+        counterpart: the same allocation, at the same offset); others go through the plan's buffers.
+        With `sync` (the default) the ranks first synchronise on the stream
+        (``nvshmemx_sync_all_on_stream``): other ranks write into this one's output, which must no
+        longer be in use. Collective."""
+        s = self._stream if stream is None else _interop.stream_handle(stream)
+        src, dst = self.spec.input_side(self._rank), self.spec.output_side(self._rank)
+        if x is None:
+            in_ptr = self._in_buf.ptr
+        else:
+            op = _operand(x, "x", src, self._device, self.spec.max_input_bytes, writable=False)
+            in_ptr = op.ptr
+            if not op.in_place:
+                _copy(self._in_buf.ptr, op.row_bytes, op.ptr, op.pitch, op.row_bytes, op.rows, s)
+                in_ptr = self._in_buf.ptr
+        target = None
+        out_ptr = self._out_buf.ptr
+        if out is not None:
+            target = _operand(out, "out", dst, self._device, self.spec.max_output_bytes, writable=True)
+            if target.in_place:
+                out_ptr = target.ptr
+        if sync:
+            nvshmem.sync_all(s)
+        self._exec(out_ptr, in_ptr, self._work, s)
+        if target is None:
+            return self._view(out_ptr, dst, self._out_buf.nbytes, self._out_buf)
+        if not target.in_place:
+            _copy(target.ptr, target.pitch, out_ptr, target.row_bytes, target.row_bytes, target.rows, s)
+        return out
+
+    __call__ = execute
+
+    def _described(self) -> str:
+        return f"{self.spec.dtype} {'x'.join(map(str, self.spec.shape))}"
+
+    _reshape: cufftmp.Reshape
+    _exec: Any
+    _in_buf: nvshmem.SymmetricArray
+    _out_buf: nvshmem.SymmetricArray
+    _work: int

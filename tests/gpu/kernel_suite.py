@@ -1,0 +1,68 @@
+"""What the suites of kernels that call NVSHMEM share (nvshmem_kernels_mpi_suite.py,
+collective_matmul_mpi_suite.py): the example each one checks, the refusal check, and the main
+that starts NVSHMEM on this PE's GPU and prints the report."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from suite_report import Report, expect
+
+from mpbind.errors import UsageError
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def load_example(name: str) -> Any:
+    """examples/<name>.py as a module (its main() is not run)."""
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def refused(fn: Callable[[], object], match: str) -> str:
+    """`fn()` raises UsageError mentioning `match`; its message, shortened, as the check's note."""
+    try:
+        fn()
+    except UsageError as exc:
+        expect(match in str(exc), f"UsageError {exc} does not mention {match!r}")
+        return str(exc)[:120]
+    raise AssertionError(f"no UsageError (expected one mentioning {match!r})")
+
+
+def main(doc: str, run: Callable[[Report, argparse.Namespace], None],
+         arguments: Callable[[argparse.ArgumentParser], None] | None = None) -> int:
+    """Parse --one-gpu (and `arguments`), start NVSHMEM on this PE's GPU, run, print the summary."""
+    for name, value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
+                        ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")):
+        os.environ.setdefault(name, value)
+    import torch
+    from mpi4py import MPI
+
+    from mpbind import nvshmem
+
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--one-gpu", action="store_true", help="every PE on GPU 0 (several PEs share it)")
+    if arguments is not None:
+        arguments(ap)
+    a = ap.parse_args()
+    comm = MPI.COMM_WORLD
+    report = Report(comm.Get_rank(), tracebacks="NVSHMEM_SUITE_TRACEBACKS")
+    device = 0 if a.one_gpu else comm.Get_rank() % torch.cuda.device_count()
+    torch.cuda.set_device(device)
+    a.comm = comm
+    try:
+        with nvshmem.init(mpi_comm=comm, device=device):
+            run(report, a)
+    except Exception as exc:  # noqa: BLE001 - reported as a failed setup
+        report.failed += 1
+        report.line("FAIL", "setup", f"{type(exc).__name__}: {exc}")
+    print(report.summary(), flush=True)
+    return 1 if report.failed else 0

@@ -1,0 +1,75 @@
+"""The GPU suites on the libraries of either wheel family, with no torch in any process: NCCL and
+cuBLASMp on two GPUs, one rank per GPU (``raw_multirank.py``: device memory from cuda.bindings),
+NVSHMEM and cuFFTMp on 1, 2 and 3 PEs sharing GPU 0 (``nvshmem_mpi_suite.py``,
+``cufftmp_mpi_suite.py``: device memory viewed through CuPy).
+
+Run this file alone (other GPU test modules import torch, which loads its own NCCL). With
+``MPBIND_EXPECT_FAMILY=cu12`` (or ``cu13``) every library must come from that family's wheels. Wheels
+staged outside the environment are found through ``MPBIND_<LIB>_PATH``, passed on to the ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+from mpirun_suite import assert_clean, find_mpirun, passed, run
+
+from mpbind import _loader
+from mpbind._info import gpu_count
+
+pytestmark = pytest.mark.gpu
+
+LIBRARY_VARS = ("MPBIND_NCCL_PATH", "MPBIND_NVSHMEM_PATH", "MPBIND_CUBLASMP_PATH", "MPBIND_CUFFTMP_PATH",
+                "RAW_SUITE_TRACEBACKS")
+RAW_CHECKS = ("nccl.collectives", "nccl.layer", "matmul.allgather_gemm.", "matmul.gemm_reducescatter.",
+              "gemm.summa.", "cublasmp.layer_matmul", "process.no_torch_no_cupy")
+
+
+@pytest.mark.parametrize("lib", list(_loader.LIBRARIES))
+def test_each_library_comes_from_the_expected_family(lib: str) -> None:
+    family = os.environ.get("MPBIND_EXPECT_FAMILY")
+    if not family:
+        pytest.skip("MPBIND_EXPECT_FAMILY is not set")
+    loaded = _loader.load(lib)
+    assert loaded.owner is not None and loaded.owner.family == family, (loaded.path, loaded.owner)
+    print(f"{lib}: {_loader.loaded_version(lib)} from {loaded.owner} ({loaded.path})")
+    assert "torch" not in sys.modules
+
+
+def test_nccl_and_cublasmp_on_two_gpus() -> None:
+    mpirun = find_mpirun("multi-rank NCCL and cuBLASMp", (
+        ("mpi4py", "mpi4py is not installed (pip install 'mpbind[mpi]')"),), library="cublasmp")
+    gpus, why = gpu_count()
+    if gpus < 2:
+        pytest.skip(f"needs 2 GPUs (NCCL allows one rank per GPU); {gpus} visible {why or ''}")
+    rc, out = run(mpirun, "raw_multirank.py", 2, timeout=300, forward=LIBRARY_VARS, share_gpu=False)
+    assert_clean(2, rc, out, who="rank")
+    for rank in range(2):
+        done = passed(out, "rank", rank)
+        for prefix in RAW_CHECKS:
+            assert any(name.startswith(prefix) for name in done), f"rank {rank} passed no {prefix} check\n{out[-8000:]}"
+
+
+def _multi_pe(what: str, library: str) -> str:
+    return find_mpirun(what, (
+        ("mpi4py", "mpi4py is not installed (pip install 'mpbind[mpi]')"),
+        ("cupy", "CuPy is not installed (the suites view device memory through it)")), library=library)
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3], ids=lambda n: f"np{n}")
+def test_nvshmem_on_pes_sharing_one_gpu(nprocs: int) -> None:
+    mpirun = _multi_pe("multi-PE NVSHMEM", "nvshmem")
+    rc, out = run(mpirun, "nvshmem_mpi_suite.py", nprocs, "--init", "uid", timeout=180, forward=LIBRARY_VARS)
+    assert_clean(nprocs, rc, out)
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3], ids=lambda n: f"np{n}")
+def test_cufftmp_on_pes_sharing_one_gpu(nprocs: int) -> None:
+    mpirun = _multi_pe("multi-PE cuFFTMp", "cufftmp")
+    rc, out = run(mpirun, "cufftmp_mpi_suite.py", nprocs, "--init", "nvshmem", timeout=240, forward=LIBRARY_VARS)
+    assert_clean(nprocs, rc, out)
+    for pe in range(nprocs):
+        assert any(name.startswith(("slab.", "box.")) for name in passed(out, "pe", pe)), \
+            f"pe {pe} passed no FFT check\n{out[-8000:]}"

@@ -1,0 +1,74 @@
+"""The tensor-parallel layers (``tp_layers_multirank.py``) and the MLP example (``examples/tp_mlp.py``)
+on 2 and 4 ranks, one per GPU: under mpirun, and the example also as the demo starts it (torchrun).
+
+NCCL allows one rank per GPU, so a case runs only where at least N GPUs are visible.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+from mpirun_suite import assert_clean, find_mpirun, passed, run
+
+pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
+
+FORWARDED = ("MPBIND_CUBLASMP_PATH", "MPBIND_NCCL_PATH", "LD_PRELOAD", "CUBLASMP_SUITE_TRACEBACKS")
+REQUIRED = ("tp.settings.allgather_gemm", "tp.settings.gemm_reducescatter", "tp.bias_once.gemm_reducescatter",
+            "tp.gelu_bias.allgather_gemm", "tp.uneven_workspaces")
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tp_mlp.py"
+SMALL = ("--tokens", "2048", "--hidden", "1024", "--ffn", "4096", "--iters", "3", "--warmup", "1")
+
+
+@pytest.fixture(scope="module")
+def mpirun() -> str:
+    return find_mpirun("tensor-parallel layers", (
+        ("mpi4py", "mpi4py is not installed (pip install 'mpbind[mpi]')"),
+        ("torch", "torch is not installed (the layers use torch tensors)")), library="cublasmp")
+
+
+def gpus(nprocs: int) -> None:
+    import torch
+
+    count = int(torch.cuda.device_count())
+    if count < nprocs:
+        pytest.skip(f"needs {nprocs} GPUs (NCCL allows one rank per GPU); {count} visible")
+
+
+def every_rank_ok(out: str, nprocs: int) -> None:
+    ok = {int(r) for r in re.findall(r"^tp_mlp rank=(\d+) ok", out, re.MULTILINE)}
+    assert ok == set(range(nprocs)), f"ranks that matched one GPU: {sorted(ok)}\n{out[-8000:]}"
+    assert "| block |" in out, out[-4000:]
+
+
+@pytest.mark.parametrize("nprocs", [2, 4], ids=lambda n: f"np{n}")
+def test_tp_layers_multirank(mpirun: str, nprocs: int) -> None:
+    gpus(nprocs)
+    rc, out = run(mpirun, "tp_layers_multirank.py", nprocs, timeout=600, forward=FORWARDED, share_gpu=False)
+    assert_clean(nprocs, rc, out, who="rank")
+    for rank in range(nprocs):
+        done = passed(out, "rank", rank)
+        for name in REQUIRED:
+            assert name in done, f"rank {rank} did not pass {name}\n{out[-8000:]}"
+
+
+@pytest.mark.parametrize("nprocs", [2, 4], ids=lambda n: f"np{n}")
+def test_tp_mlp_example_under_mpirun(mpirun: str, nprocs: int) -> None:
+    gpus(nprocs)
+    rc, out = run(mpirun, str(EXAMPLE), nprocs, *SMALL, timeout=300, forward=FORWARDED, share_gpu=False)
+    assert rc == 0, out[-8000:]
+    every_rank_ok(out, nprocs)
+
+
+def test_tp_mlp_example_as_the_demo_starts_it(mpirun: str, capfd: pytest.CaptureFixture[str]) -> None:
+    gpus(2)
+    spec = importlib.util.spec_from_file_location("tp_mlp", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    rc = example.launch(2, *SMALL)
+    out = capfd.readouterr().out
+    assert rc == 0, out[-8000:]
+    every_rank_ok(out, 2)
