@@ -15,9 +15,9 @@ MODULES = ["mpbind", "mpbind.nccl", "mpbind.nvshmem", "mpbind.cufftmp", "mpbind.
            "mpbind._interop", "mpbind.fft"]
 
 
-# cublasmp's matmul-descriptor attributes are a Generic descriptor class, which needs typing at run time.
-TYPING_FREE = [m for m in MODULES if m != "mpbind.cublasmp"] + ["mpbind.bindings.nccl", "mpbind.bindings.nvshmem",
-                                                               "mpbind.bindings.cufftmp", "mpbind.bindings.cublasmp"]
+# cublasmp's matmul-descriptor attributes and fft's plans are Generic classes, which need typing at run time.
+TYPING_FREE = [m for m in MODULES if m not in ("mpbind.cublasmp", "mpbind.fft")] + [
+    "mpbind.bindings.nccl", "mpbind.bindings.nvshmem", "mpbind.bindings.cufftmp", "mpbind.bindings.cublasmp"]
 
 
 def _modules_after(code: str, top: str) -> list[str]:
