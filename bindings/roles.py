@@ -210,10 +210,13 @@ class StructPointer(Input):
     def stub_type(self) -> str:
         return self.cls + (" | bytes" if self.lib.structs[self.p.struct or ""].is_bytes else "")
 
+    def guard(self) -> list[str]:
+        return self.if_given(f'_o_{self.n} = _as_{self.cls}({self.py}, "{self.py}")')
+
     def convert(self) -> list[str]:
-        n, py, cls = self.n, self.py, self.cls
+        n, cls = self.n, self.cls
         return [f"cdef {cy_type(self.pointee, drop_const=True)}* _p_{n} = NULL",
-                *self.if_given(f"_o_{n} = _as_{cls}({py}, \"{py}\"); _p_{n} = &(<{cls}>_o_{n})._data")]
+                *self.if_given(f"_p_{n} = &(<{cls}>_o_{n})._data")]
 
     def arg(self) -> str:
         return f"_p_{self.n}"
@@ -231,10 +234,13 @@ class String(Input):
     def applies(cls, p: Param) -> bool:
         return is_char_ptr(p.type) and not p.address
 
-    def convert(self) -> list[str]:
+    def guard(self) -> list[str]:
         n, py = self.n, self.py
-        return [f"cdef const char* _s_{n} = NULL", f"cdef bytes _b_{n} = None",
-                *self.if_given(f"_b_{n} = _to_bytes({py}, \"{py}\"); _s_{n} = <const char*>_b_{n}")]
+        return [f"cdef bytes _b_{n} = None", *self.if_given(f'_b_{n} = _to_bytes({py}, "{py}")')]
+
+    def convert(self) -> list[str]:
+        n = self.n
+        return [f"cdef const char* _s_{n} = NULL", *self.if_given(f"_s_{n} = <const char*>_b_{n}")]
 
     def arg(self) -> str:
         return f"_s_{self.n}"
@@ -290,10 +296,14 @@ class StructValue(Input):
     def applies(cls, p: Param) -> bool:
         return value_kind(p.type) == "struct"
 
+    def guard(self) -> list[str]:
+        cls = class_name(self.lib, self.p.type)
+        return [f'_o_{self.n} = _as_{cls}({self.py}, "{self.py}")']
+
     def convert(self) -> list[str]:
-        n, py, cls = self.n, self.py, class_name(self.lib, self.p.type)
+        n, cls = self.n, class_name(self.lib, self.p.type)
         ct = cy_type(resolve(self.p.type), drop_const=True)
-        return [f"cdef {ct} _v_{n} = (<{cls}>_as_{cls}({py}, \"{py}\"))._data"]
+        return [f"cdef {ct} _v_{n} = (<{cls}>_o_{n})._data"]
 
     def arg(self) -> str:
         return f"_v_{self.n}"
@@ -576,7 +586,7 @@ class Kernel(_LaunchInput):
     def stub_type(self) -> str:
         return "KernelLike"
 
-    def convert(self) -> list[str]:
+    def guard(self) -> list[str]:
         return [f'cdef const void* _k_{self.n} = _launch_kernel({self.py}, "{self.py}")']
 
     def arg(self) -> str:
@@ -597,7 +607,7 @@ class Dim3(_LaunchInput):
     def stub_type(self) -> str:
         return "Dim3Like"
 
-    def convert(self) -> list[str]:
+    def guard(self) -> list[str]:
         return [f'cdef {cy_type(resolve(self.p.type), drop_const=True)} _d3_{self.n} = '
                 f'_launch_dim3({self.py}, "{self.py}")']
 
@@ -611,15 +621,19 @@ class KernelArgs(_LaunchInput):
     each argument's value (copied into a C array for the call), the int address of such an
     array, or None (NULL: a kernel without parameters)."""
 
-    helpers = ("_launch_params",)
+    helpers = ("_launch_addresses", "_launch_params")
 
     def stub_type(self) -> str:
         return "KernelArguments"
 
+    def guard(self) -> list[str]:
+        # The addresses are checked here; the C array holding them is allocated by convert.
+        return [f'_a_{self.n} = _launch_addresses({self.py}, "{self.py}")']
+
     def convert(self) -> list[str]:
-        n, py = self.n, self.py
+        n = self.n
         return [f"cdef void** _kp_{n} = NULL", f"cdef void** _ka_{n} = NULL",
-                f'_launch_params({py}, "{py}", &_kp_{n}, &_ka_{n})']
+                f"_launch_params(_a_{n}, &_kp_{n}, &_ka_{n})"]
 
     def arg(self) -> str:
         return f"_kp_{self.n}"

@@ -137,11 +137,16 @@ cdef dim3 _launch_dim3(object value, str name) except *:
     return d
 
 
-cdef int _launch_params(object args, str name, void*** params, void*** owned) except -1:
-    """Set params to the kernelParams of `args`; owned to the array it allocated (the caller frees it)."""
+cdef object _launch_addresses(object args, str name):
+    """The checked kernelParams of `args` (see _argument_addresses), for _launch_params."""
+    return _argument_addresses(args, name)
+
+
+cdef int _launch_params(object addresses, void*** params, void*** owned) except -1:
+    """Set params to the kernelParams of `addresses` (what _launch_addresses returned); owned to the
+    array it allocated (the caller frees it)."""
     cdef Py_ssize_t i
     cdef void** array
-    addresses = _argument_addresses(args, name)
     params[0] = NULL
     owned[0] = NULL
     if addresses is None:

@@ -52,8 +52,11 @@ GUARDS = {
         "handle", ['cdef intptr_t _h_handle = _as_address(handle, "handle", 1)']),
     # Floats and bools are converted by the signature, as before: no guard.
     ("nvshmem", "nvshmemx_double_atomic_add", "value"): ("double value", []),
-    # A struct or string checks its type in its conversion (_as_<Class>, _to_bytes).
-    ("nccl", "ncclCommInitRank", "commId"): ("comm_id", []),
+    # A struct or string checks its type in its guard (_as_<Class>, _to_bytes); its conversion
+    # takes its data or address.
+    ("nccl", "ncclCommInitRank", "commId"): ("comm_id", ['_o_commId = _as_UniqueId(comm_id, "comm_id")']),
+    ("nccl", "ncclCommShrink", "config"): (
+        "config", ["if config is not None:", '    _o_config = _as_Config(config, "config")']),
 }
 
 
@@ -76,13 +79,13 @@ def test_guarded_arguments_reach_c_through_their_checked_locals(generator: Gener
 
 
 def test_every_guard_runs_before_any_conversion(generator: Generator, libs: dict[str, Any]) -> None:
-    # ncclCommShrink (hoisted declarations, a try): both guards before the array is copied and
-    # the struct converted.
+    # ncclCommShrink (hoisted declarations, a try): every guard (the struct's type check too)
+    # before the array is copied and the struct's address taken.
     lines = [line.strip() for line in _rendered(generator, libs["nccl"], "ncclCommShrink")]
-    guard = lines.index('_h_comm = _as_address(comm, "comm", 0)')
-    flags = lines.index("_c_shrinkFlags = shrink_flags")
-    first_conversion = min(i for i, line in enumerate(lines) if "PyMem_Malloc" in line or "_as_Config" in line)
-    assert guard < flags < first_conversion
+    guards = [lines.index('_h_comm = _as_address(comm, "comm", 0)'),
+              lines.index('_o_config = _as_Config(config, "config")'), lines.index("_c_shrinkFlags = shrink_flags")]
+    first_conversion = min(i for i, line in enumerate(lines) if "PyMem_Malloc" in line or "_p_config = &" in line)
+    assert guards == sorted(guards) and guards[-1] < first_conversion
 
 
 def test_the_init_check_follows_the_guards_and_precedes_the_call(generator: Generator,
