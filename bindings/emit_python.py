@@ -57,7 +57,8 @@ def _not_initialized(lib: Library) -> list[str]:
     return [
         "cdef int _not_initialized(str function, int needed) except -1:",
         f"{I4}status = {ic.function}()",
-        f"{I4}raise _NotInitializedError(function, _enum_or_int({e.python}, needed), _enum_or_int({e.python}, status))",
+        f'{I4}cls = _enum("{e.python}")',
+        f"{I4}raise _NotInitializedError(function, _enum_or_int(cls, needed), _enum_or_int(cls, status))",
         "",
         "",
     ]
@@ -121,6 +122,16 @@ def _tail(lib: Library, pl: Plan) -> list[str]:
     return [f"return ({', '.join(results)})"]
 
 
+_ATTRIBUTE_TYPES = [
+    "cdef dict _attribute_types(str enum_name, dict rows):",
+    f'{I4}"""{{member of enum_name: (C type, struct format, IntEnum or None)}} from rows keyed by member name."""',
+    f"{I4}cls = _enum(enum_name)",
+    f"{I4}return {{cls[m]: (ct, fmt, None if pc is None else _enum(pc)) for m, (ct, fmt, pc) in rows.items()}}",
+    "",
+    "",
+]
+
+
 def _typed_attribute(lib: Library, enum_name: str, ta: TypedAttribute) -> list[str]:
     """<python>_set(obj, attr, value) / <python>_get(obj, attr) with each attribute's C type."""
     e = lib.enums[enum_name]
@@ -130,15 +141,15 @@ def _typed_attribute(lib: Library, enum_name: str, ta: TypedAttribute) -> list[s
     table = attribute_table(lib, enum_name)
     py_of = {m.c: m.python for m in e.members}
     table_name = f"{name.upper()}_ATTRIBUTE_TYPES"
-    rows = ", ".join(f'{cls}.{py_of[cn]}: ({ct!r}, {fmt!r}, {pc or "None"})' for cn, (ct, fmt, pc) in table.items())
+    rows = ", ".join(f"{py_of[cn]!r}: ({ct!r}, {fmt!r}, {pc!r})" for cn, (ct, fmt, pc) in table.items())
     return [
         f"# {enum_name} value -> (C type, struct format, enum class), from the header's documentation.",
-        f"{table_name} = {{{rows}}}",
+        f'{table_name} = _attribute_types("{cls}", {{{rows}}})',
         "",
         "",
         f"cdef tuple _{name}_attribute(object attr):",
         f"{I4}try:",
-        f"{I8}key = {cls}(attr)",
+        f'{I8}key = _enum("{cls}")(attr)',
         f"{I4}except ValueError:",
         f'{I8}raise _UsageError("unknown {cls} value %r" % (attr,)) from None',
         f"{I4}return (key,) + {table_name}[key]",
@@ -269,6 +280,8 @@ def python_pyx(lib: Library) -> str:
         lines += _function(lib, plan(lib, f))
     if lib.families:
         lines += _families(lib)
+    if lib.typed_attributes:
+        lines += _ATTRIBUTE_TYPES
     for enum_name, ta in lib.typed_attributes.items():
         lines += _typed_attribute(lib, enum_name, ta)
     text = "\n".join(lines)
@@ -292,13 +305,11 @@ def _head(lib: Library) -> list[str]:
         "from libc.string cimport memcpy, memset",
         "",
         f"from mpbind.bindings.cy{lib.name} cimport *",
-        *cimports("enum_or_int", "str_or_none", "to_bytes", "raise_library_error", "as_address", "is_int",
-                  "int_arg"),
+        *cimports("enum_or_int", "make_enum", "str_or_none", "to_bytes", "raise_library_error", "as_address",
+                  "is_int", "int_arg"),
         *(cimports("convert_mpi_comm") if mpi_comm else []),
         "",
         *(["import struct as _struct"] if lib.typed_attributes else []),
-        "from enum import IntEnum as _IntEnum",
-        "",
         "from mpbind.bindings._common import HandleType as _HandleType",
         "from mpbind.errors import UsageError as _UsageError",
         *([f"from mpbind.errors import {lib.init_check.error} as _NotInitializedError"] if lib.init_check else []),
@@ -317,12 +328,35 @@ def _constants(lib: Library) -> list[str]:
 
 
 def _enums(lib: Library) -> list[str]:
-    lines = []
+    """The IntEnums, each made on first use (the module's __getattr__, or _enum in generated code):
+    importing enum and making every class at import would cost more than the rest of the module."""
+    lines = ["# IntEnum name -> (docstring, ((member, value), ...)).", "_ENUMS = {"]
     for e in lib.enums.values():
-        lines += [f"class {e.python}(_IntEnum):", f'{I4}"""{e.name}"""']
-        lines += [f"{I4}{m.python} = {m.value}" for m in e.members]
-        lines += ["", ""]
-    return lines
+        members = "".join(f"({m.python!r}, {m.value}), " for m in e.members)
+        lines.append(f"{I4}{e.python!r}: ({e.name!r}, ({members.rstrip()})),")
+    return lines + [
+        "}",
+        "",
+        "cdef dict _globals = globals()",
+        "",
+        "",
+        "cdef object _enum(str name):",
+        f'{I4}"""The IntEnum `name`, made on first use."""',
+        f"{I4}cls = _globals.get(name)",
+        f"{I4}return _make_enum(_globals, __name__, name, _ENUMS[name]) if cls is None else cls",
+        "",
+        "",
+        "def __getattr__(name):",
+        f"{I4}if name in _ENUMS:",
+        f"{I8}return _enum(name)",
+        f'{I4}raise AttributeError("module %r has no attribute %r" % (__name__, name))',
+        "",
+        "",
+        "def __dir__():",
+        f"{I4}return sorted(set(_globals) | set(_ENUMS))",
+        "",
+        "",
+    ]
 
 
 def _raise_error(lib: Library) -> list[str]:

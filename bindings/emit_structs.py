@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from emit_common import I4, cy_type
 from ir_types import Array, Field, Library, Struct
-from pyvalues import class_name, enum_ctype, enum_of, value_kind
+from pyvalues import class_name, enum_class, enum_ctype, enum_of, value_kind
 from roles import address_guard, int_guard
 
 I8 = I4 * 2
@@ -178,7 +178,7 @@ def _field_get(lib: Library, f: Field) -> list[str]:
     if vk == "bool":
         return [f"return bool(self._data.{n})"]
     if vk == "enum":
-        return [f"return _enum_or_int({class_name(lib, t)}, self._data.{n})"]
+        return [f"return _enum_or_int({enum_class(lib, t)}, self._data.{n})"]
     if vk in ("handle", "address"):
         return [f"return <intptr_t>self._data.{n}"]
     if vk == "str":

@@ -30,7 +30,7 @@ def mp_make_plan_decomposition(plan, rank, n, lower_input, upper_input, strides_
         return mp_make_plan2d(plan, n[0], n[1], type, comm_handle, comm_type)
     if rank == 3:
         return mp_make_plan3d(plan, n[0], n[1], n[2], type, comm_handle, comm_type)
-    _raise_error(Result.NOT_IMPLEMENTED, "cufftMpMakePlanDecomposition")  # 1-D is not supported
+    _raise_error(CUFFT_NOT_IMPLEMENTED, "cufftMpMakePlanDecomposition")  # 1-D is not supported
 
 
 def mp_make_reshape(handle, element_size, rank, lower_input, upper_input, strides_input, lower_output, upper_output, strides_output, comm_handle, comm_type):

@@ -39,7 +39,7 @@ def _hostlib_init(requested, flags, attr):
 
 def init():
     """nvshmem_init: static inline in the header; initialises with NVSHMEM_THREAD_SERIALIZED and the default bootstrap."""
-    _hostlib_init(ThreadSupport.SERIALIZED, 0, None)
+    _hostlib_init(NVSHMEM_THREAD_SERIALIZED, 0, None)
 
 
 def init_thread(requested):
@@ -54,7 +54,7 @@ def finalize():
 
 def init_attr(flags, attributes=None):
     """nvshmemx_init_attr: static inline in the header; initialises with bootstrap `flags` (InitFlags) and `attributes` (see set_attr_uniqueid_args, set_attr_mpi_comm_args)."""
-    _hostlib_init(ThreadSupport.SERIALIZED, flags, attributes)
+    _hostlib_init(NVSHMEM_THREAD_SERIALIZED, flags, attributes)
 
 
 

@@ -80,7 +80,8 @@ def _mpbind() -> Any:
 
 def namespace(module: str) -> dict[str, Any]:
     """Names a recipe sees: the public module's, `flat` (the library's flat bindings) and `mpbind`."""
-    ns = dict(vars(importlib.import_module(module)))
+    public = importlib.import_module(module)
+    ns = {name: getattr(public, name) for name in dir(public)}  # with the IntEnums made on first use
     library = module.rsplit(".", 1)[-1]
     if library in ("nccl", "nvshmem", "cublasmp", "cufftmp"):
         ns["flat"] = importlib.import_module(f"mpbind.bindings.{library}")

@@ -141,9 +141,11 @@ def public_names(module: Any) -> list[str]:
     names = getattr(module, "__all__", None)
     if names is not None:
         return sorted(names)
+    # dir(), not vars(): the flat bindings make their IntEnums on first use (a module __getattr__).
     return sorted(
-        n for n, v in vars(module).items()
-        if not n.startswith("_") and callable(v) and getattr(v, "__module__", None) == module.__name__
+        n for n in dir(module)
+        if not n.startswith("_") and callable(v := getattr(module, n))
+        and getattr(v, "__module__", None) == module.__name__
     )
 
 

@@ -2,7 +2,9 @@
 module nor a hot call's coercion of non-NumPy objects imports it (each checked in a fresh process).
 Nor does importing it load `typing` (with `re`, `contextlib` and the rest, about half of what
 importing mpbind.nccl cost): annotations are strings, and what only type checkers read is under
-`TYPE_CHECKING`. `python benchmarks/import_time.py` reports the times (README, Performance)."""
+`TYPE_CHECKING`. Nor, for the flat bindings and mpbind.nccl, `enum` (with functools and collections):
+the flat bindings make their IntEnums on first use. `python benchmarks/import_time.py` reports the
+times (README, The Pythonic layer)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,11 @@ MODULES = ["mpbind", "mpbind.nccl", "mpbind.nvshmem", "mpbind.cufftmp", "mpbind.
 # cublasmp's matmul-descriptor attributes and fft's plans are Generic classes, which need typing at run time.
 TYPING_FREE = [m for m in MODULES if m not in ("mpbind.cublasmp", "mpbind.fft")] + [
     "mpbind.bindings.nccl", "mpbind.bindings.nvshmem", "mpbind.bindings.cufftmp", "mpbind.bindings.cublasmp"]
+
+# The flat bindings make their IntEnums on first use (cublasmp's attribute table names its enums at
+# import); mpbind.nccl re-exports DataType and RedOp the same way.
+ENUM_FREE = ["mpbind", "mpbind.nccl", "mpbind.bootstrap", "mpbind._interop", "mpbind.bindings.nccl",
+             "mpbind.bindings.nvshmem", "mpbind.bindings.cufftmp"]
 
 
 def _modules_after(code: str, top: str) -> list[str]:
@@ -39,6 +46,11 @@ def test_importing_a_layer_module_loads_no_numpy(module: str) -> None:
 @pytest.mark.parametrize("module", TYPING_FREE)
 def test_importing_a_module_loads_no_typing(module: str) -> None:
     assert _modules_after(f"import {module}", "typing") == []
+
+
+@pytest.mark.parametrize("module", ENUM_FREE)
+def test_importing_a_module_loads_no_enum(module: str) -> None:
+    assert _modules_after(f"import {module}", "enum") == []
 
 
 def test_coercion_without_numpy_objects_loads_no_numpy() -> None:
