@@ -36,6 +36,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from mpbind import _args
 from mpbind.bindings.cublasmp import CublasComputeType, CudaDataType, GridLayout, MatmulEpilogue, MatmulMatrixScale
 from mpbind.distributions import BlockCyclicArgs, Distribution, Replicated, numroc
 from mpbind.errors import UsageError
@@ -195,6 +196,25 @@ class MatmulPlan:
     required_capability: tuple[int, int] | None
     communication_dtype: str | None = None  # the type partial products travel in (None: cuBLASMp's default)
     reasons: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        # The planner makes plans; one made by hand must hold what its methods read.
+        if self.algorithm not in ALGORITHMS:
+            raise UsageError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
+        _args.integer(self.nranks, "nranks", minimum=1)
+        for name in ("m", "n", "k", "staging_bytes"):
+            _args.integer(getattr(self, name), name, minimum=0)
+        for name in ("a", "b", "d"):
+            _args.instance(getattr(self, name), name, OperandPlan, "an OperandPlan")
+        if self.c is not None:
+            _args.instance(self.c, "c", OperandPlan, "an OperandPlan or None")
+        if self.epilogue not in EPILOGUES:
+            raise UsageError(f"epilogue must be one of {', '.join(EPILOGUES)}, got {self.epilogue!r}")
+        if self.scaling not in (None, "tensor", "mxfp8", "nvfp4"):
+            raise UsageError(f"scaling must be None, 'tensor', 'mxfp8' or 'nvfp4', got {self.scaling!r}")
+        for name in ("bias_dtype", "aux_dtype"):
+            if getattr(self, name) is not None and getattr(self, name) not in _ITEMSIZE:
+                raise UsageError(f"{name} must be None or one of {', '.join(_ITEMSIZE)}, got {getattr(self, name)!r}")
 
     @property
     def operands(self) -> tuple[OperandPlan, ...]:
