@@ -57,7 +57,7 @@ def _not_initialized(lib: Library) -> list[str]:
     return [
         "cdef int _not_initialized(str function, int needed) except -1:",
         f"{I4}status = {ic.function}()",
-        f'{I4}cls = _enum("{e.python}")',
+        f'{I4}cls = _enums.get("{e.python}")',
         f"{I4}raise _NotInitializedError(function, _enum_or_int(cls, needed), _enum_or_int(cls, status))",
         "",
         "",
@@ -125,8 +125,8 @@ def _tail(lib: Library, pl: Plan) -> list[str]:
 _ATTRIBUTE_TYPES = [
     "cdef dict _attribute_types(str enum_name, dict rows):",
     f'{I4}"""{{member of enum_name: (C type, struct format, IntEnum or None)}} from rows keyed by member name."""',
-    f"{I4}cls = _enum(enum_name)",
-    f"{I4}return {{cls[m]: (ct, fmt, None if pc is None else _enum(pc)) for m, (ct, fmt, pc) in rows.items()}}",
+    f"{I4}cls = _enums.get(enum_name)",
+    f"{I4}return {{cls[m]: (ct, fmt, None if pc is None else _enums.get(pc)) for m, (ct, fmt, pc) in rows.items()}}",
     "",
     "",
 ]
@@ -149,7 +149,7 @@ def _typed_attribute(lib: Library, enum_name: str, ta: TypedAttribute) -> list[s
         "",
         f"cdef tuple _{name}_attribute(object attr):",
         f"{I4}try:",
-        f'{I8}key = _enum("{cls}")(attr)',
+        f'{I8}key = _enums.get("{cls}")(attr)',
         f"{I4}except ValueError:",
         f'{I8}raise _UsageError("unknown {cls} value %r" % (attr,)) from None',
         f"{I4}return (key,) + {table_name}[key]",
@@ -305,7 +305,7 @@ def _head(lib: Library) -> list[str]:
         "from libc.string cimport memcpy, memset",
         "",
         f"from mpbind.bindings.cy{lib.name} cimport *",
-        *cimports("enum_or_int", "make_enum", "str_or_none", "to_bytes", "raise_library_error", "as_address",
+        *cimports("enum_or_int", "EnumTable", "str_or_none", "to_bytes", "raise_library_error", "as_address",
                   "is_int", "int_arg"),
         *(cimports("convert_mpi_comm") if mpi_comm else []),
         "",
@@ -328,32 +328,18 @@ def _constants(lib: Library) -> list[str]:
 
 
 def _enums(lib: Library) -> list[str]:
-    """The IntEnums, each made on first use (the module's __getattr__, or _enum in generated code):
-    importing enum and making every class at import would cost more than the rest of the module."""
+    """The IntEnums, each made on first use (_common.EnumTable: the module's __getattr__, or
+    _enums.get(name) in generated code): importing enum and making every class at import would
+    cost more than the rest of the module."""
     lines = ["# IntEnum name -> (docstring, ((member, value), ...)).", "_ENUMS = {"]
     for e in lib.enums.values():
         members = "".join(f"({m.python!r}, {m.value}), " for m in e.members)
         lines.append(f"{I4}{e.python!r}: ({e.name!r}, ({members.rstrip()})),")
     return lines + [
         "}",
-        "",
-        "cdef dict _globals = globals()",
-        "",
-        "",
-        "cdef object _enum(str name):",
-        f'{I4}"""The IntEnum `name`, made on first use."""',
-        f"{I4}cls = _globals.get(name)",
-        f"{I4}return _make_enum(_globals, __name__, name, _ENUMS[name]) if cls is None else cls",
-        "",
-        "",
-        "def __getattr__(name):",
-        f"{I4}if name in _ENUMS:",
-        f"{I8}return _enum(name)",
-        f'{I4}raise AttributeError("module %r has no attribute %r" % (__name__, name))',
-        "",
-        "",
-        "def __dir__():",
-        f"{I4}return sorted(set(_globals) | set(_ENUMS))",
+        "cdef _EnumTable _enums = _EnumTable(globals(), __name__, _ENUMS)",
+        "__getattr__ = _enums.attribute",
+        "__dir__ = _enums.names",
         "",
         "",
     ]

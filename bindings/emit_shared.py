@@ -15,7 +15,6 @@ SOURCE = "bindings/emit_shared.py (helpers shared by every library)"
 # name -> C signature (without the name) of each helper, as the .pxd declares it.
 HELPERS = {
     "enum_or_int": "object {}(cls, long long value)",
-    "make_enum": "object {}(dict made, str module, str name, tuple spec)",
     "str_or_none": "object {}(const char* s)",
     "to_bytes": "bytes {}(object value, str what)",
     "raise_library_error": "int {}(str library, str function, int status, object description, object last) except -1",
@@ -49,10 +48,22 @@ INLINE = {
 }
 
 
+# Classes the generated modules cimport: their .pxd declaration.
+CLASSES = {
+    "EnumTable": [
+        "cdef class EnumTable:",
+        f"{I4}cdef dict made",
+        f"{I4}cdef str module",
+        f"{I4}cdef dict specs",
+        f"{I4}cdef object get(self, str name)",
+    ],
+}
+
+
 def cimports(*names: str) -> list[str]:
     """The lines cimporting helpers under the module-private names the generated code calls (_name)."""
     for name in names:
-        if name not in HELPERS and name not in INLINE:
+        if name not in HELPERS and name not in INLINE and name not in CLASSES:
             raise KeyError(f"_common has no helper {name}")
     return [f"from mpbind.bindings._common cimport {name} as _{name}" for name in names]
 
@@ -65,6 +76,7 @@ def common_pxd() -> str:
              'cdef extern from "Python.h":', f'{I4}Py_ssize_t _ssize_or_error "PyLong_AsSsize_t"(object value)',
              f'{I4}void _clear_error "PyErr_Clear"()', ""]
     lines += [f"cdef {signature.format(name)}" for name, signature in HELPERS.items()]
+    lines += ["", *CLASSES["EnumTable"]]
     for body in INLINE.values():
         lines += ["", ""] + body
     return "\n".join(lines) + "\n"
@@ -93,19 +105,40 @@ def common_pyx() -> str:
         "cdef object _enum_lock = _thread.allocate_lock()",
         "",
         "",
-        "cdef object make_enum(dict made, str module, str name, tuple spec):",
-        f'{I4}"""The IntEnum `name` of `module` from spec (its docstring, ((member, value), ...)), made once',
-        f"{I4}and kept in `made` (the module's globals: from then on a plain attribute). The generated modules",
-        f"{I4}make their enums on first use: importing enum and making every class would cost more than the",
-        f'{I4}rest of their import."""',
-        f"{I4}with _enum_lock:  # one class per name, also when threads ask at once",
-        f"{I8}cls = made.get(name)",
-        f"{I8}if cls is None:",
-        f"{I8}{I4}from enum import IntEnum",
-        f"{I8}{I4}cls = IntEnum(name, spec[1], module=module, qualname=name)",
-        f"{I8}{I4}cls.__doc__ = spec[0]",
-        f"{I8}{I4}made[name] = cls",
-        f"{I4}return cls",
+        "cdef class EnumTable:",
+        f'{I4}"""A generated module\'s IntEnums, each made on first use: importing enum and making every class',
+        f"{I4}at import would cost more than the rest of the module's import. `made` is the module's globals,",
+        f'{I4}so a class made once is a plain attribute from then on."""',
+        "",
+        f"{I4}def __init__(self, dict made, str module, dict specs):",
+        f"{I8}self.made = made",
+        f"{I8}self.module = module",
+        f"{I8}self.specs = specs  # name -> (docstring, ((member, value), ...))",
+        "",
+        f"{I4}cdef object get(self, str name):",
+        f'{I8}"""The IntEnum `name` (KeyError for another name)."""',
+        f"{I8}cls = self.made.get(name)",
+        f"{I8}if cls is not None:",
+        f"{I8}{I4}return cls",
+        f"{I8}doc, members = self.specs[name]",
+        f"{I8}with _enum_lock:  # one class per name, also when threads ask at once",
+        f"{I8}{I4}cls = self.made.get(name)",
+        f"{I8}{I4}if cls is None:",
+        f"{I8}{I8}from enum import IntEnum",
+        f"{I8}{I8}cls = IntEnum(name, members, module=self.module, qualname=name)",
+        f"{I8}{I8}cls.__doc__ = doc",
+        f"{I8}{I8}self.made[name] = cls",
+        f"{I8}return cls",
+        "",
+        f"{I4}def attribute(self, name):",
+        f'{I8}"""The module\'s __getattr__: an IntEnum not made yet."""',
+        f"{I8}if name in self.specs:",
+        f"{I8}{I4}return self.get(name)",
+        f'{I8}raise AttributeError("module %r has no attribute %r" % (self.module, name))',
+        "",
+        f"{I4}def names(self):",
+        f'{I8}"""The module\'s __dir__: its globals and the IntEnums."""',
+        f"{I8}return sorted(set(self.made) | set(self.specs))",
         "",
         "",
         "cdef object str_or_none(const char* s):",

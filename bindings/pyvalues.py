@@ -42,7 +42,7 @@ def class_name(lib: Library, t: CType) -> str:
 
 def enum_class(lib: Library, t: CType) -> str:
     """The expression of an enum type's IntEnum in the generated module (made on first use)."""
-    return f'_enum("{enum_of(lib, t).python}")'
+    return f'_enums.get("{enum_of(lib, t).python}")'
 
 
 def enum_of(lib: Library, t: CType) -> Enum:
