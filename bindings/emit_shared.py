@@ -102,6 +102,39 @@ def common_pyx() -> str:
         f"{I8}return value",
         "",
         "",
+        "cdef object str_or_none(const char* s):",
+        f"{I4}return None if s == NULL else (<bytes>s).decode(errors=\"replace\")",
+        "",
+        "",
+        "cdef bytes to_bytes(object value, str what):",
+        f"{I4}if isinstance(value, str):",
+        f"{I8}return (<str>value).encode()",
+        f"{I4}if isinstance(value, bytes):",
+        f"{I8}return <bytes>value",
+        f'{I4}raise TypeError("%s must be str or bytes, not %s" % (what, type(value).__name__))',
+        "",
+        "",
+        "cdef object _status = None  # mpbind._status: its ~100 classes load on the first error, not on import",
+        "",
+        "",
+        "cdef int raise_library_error(str library, str function, int status, object description, object last) "
+        "except -1:",
+        f'{I4}"""Raise the typed error of `library` for `status` returned by `function`."""',
+        f"{I4}global _status",
+        f"{I4}if _status is None:",
+        f"{I8}from mpbind import _status as module",
+        f"{I8}_status = module",
+        f"{I4}raise _status.make_error(library, function, status, description, last)",
+        "",
+        "",
+    ]
+    return "\n".join(lines + _enum_table() + _guards() + _handle_type() + _convert_mpi_comm() + _loading()
+                     ).rstrip() + "\n"
+
+
+def _enum_table() -> list[str]:
+    """EnumTable: the generated modules' IntEnums, made on first use."""
+    return [
         "cdef object _enum_lock = _thread.allocate_lock()",
         "",
         "",
@@ -141,33 +174,7 @@ def common_pyx() -> str:
         f"{I8}return sorted(set(self.made) | set(self.specs))",
         "",
         "",
-        "cdef object str_or_none(const char* s):",
-        f"{I4}return None if s == NULL else (<bytes>s).decode(errors=\"replace\")",
-        "",
-        "",
-        "cdef bytes to_bytes(object value, str what):",
-        f"{I4}if isinstance(value, str):",
-        f"{I8}return (<str>value).encode()",
-        f"{I4}if isinstance(value, bytes):",
-        f"{I8}return <bytes>value",
-        f'{I4}raise TypeError("%s must be str or bytes, not %s" % (what, type(value).__name__))',
-        "",
-        "",
-        "cdef object _status = None  # mpbind._status: its ~100 classes load on the first error, not on import",
-        "",
-        "",
-        "cdef int raise_library_error(str library, str function, int status, object description, object last) "
-        "except -1:",
-        f'{I4}"""Raise the typed error of `library` for `status` returned by `function`."""',
-        f"{I4}global _status",
-        f"{I4}if _status is None:",
-        f"{I8}from mpbind import _status as module",
-        f"{I8}_status = module",
-        f"{I4}raise _status.make_error(library, function, status, description, last)",
-        "",
-        "",
     ]
-    return "\n".join(lines + _guards() + _handle_type() + _convert_mpi_comm() + _loading()).rstrip() + "\n"
 
 
 def _guards() -> list[str]:
