@@ -120,13 +120,20 @@ class ComputeCapabilityError(UsageError):
     def __init__(self, feature: str, capability: tuple[int, int], required: tuple[int, int],
                  where: str = "this GPU") -> None:
         self.feature = feature
-        self.capability = capability
-        self.required = required
+        self.capability = capability = _capability(capability, "capability")
+        self.required = required = _capability(required, "required")
         super().__init__(f"{feature} needs compute capability {required[0]}.{required[1]} or newer; {where} is "
                          f"{capability[0]}.{capability[1]} (sm_{capability[0]}{capability[1]})")
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.feature, self.capability, self.required))
+
+
+def _capability(value: object, name: str) -> tuple[int, int]:
+    """A compute capability: (major, minor), two ints."""
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"{name} must be a (major, minor) pair of ints, not {value!r}")
+    return _args.integer(value[0], f"{name}[0]"), _args.integer(value[1], f"{name}[1]")
 
 
 @dataclass(frozen=True)
