@@ -120,10 +120,11 @@ class ComputeCapabilityError(UsageError):
     def __init__(self, feature: str, capability: tuple[int, int], required: tuple[int, int],
                  where: str = "this GPU") -> None:
         self.feature = feature
-        self.capability = capability = _capability(capability, "capability")
-        self.required = required = _capability(required, "required")
-        super().__init__(f"{feature} needs compute capability {required[0]}.{required[1]} or newer; {where} is "
-                         f"{capability[0]}.{capability[1]} (sm_{capability[0]}{capability[1]})")
+        self.capability: tuple[int, int] = _capability(capability, "capability")
+        self.required: tuple[int, int] = _capability(required, "required")
+        (major, minor), (need_major, need_minor) = self.capability, self.required
+        super().__init__(f"{feature} needs compute capability {need_major}.{need_minor} or newer; {where} is "
+                         f"{major}.{minor} (sm_{major}{minor})")
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.feature, self.capability, self.required))
