@@ -20,7 +20,10 @@ def _function(lib: Library, pl: Plan) -> list[str]:
     """def <python>(...): the roles' conversions around one C call, its status check and result."""
     f = pl.f
     sig = [pp.decl if pp.default is None else f"{pp.decl}={pp.default}" for pp in pl.params]
-    pre = [line for r in pl.roles for line in r.guard() + r.convert()]
+    # Every guard, then the init check, then every conversion: nothing is converted, allocated
+    # or called before each argument was accepted.
+    pre = [line for r in pl.roles for line in r.guard()] + _init_check(lib, f) + \
+        [line for r in pl.roles for line in r.convert()]
     cleanup = [line for r in pl.roles for line in r.cleanup()]
     call = f"{f.name}({', '.join(r.arg() for r in pl.roles)})"
     inner = _call(f, call) + _check(lib, f) + [line for r in pl.roles for line in r.after()] + _tail(lib, pl)
@@ -36,12 +39,40 @@ def _function(lib: Library, pl: Plan) -> list[str]:
     return [line.rstrip() for line in "\n".join(out).split("\n")] + ["", ""]
 
 
+def _init_check(lib: Library, f: Function) -> list[str]:
+    """Raise the library's not-initialised error when its runtime is below what f needs: the
+    library's own status call, so a runtime another library initialised (or finalised) counts."""
+    if lib.init_check is None or f.needs_init is None:
+        return []
+    needed = lib.enums[lib.init_check.enum].value_of(f.needs_init)
+    return [f"if {lib.init_check.function}() < {needed}:", f'{I4}_not_initialized("{f.name}", {needed})']
+
+
+def _not_initialized(lib: Library) -> list[str]:
+    """_not_initialized(function, needed): raise the init check's error, naming both statuses."""
+    ic = lib.init_check
+    if ic is None:
+        return []
+    e = lib.enums[ic.enum]
+    return [
+        "cdef int _not_initialized(str function, int needed) except -1:",
+        f"{I4}status = {ic.function}()",
+        f'{I4}cls = _enums.get("{e.python}")',
+        f"{I4}raise _NotInitializedError(function, _enum_or_int(cls, needed), _enum_or_int(cls, status))",
+        "",
+        "",
+    ]
+
+
 def _docstring(lib: Library, pl: Plan) -> str:
     f = pl.f
     doc = [f"{f.name}({', '.join(cy_type(q.type, q.name) for q in f.params)})"]
     if pl.returns:
         doc += ["", f"Returns {pl.return_type}."]
     doc += ["", "Releases the GIL." if f.releases_gil else "Keeps the GIL (an O(1) query)."]
+    if f.needs_init is not None and lib.init_check is not None:
+        member = next(m for m in lib.enums[lib.init_check.enum].members if m.c == f.needs_init)
+        doc.append(f"Needs {lib.init_check.function}() >= {member.python} (else {lib.init_check.error}).")
     since = f.since or ""
     if not since.startswith("<="):
         doc.append(f"Needs {lib.pretty} {since} or later.")
@@ -91,6 +122,16 @@ def _tail(lib: Library, pl: Plan) -> list[str]:
     return [f"return ({', '.join(results)})"]
 
 
+_ATTRIBUTE_TYPES = [
+    "cdef dict _attribute_types(str enum_name, dict rows):",
+    f'{I4}"""{{member of enum_name: (C type, struct format, IntEnum or None)}} from rows keyed by member name."""',
+    f"{I4}cls = _enums.get(enum_name)",
+    f"{I4}return {{cls[m]: (ct, fmt, None if pc is None else _enums.get(pc)) for m, (ct, fmt, pc) in rows.items()}}",
+    "",
+    "",
+]
+
+
 def _typed_attribute(lib: Library, enum_name: str, ta: TypedAttribute) -> list[str]:
     """<python>_set(obj, attr, value) / <python>_get(obj, attr) with each attribute's C type."""
     e = lib.enums[enum_name]
@@ -100,15 +141,15 @@ def _typed_attribute(lib: Library, enum_name: str, ta: TypedAttribute) -> list[s
     table = attribute_table(lib, enum_name)
     py_of = {m.c: m.python for m in e.members}
     table_name = f"{name.upper()}_ATTRIBUTE_TYPES"
-    rows = ", ".join(f'{cls}.{py_of[cn]}: ({ct!r}, {fmt!r}, {pc or "None"})' for cn, (ct, fmt, pc) in table.items())
+    rows = ", ".join(f"{py_of[cn]!r}: ({ct!r}, {fmt!r}, {pc!r})" for cn, (ct, fmt, pc) in table.items())
     return [
         f"# {enum_name} value -> (C type, struct format, enum class), from the header's documentation.",
-        f"{table_name} = {{{rows}}}",
+        f'{table_name} = _attribute_types("{cls}", {{{rows}}})',
         "",
         "",
         f"cdef tuple _{name}_attribute(object attr):",
         f"{I4}try:",
-        f"{I8}key = {cls}(attr)",
+        f'{I8}key = _enums.get("{cls}")(attr)',
         f"{I4}except ValueError:",
         f'{I8}raise _UsageError("unknown {cls} value %r" % (attr,)) from None',
         f"{I4}return (key,) + {table_name}[key]",
@@ -163,6 +204,8 @@ def _families(lib: Library) -> list[str]:
         "",
         "",
         "cdef str _type_name(object dtype, dict members, str op):",
+        f"{I4}if dtype is None:  # numpy.dtype(None) is float64: never a guess",
+        f'{I8}raise TypeError("%s: dtype must be a type name or a NumPy dtype, not None" % op)',
         f"{I4}if isinstance(dtype, str) and dtype in members:",
         f"{I8}return dtype",
         f"{I4}if isinstance(dtype, str) and dtype in FAMILY_TYPES:",
@@ -227,7 +270,7 @@ def _hoist_declarations(pre: list[str]) -> tuple[list[str], list[str]]:
 def python_pyx(lib: Library) -> str:
     """<lib>.pyx, in order: imports, constants, handle types, enums, errors, struct classes, the
     support file's include, one function per C function, family dispatchers, typed attributes."""
-    lines = _head(lib) + _constants(lib) + _enums(lib) + _raise_error(lib)
+    lines = _head(lib) + _constants(lib) + _enums(lib) + _raise_error(lib) + _not_initialized(lib)
     structs, _, _ = lib.reachable_types()
     for name in structs:
         lines += struct_class(lib, lib.structs[name])
@@ -237,6 +280,8 @@ def python_pyx(lib: Library) -> str:
         lines += _function(lib, plan(lib, f))
     if lib.families:
         lines += _families(lib)
+    if lib.typed_attributes:
+        lines += _ATTRIBUTE_TYPES
     for enum_name, ta in lib.typed_attributes.items():
         lines += _typed_attribute(lib, enum_name, ta)
     text = "\n".join(lines)
@@ -260,36 +305,44 @@ def _head(lib: Library) -> list[str]:
         "from libc.string cimport memcpy, memset",
         "",
         f"from mpbind.bindings.cy{lib.name} cimport *",
-        *cimports("enum_or_int", "str_or_none", "to_bytes", "raise_library_error"),
+        *cimports("enum_or_int", "EnumTable", "str_or_none", "to_bytes", "raise_library_error", "as_address",
+                  "is_int", "int_arg"),
         *(cimports("convert_mpi_comm") if mpi_comm else []),
         "",
         *(["import struct as _struct"] if lib.typed_attributes else []),
-        "from enum import IntEnum as _IntEnum",
-        "from typing import NewType as _NewType",
-        "",
+        "from mpbind.bindings._common import HandleType as _HandleType",
         "from mpbind.errors import UsageError as _UsageError",
+        *([f"from mpbind.errors import {lib.init_check.error} as _NotInitializedError"] if lib.init_check else []),
         "",
         "",
     ]
 
 
 def _constants(lib: Library) -> list[str]:
-    """Constants, then one NewType per handle type."""
+    """Constants, then one handle type per handle (typing.NewType(name, int) in the stubs; at
+    run time a HandleType, which behaves alike without importing typing)."""
     lines = [f"{const_name(lib, c.name)} = {c.value!r}" for c in lib.constants] + [""]
     for cname, py in sorted(lib.handles.items()):
-        lines.append(f'{py} = _NewType("{py}", int)  # {cname}')
-        # NewType takes its module from the caller's frame, which Cython lacks.
-        lines.append(f"{py}.__module__ = __name__")
+        lines.append(f'{py} = _HandleType("{py}", __name__)  # {cname}')
     return lines + ["", ""]
 
 
 def _enums(lib: Library) -> list[str]:
-    lines = []
+    """The IntEnums, each made on first use (_common.EnumTable: the module's __getattr__, or
+    _enums.get(name) in generated code): importing enum and making every class at import would
+    cost more than the rest of the module."""
+    lines = ["# IntEnum name -> (docstring, ((member, value), ...)).", "_ENUMS = {"]
     for e in lib.enums.values():
-        lines += [f"class {e.python}(_IntEnum):", f'{I4}"""{e.name}"""']
-        lines += [f"{I4}{m.python} = {m.value}" for m in e.members]
-        lines += ["", ""]
-    return lines
+        members = "".join(f"({m.python!r}, {m.value}), " for m in e.members)
+        lines.append(f"{I4}{e.python!r}: ({e.name!r}, ({members.rstrip()})),")
+    return lines + [
+        "}",
+        "cdef _EnumTable _enums = _EnumTable(globals(), __name__, _ENUMS)",
+        "__getattr__ = _enums.attribute",
+        "__dir__ = _enums.names",
+        "",
+        "",
+    ]
 
 
 def _raise_error(lib: Library) -> list[str]:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from emit_common import I4, cy_type
 from ir_types import Array, Field, Library, Struct
-from pyvalues import class_name, enum_ctype, enum_of, value_kind
+from pyvalues import class_name, enum_class, enum_ctype, enum_of, value_kind
+from roles import address_guard, int_guard
 
 I8 = I4 * 2
 
@@ -134,11 +135,10 @@ def _common_methods(cls: str, name: str) -> list[str]:
         f"{I8}return sizeof({name})",
         "",
         f"{I4}@staticmethod",
-        f"{I4}def from_ptr(intptr_t address):",
+        f"{I4}def from_ptr(address):",
         f'{I8}"""A copy of the {name} at `address` (for example one a library call returned)."""',
-        f"{I8}if address == 0:",
-        f'{I8}{I4}raise _UsageError("{cls}.from_ptr: NULL address")',
-        f"{I8}return {cls}._from_data((<{name}*>address)[0])",
+        f'{I8}cdef intptr_t _h_address = _as_address(address, "{cls}.from_ptr: address", 1)',
+        f"{I8}return {cls}._from_data((<{name}*>_h_address)[0])",
         "",
         f"{I4}@staticmethod",
         f"{I4}cdef {cls} _from_data({name} data):",
@@ -178,7 +178,7 @@ def _field_get(lib: Library, f: Field) -> list[str]:
     if vk == "bool":
         return [f"return bool(self._data.{n})"]
     if vk == "enum":
-        return [f"return _enum_or_int({class_name(lib, t)}, self._data.{n})"]
+        return [f"return _enum_or_int({enum_class(lib, t)}, self._data.{n})"]
     if vk in ("handle", "address"):
         return [f"return <intptr_t>self._data.{n}"]
     if vk == "str":
@@ -201,18 +201,22 @@ def _field_set(lib: Library, f: Field) -> list[str]:
         if vk == "struct":
             out.append(f"{I4}self._data.{n}[i] = (<{class_name(lib, el)}?>value[i])._data")
         elif vk in ("handle", "address"):
-            out.append(f"{I4}self._data.{n}[i] = <{cy_type(el, drop_const=True)}><intptr_t>value[i]")
+            out.append(f"{I4}self._data.{n}[i] = <{cy_type(el, drop_const=True)}>{address_guard('value[i]', n)}")
+        elif vk in ("int", "enum"):
+            out.append(f'{I4}self._data.{n}[i] = _int_arg(value[i], "{n}")')
         else:
             out.append(f"{I4}self._data.{n}[i] = value[i]")
         return out
     vk = value_kind(t)
     ct = cy_type(t, drop_const=True)
-    if vk in ("int", "float", "bool"):
+    if vk == "int":
+        return [*int_guard("value", n), f"self._data.{n} = value"]
+    if vk in ("float", "bool"):
         return [f"self._data.{n} = value"]
     if vk == "enum":
-        return [f"self._data.{n} = <{ct}><{enum_ctype(enum_of(lib, t))}>value"]
+        return [*int_guard("value", n), f"self._data.{n} = <{ct}><{enum_ctype(enum_of(lib, t))}>value"]
     if vk in ("handle", "address"):
-        return [f"self._data.{n} = <{ct}><intptr_t>value"]
+        return [f"self._data.{n} = <{ct}>{address_guard('value', n)}"]
     if vk == "str":
         return ["if value is None:",
                 f"{I4}self._data.{n} = NULL",

@@ -90,6 +90,9 @@ def stub(lib: Library) -> str:
     for _, py in sorted(lib.handles.items()):
         lines.append(f'{py} = NewType("{py}", int)')
     lines.append("")
+    # The IntEnums are made on first use (a module __getattr__, listed by __dir__); to a type
+    # checker they are plain classes.
+    lines += ["def __dir__() -> list[str]: ...", ""]
     for e in lib.enums.values():
         lines.append(f"class {e.python}(IntEnum):")
         for m in e.members:

@@ -160,6 +160,7 @@ class Param:
     keeps: tuple[str, ...] = ()  # parameters whose data this struct points into after the call
     convert: str | None = None  # _convert_<name> turns the Python value into the C value
     pytype: str | None = None  # the type the stub shows, where the C type does not say
+    non_null: bool = False  # a handle the library dereferences unchecked: 0 is refused
 
     @classmethod
     def from_json(cls, d: Json) -> Param:
@@ -191,6 +192,7 @@ class Function:
     success: tuple[str, ...] | None = None  # statuses that mean success; None: not a status
     null_error: tuple[str, ...] = ()  # a NULL return is an error unless these are all 0
     inline_body: InlineBody | None = None
+    needs_init: str | None = None  # the init status (Library.init_check) the call needs; None: any
 
     @classmethod
     def from_json(cls, d: Json) -> Function:
@@ -319,6 +321,16 @@ class Status:
 
 
 @dataclass(frozen=True)
+class InitCheck:
+    """How a call learns whether the library's runtime is initialised: `function` returns a value
+    of `enum`; a function needing status S (Function.needs_init) raises `error` below S."""
+
+    function: str
+    enum: str
+    error: str
+
+
+@dataclass(frozen=True)
 class VersionFunction:
     function: str
     format: str  # "triple": void f(int*, int*, int*); else status f(int* code)
@@ -379,11 +391,13 @@ class Library:
     exports: frozenset[str] = frozenset()  # the functions (with a library prefix) the library exports
     undeclared: tuple[UndeclaredExport, ...] = ()  # exported, but declared in no parsed header
     headers_digest: str = ""
+    init_check: InitCheck | None = None
 
     @classmethod
     def from_json(cls, d: Json) -> Library:
         return _build(
             cls, d,
+            init_check=_build(InitCheck, d["init_check"]) if "init_check" in d else None,
             status=Status.from_json(d["status"]),
             version_function=_build(VersionFunction, d["version_function"]),
             aliases={n: ctype(t) for n, t in d["aliases"].items()},

@@ -115,6 +115,7 @@ class Spec:
     foreign_enums: list[str]
     extra_includes: list[list[str]]
     typed_attributes: dict[str, dict[str, str]]
+    init: dict[str, Any]
 
     @classmethod
     def load(cls, name: str) -> Spec:
@@ -155,6 +156,7 @@ class Spec:
             foreign_enums=lib.get("foreign_enums", []),
             extra_includes=lib.get("extra_includes", []),
             typed_attributes=d.get("typed_attributes", {}),
+            init=d.get("init", {}),
         )
 
     def python_name(self, c_name: str) -> str:
@@ -188,10 +190,12 @@ def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[
     struct_names = {s["name"] for s in parsed["structs"]}
     _void_unknown_pointees(parsed, struct_names)
     known = {f["name"] for f in parsed["functions"]}
-    for name in list(spec.functions) + list(spec.excluded) + list(spec.gil_keep) + list(spec.inline):
+    init_needs = _init_needs(spec, parsed)
+    for name in list(spec.functions) + list(spec.excluded) + list(spec.gil_keep) + list(spec.inline) + \
+            list(init_needs):
         if name not in known and name not in spec.excluded:
             raise ValueError(f"spec names {name}, which the pinned headers do not declare")
-    functions = [_function(spec, f, exports, struct_names) for f in parsed["functions"]]
+    functions = [_function(spec, f, exports, struct_names, init_needs) for f in parsed["functions"]]
     pynames: dict[str, str] = {}
     for f in functions:
         if "python" in f:
@@ -226,6 +230,8 @@ def build_ir(spec: Spec, parsed: dict[str, Any], version: str, header_sha: dict[
         "exports": sorted(exports),
         "undeclared": _undeclared(spec, parsed, exports),
     }
+    if spec.init:
+        ir["init_check"] = {k: spec.init[k] for k in ("function", "enum", "error")}
     _check_roles(ir)
     _check_coverage(ir)
     return ir
@@ -276,7 +282,32 @@ def _exclusion(spec: Spec, f: dict[str, Any], exports: set[str]) -> str | None:
     return reason
 
 
-def _function(spec: Spec, f: dict[str, Any], exports: set[str], struct_names: set[str]) -> dict[str, Any]:
+def _init_needs(spec: Spec, parsed: dict[str, Any]) -> dict[str, str | None]:
+    """The init status each function listed under [init.needs] needs (None: callable at any
+    status, the enum's lowest member); the functions not listed need [init] default."""
+    if not spec.init:
+        return {}
+    enum = next((e for e in parsed["enums"] if e["name"] == spec.init["enum"]), None)
+    if enum is None:
+        raise ValueError(f"[init] enum {spec.init['enum']} is not declared by the headers")
+    members = dict(enum["values"])
+    lowest = min(members, key=members.__getitem__)
+    needs: dict[str, str | None] = {}
+    for status in [spec.init["default"], *spec.init.get("needs", {})]:
+        if status not in members:
+            raise ValueError(f"[init] {status} is not a member of {enum['name']}")
+    for status, names in spec.init.get("needs", {}).items():
+        for name in names:
+            if name in needs:
+                raise ValueError(f"[init.needs] lists {name} twice")
+            needs[name] = None if status == lowest else status
+    if needs.get(spec.init["function"], "") is not None:
+        raise ValueError(f"[init] {spec.init['function']} must be callable at any status ({lowest})")
+    return needs
+
+
+def _function(spec: Spec, f: dict[str, Any], exports: set[str], struct_names: set[str],
+              init_needs: dict[str, str | None]) -> dict[str, Any]:
     """The IR entry of one declared function: why it is excluded, or how Python calls it."""
     name = f["name"]
     fs = spec.functions.get(name, {})
@@ -298,6 +329,8 @@ def _function(spec: Spec, f: dict[str, Any], exports: set[str], struct_names: se
     if name in spec.inline:
         # static inline in the header: the support file defines it over exported entry points.
         entry["inline_body"] = spec.inline[name]
+    if spec.init and (needs := init_needs.get(name, spec.init["default"])) is not None:
+        entry["needs_init"] = needs
     entry["params"] = _params(spec, f, fs.get("params", {}), struct_names)
     return entry
 
@@ -379,7 +412,9 @@ def _check_roles(ir: dict[str, Any]) -> None:
     lib = Library.from_json(ir)
     for f in lib.bound:
         for p in f.params:
-            roles.bind(lib, f, p)
+            bound = roles.bind(lib, f, p)
+            if p.non_null and (p.nullable or not isinstance(bound, (roles.Address, roles.Handle))):
+                raise ValueError(f"{f.name}.{p.name}: non_null is for a pointer or handle that is not nullable")
 
 
 def _uses_in_progress(spec: Spec, f: dict[str, Any]) -> bool:

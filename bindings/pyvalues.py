@@ -40,6 +40,11 @@ def class_name(lib: Library, t: CType) -> str:
     raise ValueError(f"{t} has no Python class")
 
 
+def enum_class(lib: Library, t: CType) -> str:
+    """The expression of an enum type's IntEnum in the generated module (made on first use)."""
+    return f'_enums.get("{enum_of(lib, t).python}")'
+
+
 def enum_of(lib: Library, t: CType) -> Enum:
     """The enum declaration of an enum type (through aliases)."""
     r = resolve(t)
@@ -83,7 +88,7 @@ def to_python(lib: Library, t: CType, expr: str) -> str:
     if vk == "bool":
         return f"bool({expr})"
     if vk == "enum":
-        return f"_enum_or_int({class_name(lib, t)}, {expr})"
+        return f"_enum_or_int({enum_class(lib, t)}, {expr})"
     if vk in ("handle", "address"):
         return f"<intptr_t>{expr}"
     if vk == "str":

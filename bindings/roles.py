@@ -70,7 +70,8 @@ class Role:
 
         The place for per-role refusals (a handle that is negative or NULL where the library
         does not check, an int argument given a float or bool). A check that must see the Python
-        object rather than its C value also makes the role's `typed_decl` untyped."""
+        object rather than its C value also makes the role's `typed_decl` untyped. Every role's
+        guard runs before any role's `convert`, so a guard may only read its own parameter."""
         return []
 
     def convert(self) -> list[str]:
@@ -99,6 +100,20 @@ class Role:
         """The Python name of another parameter of the function (a length, a capacity)."""
         q = self.f.param(c_param or "")
         return q.python or q.name
+
+
+# -- guards shared by the roles (helpers of mpbind.bindings._common, see emit_shared.py) -----
+
+def address_guard(value: str, name: str, *, non_null: bool = False) -> str:
+    """The intptr_t of a pointer or handle: an int (not a bool) in [0, 2**63), not 0 if non_null."""
+    return f'_as_address({value}, "{name}", {int(non_null)})'
+
+
+def int_guard(py: str, name: str | None = None) -> list[str]:
+    """Rebind py to an int: ints and IntEnums pass as they are (the fast path), objects with
+    __index__ (NumPy integers) become their index; bools and floats are refused. Cython then
+    converts the int to the C type, refusing what does not fit (OverflowError)."""
+    return [f"if not _is_int({py}):", f'{I4}{py} = _int_arg({py}, "{name or py}")']
 
 
 R = TypeVar("R", bound=type[Role])
@@ -195,10 +210,13 @@ class StructPointer(Input):
     def stub_type(self) -> str:
         return self.cls + (" | bytes" if self.lib.structs[self.p.struct or ""].is_bytes else "")
 
+    def guard(self) -> list[str]:
+        return self.if_given(f'_o_{self.n} = _as_{self.cls}({self.py}, "{self.py}")')
+
     def convert(self) -> list[str]:
-        n, py, cls = self.n, self.py, self.cls
+        n, cls = self.n, self.cls
         return [f"cdef {cy_type(self.pointee, drop_const=True)}* _p_{n} = NULL",
-                *self.if_given(f"_o_{n} = _as_{cls}({py}, \"{py}\"); _p_{n} = &(<{cls}>_o_{n})._data")]
+                *self.if_given(f"_p_{n} = &(<{cls}>_o_{n})._data")]
 
     def arg(self) -> str:
         return f"_p_{self.n}"
@@ -216,29 +234,34 @@ class String(Input):
     def applies(cls, p: Param) -> bool:
         return is_char_ptr(p.type) and not p.address
 
-    def convert(self) -> list[str]:
+    def guard(self) -> list[str]:
         n, py = self.n, self.py
-        return [f"cdef const char* _s_{n} = NULL", f"cdef bytes _b_{n} = None",
-                *self.if_given(f"_b_{n} = _to_bytes({py}, \"{py}\"); _s_{n} = <const char*>_b_{n}")]
+        return [f"cdef bytes _b_{n} = None", *self.if_given(f'_b_{n} = _to_bytes({py}, "{py}")')]
+
+    def convert(self) -> list[str]:
+        n = self.n
+        return [f"cdef const char* _s_{n} = NULL", *self.if_given(f"_s_{n} = <const char*>_b_{n}")]
 
     def arg(self) -> str:
         return f"_s_{self.n}"
 
 
 class _IntegerAddress(Input):
-    """A pointer-sized value passed as an int (None is NULL where nullable)."""
+    """A pointer-sized value passed as an int (None is NULL where nullable). The guard refuses
+    bools, floats, negative values and 2**63 and above, and NULL where the spec marks the
+    parameter `non_null` (the library dereferences it unchecked)."""
 
-    def typed_decl(self) -> str:
-        return f"intptr_t {self.py}"
+    def guard(self) -> list[str]:
+        value = address_guard(self.py, self.py, non_null=self.p.non_null)
+        if self.p.nullable:
+            value = f"0 if {self.py} is None else {value}"
+        return [f"cdef intptr_t _h_{self.n} = {value}"]
 
     def cast(self) -> str:
         return cy_type(self.p.type, drop_const=True)
 
-    def convert(self) -> list[str]:
-        return [f"cdef intptr_t _h_{self.n} = 0 if {self.py} is None else {self.py}"] if self.p.nullable else []
-
     def arg(self) -> str:
-        return f"<{self.cast()}>" + (f"_h_{self.n}" if self.p.nullable else self.py)
+        return f"<{self.cast()}>_h_{self.n}"
 
 
 @role("in", "inout")
@@ -273,10 +296,14 @@ class StructValue(Input):
     def applies(cls, p: Param) -> bool:
         return value_kind(p.type) == "struct"
 
+    def guard(self) -> list[str]:
+        cls = class_name(self.lib, self.p.type)
+        return [f'_o_{self.n} = _as_{cls}({self.py}, "{self.py}")']
+
     def convert(self) -> list[str]:
-        n, py, cls = self.n, self.py, class_name(self.lib, self.p.type)
+        n, cls = self.n, class_name(self.lib, self.p.type)
         ct = cy_type(resolve(self.p.type), drop_const=True)
-        return [f"cdef {ct} _v_{n} = (<{cls}>_as_{cls}({py}, \"{py}\"))._data"]
+        return [f"cdef {ct} _v_{n} = (<{cls}>_o_{n})._data"]
 
     def arg(self) -> str:
         return f"_v_{self.n}"
@@ -290,11 +317,12 @@ class EnumValue(Input):
     def applies(cls, p: Param) -> bool:
         return value_kind(p.type) == "enum"
 
-    def typed_decl(self) -> str:
-        return f"{enum_ctype(enum_of(self.lib, self.p.type))} {self.py}"
+    def guard(self) -> list[str]:
+        ct = enum_ctype(enum_of(self.lib, self.p.type))
+        return [*int_guard(self.py), f"cdef {ct} _c_{self.n} = {self.py}"]
 
     def arg(self) -> str:
-        return f"<{cy_type(self.p.type, drop_const=True)}>{self.py}"
+        return f"<{cy_type(self.p.type, drop_const=True)}>_c_{self.n}"
 
 
 @role("in", "inout")
@@ -305,11 +333,22 @@ class Scalar(Input):
     def applies(cls, p: Param) -> bool:
         return value_kind(p.type) in ("int", "float", "bool")
 
+    @property
+    def is_int(self) -> bool:
+        return value_kind(self.p.type) == "int"
+
     def typed_decl(self) -> str:
-        return cy_type(resolve(self.p.type), self.py, drop_const=True)  # bool is bint
+        # An int is converted after its guard; a float or bool by the signature (bool is bint).
+        return self.py if self.is_int else cy_type(resolve(self.p.type), self.py, drop_const=True)
+
+    def guard(self) -> list[str]:
+        if not self.is_int:
+            return []
+        local = cy_type(resolve(self.p.type), "_c_" + self.n, drop_const=True)
+        return [*int_guard(self.py), f"cdef {local} = {self.py}"]
 
     def arg(self) -> str:
-        return self.py
+        return f"_c_{self.n}" if self.is_int else self.py
 
 
 @role("in_array")
@@ -345,9 +384,11 @@ class InArray(Input):
             cls = class_name(self.lib, el)
             return f"(<{cls}>_as_{cls}({item}, \"{self.py}\"))._data"
         if vk in ("handle", "address"):
-            return f"<{cy_type(el, drop_const=True)}><intptr_t>{item}"
+            return f"<{cy_type(el, drop_const=True)}>{address_guard(item, self.py)}"
         if vk == "enum":
-            return f"<{cy_type(el, drop_const=True)}><int>{item}"
+            return f'<{cy_type(el, drop_const=True)}><{enum_ctype(enum_of(self.lib, el))}>_int_arg({item}, "{self.py}")'
+        if vk == "int":
+            return f'_int_arg({item}, "{self.py}")'
         return item
 
     def arg(self) -> str:
@@ -452,13 +493,11 @@ class OutArray(Role):
     def returns(self) -> str:
         return f"list[{py_type(self.lib, self.pointee, out=True)}]"
 
-    def guard(self) -> list[str]:
-        ln = self.python_of(self.p.length)
-        return [f"if {ln} < 0:", f'{I4}raise _UsageError("{ln} must be >= 0, got %d" % {ln})']
-
     def convert(self) -> list[str]:
+        # The length is another parameter: checked here, once every guard has run.
         n, ln, elt = self.n, self.python_of(self.p.length), cy_type(self.pointee, drop_const=True)
-        return [f"cdef {elt}* _oa_{n} = <{elt}*>PyMem_Malloc(max({ln}, 1) * sizeof({elt}))",
+        return [f"if {ln} < 0:", f'{I4}raise _UsageError("{ln} must be >= 0, got %d" % {ln})',
+                f"cdef {elt}* _oa_{n} = <{elt}*>PyMem_Malloc(max({ln}, 1) * sizeof({elt}))",
                 f"if _oa_{n} == NULL:", f"{I4}raise MemoryError()",
                 f"memset(_oa_{n}, 0, max({ln}, 1) * sizeof({elt}))"]
 
@@ -482,13 +521,11 @@ class OutBytes(Role):
     def returns(self) -> str:
         return "bytes"
 
-    def guard(self) -> list[str]:
-        cap = self.python_of(self.p.capacity)
-        return [f"if {cap} < 0:", f'{I4}raise _UsageError("{cap} must be >= 0, got %d" % {cap})']
-
     def convert(self) -> list[str]:
+        # The capacity is another parameter: checked here, once every guard has run.
         n, cap = self.n, self.python_of(self.p.capacity)
-        return [f"cdef char* _ob_{n} = <char*>PyMem_Malloc(max({cap}, 1))", f"if _ob_{n} == NULL:",
+        return [f"if {cap} < 0:", f'{I4}raise _UsageError("{cap} must be >= 0, got %d" % {cap})',
+                f"cdef char* _ob_{n} = <char*>PyMem_Malloc(max({cap}, 1))", f"if _ob_{n} == NULL:",
                 f"{I4}raise MemoryError()"]
 
     def arg(self) -> str:
@@ -549,7 +586,7 @@ class Kernel(_LaunchInput):
     def stub_type(self) -> str:
         return "KernelLike"
 
-    def convert(self) -> list[str]:
+    def guard(self) -> list[str]:
         return [f'cdef const void* _k_{self.n} = _launch_kernel({self.py}, "{self.py}")']
 
     def arg(self) -> str:
@@ -570,7 +607,7 @@ class Dim3(_LaunchInput):
     def stub_type(self) -> str:
         return "Dim3Like"
 
-    def convert(self) -> list[str]:
+    def guard(self) -> list[str]:
         return [f'cdef {cy_type(resolve(self.p.type), drop_const=True)} _d3_{self.n} = '
                 f'_launch_dim3({self.py}, "{self.py}")']
 
@@ -584,15 +621,19 @@ class KernelArgs(_LaunchInput):
     each argument's value (copied into a C array for the call), the int address of such an
     array, or None (NULL: a kernel without parameters)."""
 
-    helpers = ("_launch_params",)
+    helpers = ("_launch_addresses", "_launch_params")
 
     def stub_type(self) -> str:
         return "KernelArguments"
 
+    def guard(self) -> list[str]:
+        # The addresses are checked here; the C array holding them is allocated by convert.
+        return [f'_a_{self.n} = _launch_addresses({self.py}, "{self.py}")']
+
     def convert(self) -> list[str]:
-        n, py = self.n, self.py
+        n = self.n
         return [f"cdef void** _kp_{n} = NULL", f"cdef void** _ka_{n} = NULL",
-                f'_launch_params({py}, "{py}", &_kp_{n}, &_ka_{n})']
+                f"_launch_params(_a_{n}, &_kp_{n}, &_ka_{n})"]
 
     def arg(self) -> str:
         return f"_kp_{self.n}"

@@ -25,6 +25,11 @@ def _set_attr_versions(attr, loaded):
 
 
 def _hostlib_init(requested, flags, attr):
+    # Every argument is checked before attr is written to or the library is called.
+    requested = _int_arg(requested, "requested")
+    flags = _int_arg(flags, "flags")
+    if attr is not None:
+        attr = _as_InitAttr(attr, "attributes")
     loaded = vendor_get_version_info()
     if attr is not None:
         _set_attr_versions(attr, loaded)
@@ -34,7 +39,7 @@ def _hostlib_init(requested, flags, attr):
 
 def init():
     """nvshmem_init: static inline in the header; initialises with NVSHMEM_THREAD_SERIALIZED and the default bootstrap."""
-    _hostlib_init(ThreadSupport.SERIALIZED, 0, None)
+    _hostlib_init(NVSHMEM_THREAD_SERIALIZED, 0, None)
 
 
 def init_thread(requested):
@@ -49,7 +54,7 @@ def finalize():
 
 def init_attr(flags, attributes=None):
     """nvshmemx_init_attr: static inline in the header; initialises with bootstrap `flags` (InitFlags) and `attributes` (see set_attr_uniqueid_args, set_attr_mpi_comm_args)."""
-    _hostlib_init(ThreadSupport.SERIALIZED, flags, attributes)
+    _hostlib_init(NVSHMEM_THREAD_SERIALIZED, flags, attributes)
 
 
 
@@ -132,11 +137,16 @@ cdef dim3 _launch_dim3(object value, str name) except *:
     return d
 
 
-cdef int _launch_params(object args, str name, void*** params, void*** owned) except -1:
-    """Set params to the kernelParams of `args`; owned to the array it allocated (the caller frees it)."""
+cdef object _launch_addresses(object args, str name):
+    """The checked kernelParams of `args` (see _argument_addresses), for _launch_params."""
+    return _argument_addresses(args, name)
+
+
+cdef int _launch_params(object addresses, void*** params, void*** owned) except -1:
+    """Set params to the kernelParams of `addresses` (what _launch_addresses returned); owned to the
+    array it allocated (the caller frees it)."""
     cdef Py_ssize_t i
     cdef void** array
-    addresses = _argument_addresses(args, name)
     params[0] = NULL
     owned[0] = NULL
     if addresses is None:

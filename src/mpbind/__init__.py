@@ -13,10 +13,12 @@ registrations of every library. They import the C++ core on first call.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+import sys
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: import time
 if TYPE_CHECKING:
+    from typing import Any
+
     from mpbind import bindings as bindings
     from mpbind import errors as errors
 
@@ -98,7 +100,8 @@ def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         qualname = f"{__name__}.{name}"
         try:
-            module = importlib.import_module(qualname)
+            __import__(qualname)  # not importlib: importing mpbind stays cheap
+            module = sys.modules[qualname]
         except ModuleNotFoundError as exc:
             if exc.name != qualname:
                 raise

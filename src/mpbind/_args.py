@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import operator
-from typing import Any, TypeVar
 
 from mpbind.errors import UsageError
 
-_T = TypeVar("_T")
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: import time
+if TYPE_CHECKING:
+    from typing import Any, TypeVar
+
+    _T = TypeVar("_T")
 
 
 def integer(value: Any, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int:

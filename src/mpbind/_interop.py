@@ -16,9 +16,11 @@ Streams: ``None`` (the default stream), an int, or an object with ``__cuda_strea
 
 from __future__ import annotations
 
-from typing import Any
-
 from mpbind import _core
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: import time
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["ArrayInfo", "array_info", "c_strides", "device_array", "device_span", "dlpack_code", "dtype_name",
            "exports_array", "itemsize", "stream_handle", "typestr"]

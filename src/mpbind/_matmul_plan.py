@@ -36,6 +36,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from mpbind import _args
 from mpbind.bindings.cublasmp import CublasComputeType, CudaDataType, GridLayout, MatmulEpilogue, MatmulMatrixScale
 from mpbind.distributions import BlockCyclicArgs, Distribution, Replicated, numroc
 from mpbind.errors import UsageError
@@ -119,13 +120,21 @@ class ComputeCapabilityError(UsageError):
     def __init__(self, feature: str, capability: tuple[int, int], required: tuple[int, int],
                  where: str = "this GPU") -> None:
         self.feature = feature
-        self.capability = capability
-        self.required = required
-        super().__init__(f"{feature} needs compute capability {required[0]}.{required[1]} or newer; {where} is "
-                         f"{capability[0]}.{capability[1]} (sm_{capability[0]}{capability[1]})")
+        self.capability: tuple[int, int] = _capability(capability, "capability")
+        self.required: tuple[int, int] = _capability(required, "required")
+        (major, minor), (need_major, need_minor) = self.capability, self.required
+        super().__init__(f"{feature} needs compute capability {need_major}.{need_minor} or newer; {where} is "
+                         f"{major}.{minor} (sm_{major}{minor})")
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.feature, self.capability, self.required))
+
+
+def _capability(value: object, name: str) -> tuple[int, int]:
+    """A compute capability: (major, minor), two ints."""
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"{name} must be a (major, minor) pair of ints, not {value!r}")
+    return _args.integer(value[0], f"{name}[0]"), _args.integer(value[1], f"{name}[1]")
 
 
 @dataclass(frozen=True)
@@ -195,6 +204,25 @@ class MatmulPlan:
     required_capability: tuple[int, int] | None
     communication_dtype: str | None = None  # the type partial products travel in (None: cuBLASMp's default)
     reasons: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        # The planner makes plans; one made by hand must hold what its methods read.
+        if self.algorithm not in ALGORITHMS:
+            raise UsageError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
+        _args.integer(self.nranks, "nranks", minimum=1)
+        for name in ("m", "n", "k", "staging_bytes"):
+            _args.integer(getattr(self, name), name, minimum=0)
+        for name in ("a", "b", "d"):
+            _args.instance(getattr(self, name), name, OperandPlan, "an OperandPlan")
+        if self.c is not None:
+            _args.instance(self.c, "c", OperandPlan, "an OperandPlan or None")
+        if self.epilogue not in EPILOGUES:
+            raise UsageError(f"epilogue must be one of {', '.join(EPILOGUES)}, got {self.epilogue!r}")
+        if self.scaling not in (None, "tensor", "mxfp8", "nvfp4"):
+            raise UsageError(f"scaling must be None, 'tensor', 'mxfp8' or 'nvfp4', got {self.scaling!r}")
+        for name in ("bias_dtype", "aux_dtype"):
+            if getattr(self, name) is not None and getattr(self, name) not in _ITEMSIZE:
+                raise UsageError(f"{name} must be None or one of {', '.join(_ITEMSIZE)}, got {getattr(self, name)!r}")
 
     @property
     def operands(self) -> tuple[OperandPlan, ...]:

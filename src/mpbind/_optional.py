@@ -3,10 +3,13 @@ that names the extra installing it."""
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
+import sys
 
 from mpbind.errors import MissingDependencyError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: import time
+if TYPE_CHECKING:
+    from types import ModuleType
 
 # The module each extra provides.
 _EXTRAS = {"torch": "torch", "mpi4py": "mpi"}
@@ -16,7 +19,8 @@ def require(module: str, needed_by: str) -> ModuleType:
     """``import module``, or :class:`MissingDependencyError` saying that `needed_by` needs it and which
     extra installs it. A module that is installed but fails to import raises its own error."""
     try:
-        return importlib.import_module(module)
+        __import__(module)  # not importlib, which importing the layer would load
+        return sys.modules[module]
     except ModuleNotFoundError as exc:
         top = module.split(".", 1)[0]
         if exc.name is None or exc.name.split(".", 1)[0] != top:

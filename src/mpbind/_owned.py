@@ -9,10 +9,12 @@ reimplements these: it adds its own queries and operations only. Objects a calle
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, TypeVar
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: import time
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any, TypeVar
 
-_O = TypeVar("_O", bound="Owned")
+    _O = TypeVar("_O", bound="Owned")
 
 
 class Owned:

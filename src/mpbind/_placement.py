@@ -13,20 +13,24 @@ callable); each then checks the same list with :func:`problem` and raises the sa
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Callable, Sequence
-from typing import Any
-
 from mpbind.errors import PlacementError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: import time
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any
+
+    Allgather = Callable[[Any], Sequence[Any]]
 
 #: A PE's GPU: (host name, device UUID as hex), or None when it could not be told.
 Gpu = tuple[str, str] | None
-Allgather = Callable[[Any], Sequence[Any]]
 
 
 def this_gpu(device: int | None) -> Gpu:
     """This process's GPU: `device` (a CUDA ordinal), or the current device when None. None when no
     driver or GPU answers (initialisation then fails on its own, with the library's error)."""
+    import socket  # here: importing it costs more than the rest of mpbind.nvshmem's import
+
     try:
         from cuda.bindings import driver, runtime
 

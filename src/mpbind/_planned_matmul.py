@@ -292,6 +292,9 @@ class PlannedMatmul(Owned):
     _core: _Parts
     plan: MatmulPlan
 
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("planned matmuls come from mpbind.cublasmp.plan_matmul()")
+
     @classmethod
     def _build(cls, comm: nccl.Communicator, p: MatmulPlan, arrays: dict[str, Array | None], bias: Array | None,
                aux: Array | None, scales: Mapping[str, Array], handle: cublasmp.Handle | None, stream: Stream,

@@ -13,15 +13,18 @@ broadcast callable, and returns the library's ``UniqueId`` on every rank::
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from typing import Any
 
 from mpbind.errors import UsageError
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: import time
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    Broadcast = Callable[[bytes | None, int], bytes]
+
 # library -> (bindings module, function creating the id)
 _CREATORS = {"nccl": ("mpbind.bindings.nccl", "get_unique_id"), "nvshmem": ("mpbind.bindings.nvshmem", "get_uniqueid")}
-
-Broadcast = Callable[[bytes | None, int], bytes]
 
 
 def share_unique_id(library: str, via: Any, *, root: int = 0, rank: int | None = None) -> Any:

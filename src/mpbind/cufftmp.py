@@ -27,12 +27,10 @@ from __future__ import annotations
 import operator
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
 
 # drain, queued: process-wide (mpbind.drain(), mpbind.queued()), kept here as aliases.
 from mpbind import _args, _core, _interop, _placement, drain, queued
 from mpbind._owned import Owned
-from mpbind._typing import Array, DTypeLike, Stream
 from mpbind.bindings.cufftmp import (
     FORWARD,
     INVERSE,
@@ -44,8 +42,13 @@ from mpbind.bindings.cufftmp import (
 )
 from mpbind.errors import UsageError
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: import time
 if TYPE_CHECKING:
+    from typing import Any
+
     import numpy as np
+
+    from mpbind._typing import Array, DTypeLike, Stream
 
 __all__ = [
     "FORWARD",

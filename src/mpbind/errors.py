@@ -11,14 +11,17 @@
     │  ├─ CuBLASMpError  ─ …
     │  └─ CuFFTMpError   ─ …
     └─ UsageError             (also ValueError): misuse caught before any C call
-       └─ PlacementError      processes placed on GPUs where the library cannot initialise
+       ├─ PlacementError      processes placed on GPUs where the library cannot initialise
+       └─ NVSHMEMNotInitializedError  an NVSHMEM call that needs the runtime, before init
 
 The per-status subclasses are generated into mpbind._status and re-exported here.
 """
 
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (import time)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class MpbindError(Exception):
@@ -117,6 +120,30 @@ class PlacementError(UsageError):
     exit the process), found before its initialisation; every process raises it with the same message."""
 
 
+class NVSHMEMNotInitializedError(UsageError):
+    """An NVSHMEM function that needs an initialised runtime was called before (or after) it was,
+    which the library answers by ending the process. Decided from the library's own
+    ``nvshmemx_init_status()``, so a runtime initialised by another library (cuFFTMp) counts.
+    ``function`` is the C function, ``needed`` and ``status`` the init statuses it needs and found."""
+
+    def __init__(self, function: str, needed: int, status: int) -> None:
+        self.function = function
+        self.needed = needed
+        self.status = status
+        todo = ("call init again, with a CUDA device current, to finish the initialisation" if int(status) == 1
+                else "call mpbind.nvshmem.init() (or the flat init functions) first")
+        super().__init__(f"{function} needs an initialised NVSHMEM runtime (init status {_status_name(needed)}); "
+                         f"it is {_status_name(status)}: {todo}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.function, self.needed, self.status))
+
+
+def _status_name(status: int) -> str:
+    name = getattr(status, "name", None)
+    return f"{name} ({int(status)})" if name else str(int(status))
+
+
 class LibraryError(MpbindError, RuntimeError):
     """A library call returned an error status.
 
@@ -200,6 +227,7 @@ _BASE_NAMES = [
     "FunctionNotFoundError",
     "UsageError",
     "PlacementError",
+    "NVSHMEMNotInitializedError",
     "LibraryError",
     "NCCLError",
     "NVSHMEMError",
@@ -212,7 +240,10 @@ _BASE_NAMES = [
 def __getattr__(name: str) -> Any:
     # The per-status subclasses live in the generated mpbind._status, which
     # imports this module; resolving them (and __all__) lazily keeps either
-    # import order valid.
+    # import order valid. Dunder lookups (`from mpbind.errors import X` asks for
+    # __path__) do not load it.
+    if name.startswith("__") and name != "__all__":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from mpbind import _status
 
     if name == "__all__":

@@ -17,19 +17,23 @@ when its last :class:`Registration` closes. The flat C API is :mod:`mpbind.bindi
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
-from typing import Any, cast
-
 # drain, queued, registrations: process-wide (mpbind.drain() ...), kept here as aliases.
 from mpbind import _args, _core, _interop, drain, queued, registrations
 from mpbind._core import nccl as _core_nccl
 from mpbind._optional import require
 from mpbind._owned import Owned
-from mpbind._typing import Buffer as BufferLike
-from mpbind._typing import Operand, Stream
 from mpbind.bindings import nccl as _flat
-from mpbind.bindings.nccl import Config, DataType, RedOp, UniqueId, get_unique_id, get_version
+from mpbind.bindings.nccl import Config, UniqueId, get_unique_id, get_version
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: import time
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from contextlib import AbstractContextManager
+    from typing import Any
+
+    from mpbind._typing import Buffer as BufferLike
+    from mpbind._typing import Operand, Stream
+    from mpbind.bindings.nccl import DataType, RedOp
 
 __all__ = [
     "Buffer", "Communicator", "Config", "DataType", "RedOp", "Registration", "UniqueId", "drain",
@@ -38,6 +42,14 @@ __all__ = [
 
 Buffer = _core.nccl.Buffer
 Registration = _core.Registration
+
+
+def __getattr__(name: str) -> object:
+    # The flat bindings' IntEnums, made on first use: importing this module imports no enum.
+    if name in ("DataType", "RedOp"):
+        return getattr(_flat, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _MAX_SIZE = 2**64 - 1  # size_t
 _MAX_INT = 2**31 - 1  # C int
@@ -48,14 +60,19 @@ def mem_alloc(nbytes: int) -> Buffer:
     return _core.nccl.mem_alloc(_args.integer(nbytes, "nbytes", minimum=1, maximum=_MAX_SIZE))
 
 
-@contextlib.contextmanager
-def group() -> Iterator[None]:
-    """``ncclGroupStart()`` ... ``ncclGroupEnd()`` around the block (also when it raises)."""
-    _flat.group_start()
-    try:
-        yield
-    finally:
+class _Group:
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        _flat.group_start()
+
+    def __exit__(self, *exc: object) -> None:
         _flat.group_end()
+
+
+def group() -> AbstractContextManager[None]:
+    """``ncclGroupStart()`` ... ``ncclGroupEnd()`` around the block (also when it raises)."""
+    return _Group()  # a class, not contextlib.contextmanager: importing mpbind.nccl stays cheap
 
 
 def _config(config: Config | None) -> Config | None:
@@ -124,6 +141,8 @@ class Communicator(Owned):
 
     def shrink(self, exclude_ranks: Sequence[int], config: Config | None = None, flags: int = 0) -> Communicator:
         """``ncclCommShrink`` (collective over the remaining ranks)."""
+        from collections.abc import Sequence  # here, not at import: the module loads no collections
+
         if isinstance(exclude_ranks, (str, bytes)) or not isinstance(exclude_ranks, Sequence):
             raise TypeError(f"exclude_ranks must be a sequence of ranks, not {type(exclude_ranks).__name__}")
         ranks = [_args.integer(r, "exclude_ranks[]") for r in exclude_ranks]
@@ -147,7 +166,7 @@ class Communicator(Owned):
     @property
     def ptr(self) -> _flat.Comm:
         """The ``ncclComm_t`` (an int) for :mod:`mpbind.bindings.nccl`; ``UsageError`` once closed."""
-        return cast("_flat.Comm", self._core.ptr)
+        return _flat.Comm(self._core.ptr)
 
     handle = ptr  # its earlier name
 

@@ -33,8 +33,6 @@ import math
 import operator
 import sys
 import threading
-from collections.abc import Iterator, Sequence
-from typing import Any
 
 from mpbind import _args, _core, _placement
 from mpbind._interop import (
@@ -45,9 +43,15 @@ from mpbind._interop import (
     typestr,
 )
 from mpbind._owned import Owned
-from mpbind._typing import Array, Stream
-from mpbind._typing import Buffer as BufferLike
 from mpbind.errors import MpbindError, UsageError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: import time
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+    from typing import Any
+
+    from mpbind._typing import Array, Stream
+    from mpbind._typing import Buffer as BufferLike
 
 __all__ = [
     "PeerArray",

@@ -27,7 +27,13 @@ import pytest
 from mpbind import _loader, _status
 from mpbind._info import gpu_count
 from mpbind.bindings import nvshmem
-from mpbind.errors import LibraryError, NVSHMEMError, NVSHMEMOutOfMemoryError, UsageError
+from mpbind.errors import (
+    LibraryError,
+    NVSHMEMError,
+    NVSHMEMNotInitializedError,
+    NVSHMEMOutOfMemoryError,
+    UsageError,
+)
 
 UID_BYTES = 128
 NOT_ERRORS = {"SUCCESS", "ERROR_SENTINEL"}
@@ -281,12 +287,17 @@ def test_init_without_gpu_fails_cleanly(case: str) -> None:
 # --- allocation before init -----------------------------------------------------------------
 
 
-def test_malloc_before_init_raises_out_of_memory() -> None:
-    with pytest.raises(NVSHMEMOutOfMemoryError) as info:
+def test_malloc_before_init_raises_not_initialized() -> None:
+    # The library itself would return NULL; the binding's init check says why first.
+    with pytest.raises(NVSHMEMNotInitializedError, match="nvshmem_malloc needs an initialised NVSHMEM runtime"):
         nvshmem.malloc(1 << 20)
-    err = info.value
+
+
+def test_a_null_return_raises_out_of_memory() -> None:
+    # How a NULL return of an allocation reads (what malloc raises once initialised).
+    err = _status.make_error("nvshmem", "nvshmem_malloc", int(nvshmem.Status.ERROR_OUT_OF_MEMORY))
+    assert type(err) is NVSHMEMOutOfMemoryError
     assert isinstance(err, NVSHMEMError) and isinstance(err, LibraryError)
-    assert err.status == nvshmem.Status.ERROR_OUT_OF_MEMORY
     assert err.function == "nvshmem_malloc"
     assert err.library == "nvshmem"
     assert "NVSHMEMX_ERROR_OUT_OF_MEMORY" in str(err)
@@ -299,14 +310,18 @@ def test_malloc_before_init_raises_out_of_memory() -> None:
 
 def _dispatched(call: object) -> str:
     """The per-type function a dispatcher called; the first argument after dtype is object(),
-    so that function fails converting it (TypeError) before any C call."""
+    so that function's guard refuses it (TypeError) before any C call. The traceback's last frame
+    of this module is that function's (the guard's own frames are mpbind.bindings._common's)."""
     with pytest.raises(TypeError) as info:
         call()  # type: ignore[operator]
     tb: TracebackType | None = info.value.__traceback__
-    assert tb is not None
-    while tb.tb_next is not None:
+    last = None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith("nvshmem.pyx"):
+            last = tb.tb_frame.f_code.co_name
         tb = tb.tb_next
-    return tb.tb_frame.f_code.co_name.rsplit(".", 1)[-1]
+    assert last is not None
+    return last.rsplit(".", 1)[-1]
 
 
 def test_unknown_type_name_is_a_usage_error() -> None:

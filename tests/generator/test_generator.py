@@ -35,6 +35,8 @@ GOLDEN_FUNCTIONS = [
     "ncclGetUniqueId",  # out struct
     "ncclCommRegister",  # void** out
     "ncclParamGetAllParameterKeys",  # out_str_array
+    "ncclAllReduce",  # the guards: addresses, handles, a size_t and enums
+    "ncclTeamWorld",  # a handle the library does not check for NULL (spec: non_null)
 ]
 STUB_MARKER = "# --- stub ---"
 

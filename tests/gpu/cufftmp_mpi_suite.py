@@ -705,6 +705,9 @@ def init_nvshmem(args: argparse.Namespace, c: Ctx, report: Report, resources: Re
            f"init_status() after the first plan = {status_name(after)} (before: {status_name(before)})")
     report.passed += 1
     report.line("PASS", "init.by_cufftmp_plan", f"init_status {status_name(before)} -> {status_name(after)}")
+    # The flat bindings' init check asks the library, so a runtime cuFFTMp initialised counts.
+    report.check("init.flat_calls_after_cufftmp_init",
+                 lambda: expect(nv.team_my_pe(nv.Team.WORLD) == c.pe, "team_my_pe(WORLD) != this PE"))
 
 
 def run(args: argparse.Namespace, comm: Any, report: Report) -> None:

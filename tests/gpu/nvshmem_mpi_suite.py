@@ -49,7 +49,7 @@ from mpi4py import MPI  # noqa: E402
 from suite_report import KnownLimitation, Report, Skip, add_timeout, expect, watched  # noqa: E402
 
 from mpbind.bindings import nvshmem as nv  # noqa: E402
-from mpbind.errors import NVSHMEMError  # noqa: E402
+from mpbind.errors import NVSHMEMError, NVSHMEMNotInitializedError  # noqa: E402
 
 DEVICE = 0
 BUF_BYTES = 64 * 1024  # each of the shared source and destination buffers
@@ -718,6 +718,17 @@ def main_reinit(args: argparse.Namespace, comm: Any, report: Report) -> None:
     report.check("reinit.first_init_usable", first_use)
     report.check("reinit.finalize", nv.finalize)
     report.info("reinit.init_status_after_finalize", status_name(int(nv.init_status())))
+
+    def refused_after_finalize() -> None:
+        # The flat bindings' init check reads the library's status on every call: a finalised
+        # runtime is refused (the library would end the process).
+        try:
+            nv.quiet()
+        except NVSHMEMNotInitializedError:
+            return
+        raise AssertionError("nvshmem.quiet() after finalize did not raise NVSHMEMNotInitializedError")
+
+    report.check("reinit.refused_after_finalize", refused_after_finalize)
     if not args.second_init:
         report.info("reinit.second_init", "not attempted (NVSHMEM documents one initialisation per "
                     "process; pass --second-init to try)")

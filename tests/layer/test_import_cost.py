@@ -1,5 +1,10 @@
 """Importing the layer loads NumPy only when a NumPy object is involved: neither importing a layer
-module nor a hot call's coercion of non-NumPy objects imports it (each checked in a fresh process)."""
+module nor a hot call's coercion of non-NumPy objects imports it (each checked in a fresh process).
+Nor does importing it load `typing` (with `re`, `contextlib` and the rest, about half of what
+importing mpbind.nccl cost): annotations are strings, and what only type checkers read is under
+`TYPE_CHECKING`. Nor, for the flat bindings and mpbind.nccl, `enum` (with functools and collections):
+the flat bindings make their IntEnums on first use. `python benchmarks/import_time.py` reports the
+times (README, The Pythonic layer)."""
 
 from __future__ import annotations
 
@@ -12,16 +17,40 @@ MODULES = ["mpbind", "mpbind.nccl", "mpbind.nvshmem", "mpbind.cufftmp", "mpbind.
            "mpbind._interop", "mpbind.fft"]
 
 
-def _numpy_modules_after(code: str) -> list[str]:
-    probe = code + "\nimport sys\nprint(sorted(m for m in sys.modules if m == 'numpy' or m.startswith('numpy.')))"
+# cublasmp's matmul-descriptor attributes and fft's plans are Generic classes, which need typing at run time.
+TYPING_FREE = [m for m in MODULES if m not in ("mpbind.cublasmp", "mpbind.fft")] + [
+    "mpbind.bindings.nccl", "mpbind.bindings.nvshmem", "mpbind.bindings.cufftmp", "mpbind.bindings.cublasmp"]
+
+# The flat bindings make their IntEnums on first use (cublasmp's attribute table names its enums at
+# import); mpbind.nccl re-exports DataType and RedOp the same way.
+ENUM_FREE = ["mpbind", "mpbind.nccl", "mpbind.bootstrap", "mpbind._interop", "mpbind.bindings.nccl",
+             "mpbind.bindings.nvshmem", "mpbind.bindings.cufftmp"]
+
+
+def _modules_after(code: str, top: str) -> list[str]:
+    probe = code + f"\nimport sys\nprint(sorted(m for m in sys.modules if m == {top!r} or m.startswith({top!r} + '.')))"
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return eval(proc.stdout.strip().splitlines()[-1])  # noqa: S307 - our own printout of a list of str
 
 
+def _numpy_modules_after(code: str) -> list[str]:
+    return _modules_after(code, "numpy")
+
+
 @pytest.mark.parametrize("module", MODULES)
 def test_importing_a_layer_module_loads_no_numpy(module: str) -> None:
     assert _numpy_modules_after(f"import {module}") == []
+
+
+@pytest.mark.parametrize("module", TYPING_FREE)
+def test_importing_a_module_loads_no_typing(module: str) -> None:
+    assert _modules_after(f"import {module}", "typing") == []
+
+
+@pytest.mark.parametrize("module", ENUM_FREE)
+def test_importing_a_module_loads_no_enum(module: str) -> None:
+    assert _modules_after(f"import {module}", "enum") == []
 
 
 def test_coercion_without_numpy_objects_loads_no_numpy() -> None:
