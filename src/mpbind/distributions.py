@@ -50,6 +50,8 @@ _GAP_SEARCH_CELLS = 1 << 18
 def numroc(n: int, nb: int, iproc: int, isrc: int, nprocs: int) -> int:
     """ScaLAPACK's NUMROC: how many of `n` rows (in blocks of `nb`, the first block on process
     `isrc`) process `iproc` of `nprocs` holds."""
+    n, nb, nprocs = _int(n, "n"), _int(nb, "nb", 1), _int(nprocs, "nprocs", 1)
+    iproc, isrc = _int(iproc, "iproc"), _int(isrc, "isrc")
     mydist = (nprocs + iproc - isrc) % nprocs
     nblocks = n // nb
     count = (nblocks // nprocs) * nb
@@ -144,6 +146,14 @@ class Box:
     lower: Shape
     upper: Shape
 
+    def __post_init__(self) -> None:
+        lower = _ints(self.lower, "lower")
+        upper = _ints(self.upper, "upper", length=len(lower))
+        if any(lo > u for lo, u in zip(lower, upper, strict=True)):
+            raise UsageError(f"a box needs lower <= upper on every axis, got {list(lower)} and {list(upper)}")
+        object.__setattr__(self, "lower", lower)
+        object.__setattr__(self, "upper", upper)
+
     @property
     def shape(self) -> Shape:
         return tuple(u - lo for lo, u in zip(self.lower, self.upper, strict=True))
@@ -161,6 +171,8 @@ class Box:
 
     def intersection(self, other: Box) -> Box | None:
         """The common box, or None when the two share no element."""
+        if not isinstance(other, Box):
+            raise TypeError(f"other must be a Box, not {type(other).__name__}")
         lower = tuple(max(a, b) for a, b in zip(self.lower, other.lower, strict=True))
         upper = tuple(min(a, b) for a, b in zip(self.upper, other.upper, strict=True))
         if any(lo >= u for lo, u in zip(lower, upper, strict=True)):
@@ -199,17 +211,30 @@ class BlockCyclicArgs:
     npcol: int
     layout: Layout
 
+    def __post_init__(self) -> None:
+        for name, minimum in (("m", 0), ("n", 0), ("mb", 1), ("nb", 1), ("nprow", 1), ("npcol", 1)):
+            _int(getattr(self, name), name, minimum)
+        if _int(self.rsrc, "rsrc") >= self.nprow or _int(self.csrc, "csrc") >= self.npcol:
+            raise UsageError(f"(rsrc, csrc) = ({self.rsrc}, {self.csrc}) is outside the "
+                             f"{self.nprow} x {self.npcol} grid")
+        if self.layout not in ("col", "row"):
+            raise UsageError(f"layout must be 'col' or 'row', got {self.layout!r}")
+
     @property
     def nranks(self) -> int:
         return self.nprow * self.npcol
 
     def coords(self, rank: int) -> tuple[int, int]:
         """(process row, process column) of `rank`."""
+        if _int(rank, "rank") >= self.nranks:
+            raise UsageError(f"rank {rank} is out of range for the {self.nprow} x {self.npcol} grid")
         if self.layout == "col":
             return rank % self.nprow, rank // self.nprow
         return rank // self.npcol, rank % self.npcol
 
     def rank_of(self, prow: int, pcol: int) -> int:
+        if _int(prow, "prow") >= self.nprow or _int(pcol, "pcol") >= self.npcol:
+            raise UsageError(f"({prow}, {pcol}) is outside the {self.nprow} x {self.npcol} grid")
         return prow + pcol * self.nprow if self.layout == "col" else prow * self.npcol + pcol
 
     def local_shape(self, rank: int) -> tuple[int, int]:
@@ -236,6 +261,10 @@ class Distribution:
 
     shape: Shape
     nranks: int
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("Distribution is the base of the distributions: make a Replicated, Split, Pencils, Boxes "
+                        "or BlockCyclic (or by_rows(), by_columns())")
 
     @property
     def ndim(self) -> int:
@@ -471,7 +500,7 @@ class Boxes(Distribution):
             lo = _ints(lower, f"boxes[{r}] lower", length=len(s))
             up = _ints(upper, f"boxes[{r}] upper", length=len(s))
             if any(a > b for a, b in zip(lo, up, strict=True)) or any(b > e for b, e in zip(up, s, strict=True)):
-                raise UsageError(f"rank {r}'s box {Box(lo, up)!r} is not a box inside the shape {list(s)} "
+                raise UsageError(f"rank {r}'s box Box({list(lo)}, {list(up)}) is not a box inside the shape {list(s)} "
                                  "(need 0 <= lower <= upper <= shape)")
             pieces.append(Box(lo, up))
         object.__setattr__(self, "shape", s)

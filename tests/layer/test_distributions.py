@@ -233,10 +233,37 @@ def test_the_check_is_a_function_of_values() -> None:
     (lambda: dist.BlockCyclic((8, 8), (2, 2), (2, 2), layout="diag"), UsageError, "layout must be 'col' or 'row'"),
     (lambda: dist.BlockCyclic((8, 8, 8), (2, 2), (2, 2)), UsageError, "shape must have 2 entries"),
     (lambda: dist.Replicated((2, 2), 0), UsageError, "nranks must be >= 1"),
+    (lambda: dist.Distribution(), TypeError, "make a Replicated, Split"),
+    (lambda: dist.Box((0, 0), (4,)), UsageError, "upper must have 2 entries"),
+    (lambda: dist.Box((2, 0), (1, 4)), UsageError, "lower <= upper on every axis"),
+    (lambda: dist.Box(0, 0), TypeError, "lower must be a sequence of ints"),
+    (lambda: dist.Box((-1,), (1,)), UsageError, r"lower\[0\] must be >= 0"),
+    (lambda: dist.BlockCyclicArgs(8, 8, 0, 2, 0, 0, 2, 2, "col"), UsageError, "mb must be >= 1, got 0"),
+    (lambda: dist.BlockCyclicArgs(8, 8, 2, 0, 0, 0, 2, 2, "col"), UsageError, "nb must be >= 1, got 0"),
+    (lambda: dist.BlockCyclicArgs(-1, 8, 2, 2, 0, 0, 2, 2, "col"), UsageError, "m must be >= 0"),
+    (lambda: dist.BlockCyclicArgs(8, 8, 2, 2, 0, 0, 0, 2, "col"), UsageError, "nprow must be >= 1"),
+    (lambda: dist.BlockCyclicArgs(8, 8, 2, 2, 0, 2, 2, 2, "col"), UsageError, r"\(rsrc, csrc\) = \(0, 2\)"),
+    (lambda: dist.BlockCyclicArgs(8, 8, 2, 2, 0, 0, 2, 2, "diag"), UsageError, "layout must be 'col' or 'row'"),
+    (lambda: dist.BlockCyclicArgs(8, 8, 1.5, 2, 0, 0, 2, 2, "col"), TypeError, "mb must be an int"),
 ])
 def test_constructors_refuse_bad_values(make: Any, error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=message):
         make()
+
+
+@pytest.mark.parametrize(("call", "error", "message"), [
+    (lambda: dist.numroc(8, 0, 0, 0, 2), UsageError, "nb must be >= 1, got 0"),
+    (lambda: dist.numroc(8, 2, 0, 0, 0), UsageError, "nprocs must be >= 1, got 0"),
+    (lambda: dist.numroc(8, 2, -1, 0, 2), UsageError, "iproc must be >= 0"),
+    (lambda: dist.numroc(8.0, 2, 0, 0, 2), TypeError, "n must be an int"),
+    (lambda: dist.BlockCyclicArgs(8, 8, 2, 2, 0, 0, 2, 2, "col").coords(4), UsageError, "rank 4 is out of range"),
+    (lambda: dist.BlockCyclicArgs(8, 8, 2, 2, 0, 0, 2, 2, "col").local_shape(-1), UsageError, "rank must be >= 0"),
+    (lambda: dist.BlockCyclicArgs(8, 8, 2, 2, 0, 0, 2, 2, "col").rank_of(0, 2), UsageError, "outside the 2 x 2"),
+    (lambda: dist.Box((0,), (4,)).intersection(((0,), (2,))), TypeError, "other must be a Box"),
+])
+def test_value_methods_refuse_bad_arguments(call: Any, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        call()
 
 
 @pytest.mark.parametrize(("call", "message"), [
