@@ -399,6 +399,9 @@ def plan(comm: Any, shape: Sequence[int], dtype: Any, kind: Kind | None = None, 
 class FFTPlan(_Plan[FFTSpec]):
     """A distributed FFT, made: :meth:`execute` runs it on this rank's piece. See :func:`plan`."""
 
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("FFT plans come from mpbind.fft.plan()")
+
     @classmethod
     def _make(cls, comm: Any, spec: FFTSpec, rank: int, stream: Stream) -> FFTPlan:
         device = _runtime(comm, spec.nranks)
@@ -631,6 +634,9 @@ def plan_reshape(comm: Any, input: Distribution, output: Distribution, dtype: An
 
 class ReshapePlan(_Plan[ReshapeSpec]):
     """A redistribution, made: :meth:`execute` moves this rank's piece. See :func:`plan_reshape`."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("reshape plans come from mpbind.fft.plan_reshape()")
 
     @classmethod
     def _make(cls, comm: Any, spec: ReshapeSpec, rank: int, stream: Stream) -> ReshapePlan:

@@ -122,6 +122,12 @@ def test_comm_must_be_a_communicator_or_none() -> None:
             fft.plan(None, (8, 8, 8), "complex64")
 
 
+@pytest.mark.parametrize(("cls", "maker"), [(fft.FFTPlan, "plan()"), (fft.ReshapePlan, "plan_reshape()")])
+def test_plans_are_not_constructed_directly(cls: type, maker: str) -> None:
+    with pytest.raises(TypeError, match=maker.replace("(", r"\(").replace(")", r"\)")):
+        cls()
+
+
 # --- execute's checks (a plan assembled without a library) ---------------------------------------------------
 
 
