@@ -63,7 +63,7 @@ from typing import Any, Literal
 
 from mpbind import _kernel_build
 from mpbind._owned import Owned
-from mpbind.errors import UsageError
+from mpbind.errors import LibraryNotFoundError, UsageError
 
 __all__ = [
     "Cubin",
@@ -96,6 +96,20 @@ class Cubin:
     cached: bool
     #: Warnings of the compiler and the linker (empty for a cached cubin).
     log: str
+
+    def __post_init__(self) -> None:
+        # compile() makes them; one made by hand (a cubin built elsewhere) must hold what load() reads.
+        if not isinstance(self.code, bytes) or not self.code:
+            raise TypeError(f"code must be the cubin's bytes, not {type(self.code).__name__}")
+        for name in ("name", "arch", "key", "log"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"{name} must be a str, not {type(getattr(self, name)).__name__}")
+        for name in ("kernels", "variables"):
+            names = getattr(self, name)
+            if not isinstance(names, tuple) or not all(isinstance(n, str) for n in names):
+                raise TypeError(f"{name} must be a tuple of symbol names (str)")
+        if not isinstance(self.cached, bool):
+            raise TypeError(f"cached must be a bool, not {type(self.cached).__name__}")
 
     @property
     def uses_nvshmem(self) -> bool:
@@ -167,6 +181,18 @@ class Param:
     kind: Kind
     dtype: str | None = None
 
+    def __post_init__(self) -> None:
+        # value(), pointer() and symmetric() make them; one made by hand is checked alike.
+        name = _param_name(self.name)
+        what = f"parameter {name!r}"
+        if self.kind == "value":
+            dtype = _ctype_name(self.dtype, what)  # type: ignore[arg-type]  # None is refused
+        elif self.kind in ("pointer", "symmetric"):
+            dtype = _element_type(self.dtype, what)
+        else:
+            raise UsageError(f"{what}: kind must be 'value', 'pointer' or 'symmetric', got {self.kind!r}")
+        object.__setattr__(self, "dtype", dtype)
+
     @property
     def nbytes(self) -> int:
         """Its size in the kernel's parameter buffer."""
@@ -202,21 +228,18 @@ def _param_name(name: str) -> str:
 
 def value(name: str, ctype: str) -> Param:
     """A parameter passed by value: ``int32``, ``uint64``, ``float32``, ... or ``int``, ``size_t``, ..."""
-    name = _param_name(name)
-    return Param(name, "value", _ctype_name(ctype, f"parameter {name!r}"))
+    return Param(name, "value", ctype)
 
 
 def pointer(name: str, dtype: Any = None) -> Param:
     """A device pointer: an address (int), or a device array (of `dtype` when given)."""
-    name = _param_name(name)
-    return Param(name, "pointer", _element_type(dtype, f"parameter {name!r}"))
+    return Param(name, "pointer", dtype)
 
 
 def symmetric(name: str, dtype: Any = None) -> Param:
     """A pointer into NVSHMEM's symmetric heap (the target of remote puts, gets, signals and
     atomics): a :class:`~mpbind.nvshmem.SymmetricArray`, or an array or address inside one."""
-    name = _param_name(name)
-    return Param(name, "symmetric", _element_type(dtype, f"parameter {name!r}"))
+    return Param(name, "symmetric", dtype)
 
 
 # --- arguments (checked before any launch) -----------------------------------------------------
@@ -408,9 +431,13 @@ class Library(Owned):
         if cubin.uses_nvshmem and not _nvshmem_alive():
             raise UsageError(f"{cubin.name} calls NVSHMEM: initialise it (mpbind.nvshmem.init) before load()")
         from cuda.core import Device, ObjectCode
+        from cuda.pathfinder import DynamicLibNotFoundError
 
-        device = _current_device()
-        Device(device).set_current()
+        try:
+            device = _current_device()
+            Device(device).set_current()
+        except DynamicLibNotFoundError as exc:  # no NVIDIA driver on this machine
+            raise LibraryNotFoundError(f"loading {cubin.name} needs the NVIDIA driver: {exc}") from None
         objects = ObjectCode.from_cubin(cubin.code, name=cubin.name)
         handle = int(objects.handle)  # cuLibraryLoadData
         if cubin.uses_nvshmem:
@@ -459,7 +486,7 @@ class Library(Owned):
         if sizes != declared:
             raise UsageError(f"{name} takes {len(sizes)} parameters of {sizes} bytes; the declaration "
                              f"({', '.join(f'{p.kind} {p.name}' for p in params)}) has {declared}")
-        return Kernel(self, kernel, name, tuple(params), collective, n_pes)
+        return Kernel._new(self, kernel, name, tuple(params), collective, n_pes)
 
     def _described(self) -> str:
         return f"{self._cubin.name} {self._cubin.arch}"
@@ -488,14 +515,20 @@ class Kernel:
 
     __slots__ = ("_library", "_kernel", "_name", "_params", "_collective", "_n_pes")
 
-    def __init__(self, library: Library, kernel: Any, name: str, params: tuple[Param, ...],
-                 collective: bool, n_pes: int | None) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("kernels come from Library.kernel()")
+
+    @classmethod
+    def _new(cls, library: Library, kernel: Any, name: str, params: tuple[Param, ...], collective: bool,
+             n_pes: int | None) -> Kernel:
+        self = cls.__new__(cls)
         self._library = library
         self._kernel = kernel
         self._name = name
         self._params = params
         self._collective = collective
         self._n_pes = n_pes
+        return self
 
     @property
     def name(self) -> str:

@@ -285,5 +285,43 @@ def test_libraries_come_only_from_load() -> None:
         nk.Library()
 
 
+def test_kernels_come_only_from_a_library() -> None:
+    with pytest.raises(TypeError, match=r"Library\.kernel\(\)"):
+        nk.Kernel()
+
+
+@pytest.mark.parametrize(("args", "error", "match"), [
+    ((0, "value", "int32"), UsageError, "identifier"),
+    (("n", "value", None), TypeError, "a C type is a string"),
+    (("n", "value", "long double"), UsageError, "unknown C type"),
+    (("p", "array", None), UsageError, "kind must be 'value', 'pointer' or 'symmetric'"),
+    (("p", "pointer", "no such type"), UsageError, "parameter 'p'"),
+])
+def test_parameters_made_by_hand_are_checked(args: tuple[Any, ...], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        nk.Param(*args)
+
+
+def test_parameters_made_by_hand_take_c_spellings() -> None:
+    assert nk.Param("n", "value", "size_t") == nk.value("n", "uint64")
+    assert nk.Param("p", "symmetric") == nk.symmetric("p")
+
+
+@pytest.mark.parametrize(("field", "bad", "match"), [
+    ("code", "cubin", "code must be the cubin's bytes"),
+    ("code", b"", "code must be the cubin's bytes"),
+    ("name", None, "name must be a str"),
+    ("kernels", ["k"], "kernels must be a tuple"),
+    ("variables", (0,), "variables must be a tuple"),
+    ("cached", 0, "cached must be a bool"),
+])
+def test_cubins_made_by_hand_are_checked(field: str, bad: Any, match: str) -> None:
+    fields = {"code": b"\x7fELF", "name": "k", "arch": "sm_90", "kernels": ("k",), "variables": (), "key": "0",
+              "cached": False, "log": ""}
+    nk.Cubin(**fields)
+    with pytest.raises(TypeError, match=match):
+        nk.Cubin(**{**fields, field: bad})
+
+
 def test_drain_with_nothing_dropped() -> None:
     assert nk.drain() == 0
