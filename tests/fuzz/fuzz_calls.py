@@ -68,6 +68,16 @@ RECIPES: dict[str, tuple[str, ...]] = {
     "mpbind.nvshmem.SymmetricArray": (f"({_NVSHMEM_RUNTIME}, empty(4))[1]",),
     "mpbind.nvshmem.SymmetricMemory": (f"({_NVSHMEM_RUNTIME}, empty(4))[1].memory",),
     "mpbind.cublasmp.Grid": ("grid(mpbind.nccl.Communicator.init(1, 0, mpbind.nccl.get_unique_id()), 1, 1)",),
+    # Values that refuse zeros: valid ones, so that their methods are called without a GPU.
+    "mpbind.distributions.Box": ("Box((0, 0), (4, 4))",),
+    "mpbind.distributions.BlockCyclicArgs": ('BlockCyclicArgs(8, 8, 2, 2, 0, 0, 2, 2, "col")',),
+    "mpbind.distributions.BlockCyclic": ("BlockCyclic((8, 8), (2, 2), (2, 2))",),
+    "mpbind.distributions.Boxes": ("Boxes((4, 4), [((0, 0), (2, 4)), ((2, 0), (4, 4))])",),
+    "mpbind.distributions.Pencils": ("Pencils((4, 4, 4), (2, 2))",),
+    "mpbind.distributions.Replicated": ("Replicated((4, 4), 2)",),
+    "mpbind.distributions.Split": ("Split((4, 4), 2)",),
+    "mpbind.nvshmem_kernels.Param": ('value("n", "int32")',),
+    "mpbind.nvshmem_kernels.Cubin": ('Cubin(b"\\x7fELF", "k", "sm_90", ("k",), (), "0", False, "")',),
 }
 
 

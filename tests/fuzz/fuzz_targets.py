@@ -18,17 +18,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# The flat bindings, then the Pythonic layer.
+# The flat bindings, then the Pythonic layer (the package's own functions first).
 MODULES: tuple[str, ...] = (
     "mpbind.bindings.nccl",
     "mpbind.bindings.nvshmem",
     "mpbind.bindings.cublasmp",
     "mpbind.bindings.cufftmp",
+    "mpbind",
     "mpbind.nccl",
     "mpbind.nvshmem",
     "mpbind.cublasmp",
     "mpbind.cufftmp",
     "mpbind.bootstrap",
+    "mpbind.distributions",
+    "mpbind.fft",
+    "mpbind.collective_matmul",
+    "mpbind.nvshmem_kernels",
 )
 
 # How a target is called (see Call in fuzz_calls.py).
@@ -69,8 +74,11 @@ def _from_signature(sig: inspect.Signature, drop_first: bool) -> tuple[Param, ..
     if drop_first and params:
         params = params[1:]
     named = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    if not named and any(p.kind == p.VAR_POSITIONAL for p in params):
-        return None  # (*args, **kwargs): a slot wrapper, not the real signature
+    star = [p for p in params if p.kind == p.VAR_POSITIONAL]
+    if not named and star:
+        if any(p.kind == p.VAR_KEYWORD for p in params):
+            return None  # (*args, **kwargs): a slot wrapper, not the real signature
+        return (Param(star[0].name),)  # f(*names): one argument slot
     return tuple(Param(p.name, p.kind == p.KEYWORD_ONLY) for p in named)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fuzz_targets import MODULES
+from fuzz_targets import MODULES, Param, targets
 
 HERE = Path(__file__).parent
 
@@ -50,6 +50,11 @@ def test_sample_covers_every_module(sample: dict[str, Any]) -> None:
     seen = {c["module"] for c in sample["calls"]}
     assert seen == set(MODULES)
     assert sample["summary"]["categories"].get("not-run", 0) == 0
+
+
+def test_a_function_of_star_args_gets_one_slot() -> None:
+    found = {t.name: t.params for t in targets(("mpbind",))}
+    assert found["load_libraries"] == (Param("names"),)
 
 
 # Each kind of finding: the outcome category of its calls, and what they did.
