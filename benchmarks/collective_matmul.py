@@ -2,10 +2,10 @@
 and kernel-issued) against NCCL ``all_gather_into_tensor`` + ``torch.matmul``, cuBLASMp's
 all-gather+GEMM through mpbind, and PyTorch's ``torch.ops.symm_mem.fused_all_gather_matmul``.
 
-On ``nvidia-h200-x2`` (cuBLASMp needs the staged NCCL 2.29.2, which every library then uses)::
+On two GPUs (cuBLASMp needs NCCL 2.29.2 or newer: preload it so that every library uses it)::
 
     mpirun --allow-run-as-root --bind-to none -np 2 -x NCCL_NVLS_ENABLE=0 -x NVSHMEM_DISABLE_NVLS=1 \\
-        -x TORCH_SYMM_MEM_DISABLE_MULTICAST=1 -x LD_PRELOAD=/tmp/site/nvidia/nccl/lib/libnccl.so.2 \\
+        -x TORCH_SYMM_MEM_DISABLE_MULTICAST=1 -x LD_PRELOAD=$NCCL_229/libnccl.so.2 \\
         -x PYTHONPATH python benchmarks/collective_matmul.py [--dtype float16] [--iters 50] [--out DIR]
 
 Shapes (rows of x per GPU, K, columns of w per GPU): the JAX Pallas guide's (1024, 4096, 4096) and

@@ -3,7 +3,7 @@ one GPU and nvmath-python 1.0's distributed FFT; the transform's split between l
 exchange (timed as an ``mpbind.fft`` reshape of the same size) and that exchange against NCCL's
 ``all_to_all`` of the same bytes; host time per execute against nvmath-python's and the flat exec.
 
-Three runs on ``nvidia-h200-x2`` (each library in its own process: torch's cuFFT and nvmath's
+Three runs on two GPUs (each library in its own process: torch's cuFFT and nvmath's
 cuBLASMp/NCCL pins must not meet mpbind's cuFFTMp), then a merge::
 
     X="-x NCCL_NVLS_ENABLE=0 -x NVSHMEM_DISABLE_NVLS=1 -x TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \\
@@ -13,7 +13,7 @@ cuBLASMp/NCCL pins must not meet mpbind's cuFFTMp), then a merge::
     mpirun --allow-run-as-root --bind-to none -np 2 $X python benchmarks/fft_distributed.py --mode torch --out DIR
     python benchmarks/fft_distributed.py --mode report --out DIR
 
-(nvmath-python 1.0 from ``../shared/device/stage-wheels.sh anchors``, on its own library path.)
+(nvmath-python 1.0 installed on its own library path, with the cuBLASMp/NCCL versions it pins.)
 
 Each figure is the median over ``--iters`` CUDA-event timings of one call on the plan's stream, after
 ``--warmup`` calls, the ranks aligned by a barrier before each; between timed calls the data is

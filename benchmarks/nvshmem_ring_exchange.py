@@ -3,7 +3,7 @@ the previous PE's) from inside a kernel: the CUDA C++ kernel through mpbind.nvsh
 the same kernel written with nvshmem4py 0.4.1's Numba-CUDA device API. Each runs in its own job
 (both initialise NVSHMEM); the second run merges the two into one table, CSV and plot.
 
-On ``nvidia-h200-x2`` (one PE per GPU; nvshmem4py staged as ../shared/device/README.md says)::
+On two GPUs (one PE per GPU; nvshmem4py 0.4.1 installed beside mpbind)::
 
     for impl in mpbind nvshmem4py; do
       mpirun --allow-run-as-root --bind-to none -np 2 -x NCCL_NVLS_ENABLE=0 -x NVSHMEM_DISABLE_NVLS=1 \\

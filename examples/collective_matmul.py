@@ -2,7 +2,7 @@
 (NVSHMEM puts with signals around a bidirectional ring; the GEMMs are ``torch.matmul``), checked
 against the unsharded product.
 
-Two PEs, one per GPU (``nvidia-h200-x2``)::
+Two PEs, one per GPU::
 
     mpirun --allow-run-as-root --bind-to none -np 2 -x NCCL_NVLS_ENABLE=0 -x NVSHMEM_DISABLE_NVLS=1 \\
         -x TORCH_SYMM_MEM_DISABLE_MULTICAST=1 python examples/collective_matmul.py [--method host|kernel]

@@ -5,7 +5,7 @@ to 0), inverse C2R back to X-slabs: two ``mpbind.fft`` plans, the second running
 first one's buffer. Checked against the same solve with ``numpy.fft`` on one device (the host) and
 against the exact solution of the right-hand side used; prints the time per solve.
 
-One process per GPU (``nvidia-h200-x2``)::
+One process per GPU::
 
     mpirun --allow-run-as-root --bind-to none -np 2 -x NCCL_NVLS_ENABLE=0 -x NVSHMEM_DISABLE_NVLS=1 \\
         -x TORCH_SYMM_MEM_DISABLE_MULTICAST=1 python examples/poisson3d.py [--n 256] [--dtype float32]

@@ -2,7 +2,7 @@
 with a signal, then waits for the block of the previous PE, and checks it.
 
 The kernel is CUDA C++ that calls NVSHMEM's device API, compiled, linked, loaded and launched with
-``mpbind.nvshmem_kernels``. Two PEs, one per GPU (``nvidia-h200-x2``)::
+``mpbind.nvshmem_kernels``. Two PEs, one per GPU::
 
     mpirun --allow-run-as-root --bind-to none -np 2 -x NCCL_NVLS_ENABLE=0 -x NVSHMEM_DISABLE_NVLS=1 \\
         -x TORCH_SYMM_MEM_DISABLE_MULTICAST=1 python examples/ring_exchange.py

@@ -2,7 +2,7 @@
 
     python -m pytest tests/gpu/test_fft_plan_gpu.py -m gpu
 
-Two PEs on two GPUs need ``nvidia-h200-x2``; three and four PEs share GPU 0 and need CUDA MPS for
+Two PEs need two GPUs; three and four PEs share GPU 0 and need CUDA MPS for
 NVSHMEM's full mode (``nvidia-cuda-mps-control -d`` with ``CUDA_MPS_PIPE_DIRECTORY`` exported).
 The library is found as mpbind finds it everywhere (``MPBIND_CUFFTMP_PATH`` and
 ``MPBIND_NVSHMEM_PATH`` are passed on to the ranks when set).

@@ -2,7 +2,7 @@
 
     python -m pytest tests/gpu/test_nvshmem_kernels_gpu.py -m gpu
 
-Two PEs need two GPUs (``nvidia-h200-x2``); three PEs share GPU 0 and need CUDA MPS for NVSHMEM's
+Two PEs need two GPUs; three PEs share GPU 0 and need CUDA MPS for NVSHMEM's
 full mode (``nvidia-cuda-mps-control -d`` with ``CUDA_MPS_PIPE_DIRECTORY`` exported).
 """
 

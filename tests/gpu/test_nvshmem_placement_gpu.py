@@ -1,7 +1,7 @@
 """NVSHMEM with PEs placed unevenly on two GPUs (2 + 1): every PE raises the same PlacementError
 before NVSHMEM is entered, instead of hanging in nvshmemx_init_attr; even placements initialise.
 
-Needs two GPUs (``nvidia-h200-x2``) and, for PEs sharing a GPU, preferably an MPS daemon."""
+Needs two GPUs and, for PEs sharing a GPU, preferably an MPS daemon."""
 
 from __future__ import annotations
 
