@@ -2,6 +2,7 @@
 
 * NVLink multicast off, before NCCL, NVSHMEM or torch initialise anything in this process (the
   suites started under mpirun set it themselves and get it through ``-x``).
+* With ``MPBIND_NVSHMEM_PATH`` set, that NVSHMEM loaded before any test imports PyTorch.
 * The helper modules beside this file (suite_report, mpirun_suite) importable: the suites run as
   scripts with this folder on their path; the pytest modules (imported with
   ``--import-mode=importlib``) get it here.
@@ -16,6 +17,13 @@ from pathlib import Path
 for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
                       ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")):
     os.environ.setdefault(_name, _value)
+
+# With MPBIND_NVSHMEM_PATH naming a copy of NVSHMEM, load it before any test imports PyTorch (which
+# maps its own): the process then holds one copy, as mpbind.load_libraries() documents.
+if os.environ.get("MPBIND_NVSHMEM_PATH"):
+    import mpbind
+
+    mpbind.load_libraries("nvshmem")
 
 _HERE = str(Path(__file__).parent)
 if _HERE not in sys.path:

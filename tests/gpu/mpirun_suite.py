@@ -32,10 +32,12 @@ def find_mpirun(what: str, modules: Iterable[tuple[str, str]], library: str | No
             pytest.skip(why)
     if library is not None:
         from mpbind import _loader
-        from mpbind.errors import LibraryNotFoundError
+        from mpbind.errors import LibraryConflictError, LibraryNotFoundError
 
         try:
             _loader.load(library)
+        except LibraryConflictError:
+            raise  # two copies in the process is a failure to see, not a missing library
         except LibraryNotFoundError as exc:
             pytest.skip(f"the {library} library is not available: {exc}")
     return path
