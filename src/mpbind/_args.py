@@ -27,6 +27,13 @@ def integer(value: Any, name: str, *, minimum: int | None = None, maximum: int |
     return v
 
 
+def exports_array(obj: Any) -> bool:
+    """Whether `obj` offers ``__cuda_array_interface__`` or DLPack. Asked of its type: PyTorch's
+    interface property raises (KeyError) for the dtypes it cannot describe, float8 among them."""
+    kind = type(obj)
+    return hasattr(kind, "__dlpack__") or hasattr(kind, "__cuda_array_interface__")
+
+
 def _bound(v: int | None) -> str:
     """A C type's limit as people write it (2**63 - 1), other numbers as they are."""
     for bits in (31, 32, 63, 64):

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = ["ArrayInfo", "array_info", "c_strides", "device_array", "device_span", "dlpack_code", "dtype_name",
-           "exports_array", "itemsize", "stream_handle", "typestr"]
+           "itemsize", "stream_handle", "typestr"]
 
 
 def dtype_name(dtype: Any) -> str:
@@ -123,13 +123,6 @@ def c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 def _info(described: tuple[Any, ...], owner: Any) -> ArrayInfo:
     ptr, shape, strides, dtype, device, readonly = described[:6]
     return ArrayInfo(ptr, shape, strides, dtype, device, readonly, owner)
-
-
-def exports_array(obj: Any) -> bool:
-    """Whether `obj` offers ``__cuda_array_interface__`` or DLPack. Asked of its type: PyTorch's
-    interface property raises (KeyError) for the dtypes it cannot describe, float8 among them."""
-    kind = type(obj)
-    return hasattr(kind, "__dlpack__") or hasattr(kind, "__cuda_array_interface__")
 
 
 def array_info(obj: Any, what: str = "array") -> ArrayInfo:

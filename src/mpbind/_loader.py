@@ -136,7 +136,7 @@ def load(name: str) -> LoadedLibrary:
         found = _loaded.get(name)
         if found is None:
             override = os.environ.get(spec.env_var)
-            _refuse_the_other_family(spec, override)
+            _refuse_a_conflicting_copy(spec, override)
             try:
                 found = _open_override(spec, override) if override else _open_pathfinder(spec)
             except LibraryNotFoundError as exc:
@@ -159,7 +159,7 @@ def _own_copy(spec: LibrarySpec, override: str | None) -> str | None:
     return _families.installed_file(spec.wheels, spec.sonames)
 
 
-def _refuse_the_other_family(spec: LibrarySpec, override: str | None) -> None:
+def _refuse_a_conflicting_copy(spec: LibrarySpec, override: str | None) -> None:
     """LibraryConflictError when the process already maps a copy of the library from the other wheel
     family than mpbind's own copy, or (for a one-copy library: NVSHMEM) another file than the one an
     override names. Otherwise copies of unknown origin and of the same family are left to the search,
@@ -177,8 +177,7 @@ def _refuse_the_other_family(spec: LibrarySpec, override: str | None) -> None:
         theirs = _families.owner(path)
         if mine is not None and mine.family is not None and theirs is not None and theirs.family is not None \
                 and theirs.family != mine.family:
-            raise LibraryConflictError(spec.name, ours, f"{mine}, family {mine.family}", path,
-                                       f"{theirs}, family {theirs.family}", spec.env_var)
+            raise LibraryConflictError(spec.name, ours, _described(mine), path, _described(theirs), spec.env_var)
         if spec.one_copy and override:
             # Without an override the search takes the mapped copy; with one, a second copy would load.
             raise LibraryConflictError(spec.name, ours, _described(mine), path, _described(theirs), spec.env_var,

@@ -61,7 +61,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from mpbind import _kernel_build
+from mpbind import _args, _kernel_build
 from mpbind._owned import Owned
 from mpbind.errors import LibraryNotFoundError, UsageError
 
@@ -256,9 +256,7 @@ def _runtime_heap(ptr: int, nbytes: int) -> bool:
 def _is_int(obj: Any) -> bool:
     """An integer (int, NumPy integer scalar), not a bool, and not an array: PyTorch tensors define
     ``__index__`` too (raising for more than one element), and an array argument is a pointer."""
-    kind = type(obj)
-    return (not isinstance(obj, bool) and hasattr(kind, "__index__") and not hasattr(kind, "__dlpack__")
-            and not hasattr(kind, "__cuda_array_interface__"))
+    return not isinstance(obj, bool) and hasattr(type(obj), "__index__") and not _args.exports_array(obj)
 
 
 def _span(obj: Any, what: str) -> tuple[int, int, str | None, bool]:
