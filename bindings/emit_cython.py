@@ -137,9 +137,16 @@ def internal_pxd(lib: Library) -> str:
     lines = ["# cython: language_level=3", "",
              f"from mpbind.bindings.cy{lib.name} cimport *", ""]
     for f in lib.symbols:
-        lines.append(f"cdef {cy_type(f.returns, '_' + f.name)}({c_params(f)}) "
-                     f"{except_clause(lib, f.returns)} nogil")
+        lines.append(f"cdef {_internal_signature(lib, f)} nogil")
     return "\n".join(lines) + "\n"
+
+
+def _internal_signature(lib: Library, f: Function) -> str:
+    """An _internal entry point's declaration. A void C function's returns int, 0 or -1 with an
+    exception set, so that its callers test a value instead of taking the GIL to look for one."""
+    if is_void(f.returns):
+        return f"int _{f.name}({c_params(f)}) except -1"
+    return f"{cy_type(f.returns, '_' + f.name)}({c_params(f)}) {except_clause(lib, f.returns)}"
 
 
 def internal_pyx(lib: Library) -> str:
@@ -252,10 +259,10 @@ def _entry_point(lib: Library, f: Function) -> list[str]:
     call = f"({fptr})({c_args(f)})"
     return [
         "",
-        f"cdef {cy_type(f.returns, '_' + n)}({c_params(f)}) {except_clause(lib, f.returns)} nogil:",
+        f"cdef {_internal_signature(lib, f)} nogil:",
         f"{I4}_ensure_loaded()",
         f"{I4}if __{n} == NULL:",
         f"{I4}{I4}with gil:",
         f'{I4}{I4}{I4}_not_found("{n}")',
-        f"{I4}{call}" if is_void(f.returns) else f"{I4}return {call}",
+        *([f"{I4}{call}", f"{I4}return 0"] if is_void(f.returns) else [f"{I4}return {call}"]),
     ]

@@ -25,7 +25,10 @@ def _function(lib: Library, pl: Plan) -> list[str]:
     pre = [line for r in pl.roles for line in r.guard()] + _init_check(lib, f) + \
         [line for r in pl.roles for line in r.convert()]
     cleanup = [line for r in pl.roles for line in r.cleanup()]
-    call = f"{f.name}({', '.join(r.arg() for r in pl.roles)})"
+    # A void function goes to its _internal entry point, which returns 0 or -1 with an exception
+    # set: cy<lib>'s `except *` one would make Cython take the GIL after every call to check.
+    callee = f"_{lib.name}._{f.name}" if is_void(f.returns) else f.name
+    call = f"{callee}({', '.join(r.arg() for r in pl.roles)})"
     inner = _call(f, call) + _check(lib, f) + [line for r in pl.roles for line in r.after()] + _tail(lib, pl)
     body = [_docstring(lib, pl)] + _result_declaration(f)
     if cleanup:
@@ -69,7 +72,7 @@ def _docstring(lib: Library, pl: Plan) -> str:
     doc = [f"{f.name}({', '.join(cy_type(q.type, q.name) for q in f.params)})"]
     if pl.returns:
         doc += ["", f"Returns {pl.return_type}."]
-    doc += ["", "Releases the GIL." if f.releases_gil else "Keeps the GIL (an O(1) query)."]
+    doc += ["", "Releases the GIL." if f.releases_gil else "Keeps the GIL (the call returns at once)."]
     if f.needs_init is not None and lib.init_check is not None:
         member = next(m for m in lib.enums[lib.init_check.enum].members if m.c == f.needs_init)
         doc.append(f"Needs {lib.init_check.function}() >= {member.python} (else {lib.init_check.error}).")
@@ -305,6 +308,7 @@ def _head(lib: Library) -> list[str]:
         "from libc.string cimport memcpy, memset",
         "",
         f"from mpbind.bindings.cy{lib.name} cimport *",
+        f"from mpbind.bindings._internal cimport {lib.name} as _{lib.name}",
         *cimports("enum_or_int", "EnumTable", "str_or_none", "to_bytes", "raise_library_error", "as_address",
                   "is_int", "int_arg"),
         *(cimports("convert_mpi_comm") if mpi_comm else []),

@@ -100,6 +100,7 @@ class Spec:
     status: dict[str, Any]
     version: dict[str, Any]
     gil_keep: set[str]
+    gil_keep_matching: list[str]  # regular expressions: whole families that keep the GIL
     functions: dict[str, dict[str, Any]]
     excluded: dict[str, str]
     enums: dict[str, dict[str, Any]]
@@ -140,6 +141,7 @@ class Spec:
             status=d["status"],
             version=d["version"],
             gil_keep=set(d.get("gil", {}).get("keep", [])),
+            gil_keep_matching=d.get("gil", {}).get("keep_matching", []),
             functions=d.get("functions", {}),
             excluded=d.get("excluded", {}),
             enums=d.get("enums", {}),
@@ -322,7 +324,8 @@ def _function(spec: Spec, f: dict[str, Any], exports: set[str], struct_names: se
         raise ValueError(f"spec has no 'since' version for {since_of}")
     entry["since"] = spec.since[since_of]
     entry["python"] = fs.get("python", spec.python_name(name))
-    entry["gil"] = "keep" if name in spec.gil_keep else "release"
+    keeps = name in spec.gil_keep or any(re.fullmatch(p, name) for p in spec.gil_keep_matching)
+    entry["gil"] = "keep" if keeps else "release"
     entry["success"] = _success(spec, f)
     if name in spec.status.get("null_error", {}):
         entry["null_error"] = [camel_to_snake(n) for n in spec.status["null_error"][name]]
