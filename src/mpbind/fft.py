@@ -447,9 +447,12 @@ class FFTPlan(_Plan[FFTSpec]):
         self._desc_core = desc._core
         if spec.algorithm == "boxes":
             lib = _LibXtDesc.from_address(int(desc.ptr))
-            self._lib = lib
-            self._xt = lib.descriptor.contents
-            self._own_data = int(self._xt.data[0] or 0)
+            xt = lib.descriptor.contents
+            # One ctypes object per field written before each transform: a field of a Structure
+            # makes a new object on every access, several µs per execute.
+            self._data0 = ctypes.c_void_p.from_address(ctypes.addressof(xt) + _XtDesc.data.offset)
+            self._sub_format = ctypes.c_int.from_address(ctypes.addressof(lib) + _LibXtDesc.subFormat.offset)
+            self._own_data = int(self._data0.value or 0)
         self._last = None
         return self
 
@@ -562,13 +565,13 @@ class FFTPlan(_Plan[FFTSpec]):
         # (DISTRIBUTED_INPUT before a forward transform, DISTRIBUTED_OUTPUT before an inverse one).
         if self._desc.closed:  # the descriptor's host struct is freed with it
             raise UsageError("fft.FFTPlan is closed")
-        xt, lib = self._xt, self._lib
-        xt.data[0] = ptr
-        lib.subFormat = _DISTRIBUTED_INPUT if d == FORWARD else _DISTRIBUTED_OUTPUT
+        data0 = self._data0
+        data0.value = ptr
+        self._sub_format.value = _DISTRIBUTED_INPUT if d == FORWARD else _DISTRIBUTED_OUTPUT
         try:
             self._exec_descriptor(self._desc_core, None, d)
         finally:
-            xt.data[0] = self._own_data  # cufftXtFree frees what the descriptor points at
+            data0.value = self._own_data  # cufftXtFree frees what the descriptor points at
 
     def _direction(self, direction: int | str | None) -> int:
         kind = self.spec.kind
@@ -605,8 +608,8 @@ class FFTPlan(_Plan[FFTSpec]):
     _exec: Any
     _exec_descriptor: Any
     _desc_core: Any
-    _lib: Any
-    _xt: Any
+    _data0: ctypes.c_void_p
+    _sub_format: ctypes.c_int
     _own_data: int
     _last: tuple[Any, int, DeviceView] | None
 
