@@ -271,6 +271,16 @@ def _device() -> int:
     return int(current) if err == cudart.cudaError_t.cudaSuccess else 0
 
 
+def _pes_sharing_this_gpu() -> int:
+    """How many PEs of the running job use this PE's GPU (NVSHMEM's same-GPU team; 1 before init).
+    The same on every PE: placements with a different number of PEs per GPU are refused at init."""
+    from mpbind.bindings import nvshmem as flat
+
+    if flat.init_status() < flat.InitStatus.IS_INITIALIZED:
+        return 1
+    return max(1, flat.team_n_pes(flat.Team.SAME_GPU))
+
+
 # --- arrays ----------------------------------------------------------------------------------
 
 

@@ -569,12 +569,17 @@ class Kernel:
         launch(_stream(stream), config, self._kernel, *values)
 
     def max_collective_grid(self, block: Any, shared_mem: int = 0) -> int:
-        """The most CTAs a collective launch may have: all of them co-resident on the device."""
+        """The most CTAs a collective launch may have: all of them co-resident on the device, with
+        the device's room divided among the PEs that share it (under MPS each of their launches
+        must fit beside the others', or the first spins in its barrier and the rest never start)."""
         from cuda.core import Device
 
         threads = math.prod(_dims(block, "block"))
         per_sm = self._kernel.occupancy.max_active_blocks_per_multiprocessor(threads, _shared(shared_mem))
-        return int(per_sm) * int(Device(self._library.device).properties.multiprocessor_count)
+        room = int(per_sm) * int(Device(self._library.device).properties.multiprocessor_count)
+        from mpbind import nvshmem
+
+        return room // nvshmem._pes_sharing_this_gpu()
 
     def launch_collective(self, *args: Any, block: Any, grid: Any = 0, shared_mem: int = 0,
                           stream: Any = None) -> tuple[int, int, int]:
