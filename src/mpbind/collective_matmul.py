@@ -219,6 +219,11 @@ class AllGatherMatmul:
 
     def __init__(self, m: int, k: int, n: int, dtype: Any = "bfloat16", *, method: str = "host",
                  gemm: Callable[[Any, Any, Any], Any] | None = None, ctas: int = 16) -> None:
+        sharing = nvshmem._pes_sharing_this_gpu()  # the same on every PE: refused alike, before anything collective
+        if sharing > 1:
+            raise UsageError(f"AllGatherMatmul needs one PE per GPU; {sharing} PEs share this one (with three PEs "
+                             "on one GPU under CUDA MPS its products came out wrong, a fault not yet understood, so "
+                             "it refuses rather than risk a wrong result)")
         code, name = _local_problem(m, k, n, dtype, method, ctas)
         dtype_code = _DTYPES.index(name) if name else -1
         method_code = _METHODS.index(method) if method in _METHODS else -1

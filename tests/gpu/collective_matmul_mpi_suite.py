@@ -2,7 +2,7 @@
 shapes, both buffer parities, checked against the unsharded product; refusals on every PE alike.
 
     mpirun -np 2 python tests/gpu/collective_matmul_mpi_suite.py [--method host|kernel]
-    mpirun -np 3 python tests/gpu/collective_matmul_mpi_suite.py --one-gpu      # three PEs on GPU 0 (MPS)
+    mpirun -np 3 python tests/gpu/collective_matmul_mpi_suite.py --one-gpu      # three PEs on GPU 0: refused
 
 Prints ``PASS``/``FAIL``/``SKIP name [pe k]`` lines and ``pe=<k> passed=<p> failed=<f> skipped=<s>``.
 """
@@ -29,6 +29,12 @@ def run(report: Report, a: Any) -> None:
     r = report.check
     method, ex = a.method, load_example("collective_matmul")
     pe, n_pes = nvshmem.my_pe(), nvshmem.n_pes()
+    if nvshmem._pes_sharing_this_gpu() > 1:  # refused on every PE alike (products came out wrong there)
+        r("refuse.pes_sharing_a_gpu", lambda: refused(lambda: AllGatherMatmul(64, 128, 32, "float16", method=method),
+                                                       "one PE per GPU"))
+        nvshmem.barrier_all()
+        r("barrier.after_refusals", lambda: None)
+        return
     for dtype in (torch.float16, torch.bfloat16):
         for m, k, n in SHAPES:
             def case(m: int = m, k: int = k, n: int = n, dtype: Any = dtype) -> str:
