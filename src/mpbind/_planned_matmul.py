@@ -415,7 +415,9 @@ class PlannedMatmul(Owned):
                              "cuBLASMp 0.10: to capture it, plan with algo_type=cublasmp.MatmulAlgoType.NO_OVERLAP "
                              "(or run it eagerly with execute())")
         if self._matmul is not None:
-            self._matmul.capture(stream)
+            # The plan knows its algorithm (the thin Matmul cannot, and refuses every multi-process
+            # capture without NO_OVERLAP): the check above is the one that applies.
+            self._matmul._core.capture(stream)
         return self
 
     @property

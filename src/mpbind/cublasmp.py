@@ -372,6 +372,7 @@ class Matmul(Owned):
     n: int
     k: int
     descriptor: MatmulDescriptor
+    _processes: int
 
     def __init__(self, handle: Handle, a: Matrix, b: Matrix, d: Matrix, c: Matrix | None = None, *,
                  transa: bool = False, transb: bool = False, alpha: complex = 1.0, beta: complex = 0.0,
@@ -410,6 +411,7 @@ class Matmul(Owned):
         is_complex = a.dtype.startswith("complex")
         self.m, self.n, self.k = m, n, ka
         self.descriptor = descriptor
+        self._processes = max(g.nprow * g.npcol for g in (a.grid, b.grid, d.grid))
         self._core = _core.cublasmp.MatmulPlan(
             handle, descriptor._core, m, n, ka, _scalar(alpha, compute, is_complex), a.operand(), b.operand(),
             _scalar(beta, compute, is_complex), None if c is None else c.operand(), d.operand(), workspace,
@@ -432,7 +434,16 @@ class Matmul(Owned):
         """Record the call into a CUDA graph on `stream` (default: the handle's; not the legacy
         default stream). ``execute()`` then replays it with one ``cuGraphLaunch``, a few
         microseconds of host time instead of the library's own planning per call. The plan is
-        frozen: descriptor attributes changed later are not seen. Returns self."""
+        frozen: descriptor attributes changed later are not seen. Returns self.
+
+        Over more than one process it needs ``descriptor.algo_type = MatmulAlgoType.NO_OVERLAP``:
+        cuBLASMp 0.10 may otherwise pick an overlapped all-gather+GEMM or GEMM+reduce-scatter, whose
+        capture fails (CUBLASMP_STATUS_INTERNAL_ERROR) or whose replays give wrong results. The
+        refusal depends only on the plan, so every rank refuses alike."""
+        if self._processes > 1 and self.descriptor.algo_type != MatmulAlgoType.NO_OVERLAP:
+            raise UsageError("capturing a matmul over several processes needs descriptor.algo_type = "
+                             "cublasmp.MatmulAlgoType.NO_OVERLAP (cuBLASMp 0.10's overlapped all-gather+GEMM and "
+                             "GEMM+reduce-scatter do not capture or replay correctly)")
         self._core.capture(stream)
         return self
 

@@ -54,6 +54,7 @@ from mpbind import _loader  # noqa: E402
 from mpbind import cublasmp as layer_cublasmp  # noqa: E402
 from mpbind import nccl as layer_nccl  # noqa: E402
 from mpbind.bindings import cublasmp, nccl  # noqa: E402
+from mpbind.errors import UsageError  # noqa: E402
 
 # --- device memory -------------------------------------------------------------------------------
 
@@ -270,8 +271,9 @@ def summa(r: Rank, label: str, transa: Any) -> str:
 
 
 def layer_matmul(r: Rank, uid: bytes) -> str:
-    """AllGather+GEMM fp32 through cublasmp.Matmul, run directly, then captured into a CUDA graph and
-    replayed (the core calls cuStreamBeginCapture ... cuGraphLaunch through cuda-bindings' capsules)."""
+    """AllGather+GEMM fp32 through cublasmp.Matmul, run directly, then (capture refused until the
+    descriptor asks for NO_OVERLAP) captured into a CUDA graph and replayed (the core calls
+    cuStreamBeginCapture ... cuGraphLaunch through cuda-bindings' capsules)."""
     p, k_ = r.size, r.rank
     m, n, k = 32 * p, 16 * p, 48
     a_op, b = random_matrix((m, k), SEED + 20), random_matrix((k, n), SEED + 21)
@@ -293,6 +295,13 @@ def layer_matmul(r: Rank, uid: bytes) -> str:
             out = gather(r.mpi, d_buf, dist_d, to_f64)
             notes.append("direct " + expect_close(out, ref, 1e-4, 1e-5, "layer matmul"))
             d_buf.set(np.full(d_buf.shape, np.nan, np.float32))
+            try:  # over two processes cuBLASMp 0.10 may overlap the all-gather: refused without NO_OVERLAP
+                plan.capture(r.stream)
+            except UsageError as exc:
+                expect("NO_OVERLAP" in str(exc) and not plan.captured, f"refused as {exc}")
+            else:
+                raise AssertionError("capture() without NO_OVERLAP was not refused")
+            plan.descriptor.algo_type = layer_cublasmp.MatmulAlgoType.NO_OVERLAP
             plan.capture(r.stream)
             expect(plan.captured, "capture() did not capture")
             plan.execute()
