@@ -5,6 +5,7 @@ that starts NVSHMEM on this PE's GPU and prints the report."""
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib.util
 import os
 from collections.abc import Callable
@@ -53,6 +54,9 @@ def main(doc: str, run: Callable[[Report, argparse.Namespace], None],
     if arguments is not None:
         arguments(ap)
     a = ap.parse_args()
+    hang_after = int(os.environ.get("SUITE_DUMP_AFTER", "0") or 0)
+    if hang_after > 0:  # where every thread is, should the suite still run then (a hang, not a failure)
+        faulthandler.dump_traceback_later(hang_after, exit=False)
     comm = MPI.COMM_WORLD
     report = Report(comm.Get_rank(), tracebacks="NVSHMEM_SUITE_TRACEBACKS")
     device = 0 if a.one_gpu else comm.Get_rank() % torch.cuda.device_count()

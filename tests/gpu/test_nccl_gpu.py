@@ -331,6 +331,9 @@ _DUMMIES: dict[str, Callable[[], Any]] = {
     "exclude_ranks_list": list,
     "key": lambda: "NCCL_DEBUG",
     "unique_id": lambda: None,
+    # A non-NULL handle: the flat layer refuses NULL for handles the library does not check, before
+    # the missing symbol is reported (the function is never called: the library lacks it).
+    "comm": lambda: 8,
 }
 # Required parameters named `config` of functions that take a struct other than Config.
 _CONFIG_DUMMIES: dict[str, Callable[[], Any]] = {
