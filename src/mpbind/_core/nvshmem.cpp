@@ -18,6 +18,7 @@
 #include <optional>
 #include <type_traits>
 
+#include "abi/cuda_driver.hpp"
 #include "abi/nvshmem.hpp"
 #include "arrays.hpp"
 #include "core.hpp"
@@ -36,6 +37,78 @@ const char* const kFinalizedMessage =
     "NVSHMEM was finalized in this process and cannot be used or initialised again "
     "(NVSHMEM allows one initialisation per process): keep one Runtime for the process's lifetime";
 const char* const kNotInitializedMessage = "NVSHMEM is not initialised: call mpbind.nvshmem.init() first";
+
+// --- host-side collectives after this PE's on-stream ones ----------------------------------
+//
+// NVSHMEM runs its host-side collectives (nvshmem_malloc/calloc/align and nvshmem_free, team split
+// and destroy, finalize) as barriers on a non-blocking stream of its own. A collective this PE queued
+// on another stream may still be in flight then, and the collectives of a team must not overlap:
+// they share the team's barrier state (NVSHMEM: a team's collectives run one at a time, in the same
+// order on every PE). Each on-stream collective of the layer records an event on its stream after it,
+// and a host-side collective first waits for those events. Events rather than the streams
+// themselves: a stream may be destroyed before the wait, its recorded event stays valid.
+//
+// Everything but the waits runs with the GIL held and without releasing it (the driver calls go
+// through the raw pointers), so Python threads see the lists change one call at a time.
+namespace cu = abi::cuda_driver;
+
+class CollectiveFence {
+public:
+    // After an on-stream collective was queued on `stream`.
+    void note(uintptr_t stream) {
+        const cu::Api& drv = cu::api();
+        void* event = nullptr;
+        for (const auto& [s, e] : pending_) {
+            if (s == stream) event = e;
+        }
+        if (event == nullptr) {
+            if (spare_.empty()) {
+                capi::check(drv.cuEventCreate, drv.cuEventCreate.ptr(&event, static_cast<unsigned>(cu::CU_EVENT_DISABLE_TIMING)));
+            } else {
+                event = spare_.back();
+                spare_.pop_back();
+            }
+            pending_.emplace_back(stream, event);
+        }
+        capi::check(drv.cuEventRecord, drv.cuEventRecord.ptr(event, reinterpret_cast<void*>(stream)));
+    }
+
+    // Before a host-side collective: this PE's on-stream collectives have completed.
+    void settle() {
+        if (pending_.empty()) return;
+        std::vector<void*> events;
+        for (const auto& [s, e] : pending_) events.push_back(e);
+        pending_.clear();
+        const cu::Api& drv = cu::api();
+        for (size_t i = 0; i < events.size(); ++i) {
+            try {
+                call(drv.cuEventSynchronize, events[i]);  // the GIL released while it waits
+            } catch (...) {
+                spare_.insert(spare_.end(), events.begin() + static_cast<std::ptrdiff_t>(i), events.end());
+                throw;
+            }
+            spare_.push_back(events[i]);
+        }
+    }
+
+    // After finalize: the events go with the runtime.
+    void drop() {
+        const cu::Api& drv = cu::api();
+        for (const auto& [s, e] : pending_) spare_.push_back(e);
+        pending_.clear();
+        for (void* e : spare_) drv.cuEventDestroy.ptr(e);
+        spare_.clear();
+    }
+
+private:
+    std::vector<std::pair<uintptr_t, void*>> pending_;  // stream, the event recorded after its last collective
+    std::vector<void*> spare_;
+};
+
+CollectiveFence& fence() {
+    static auto* f = new CollectiveFence();  // one runtime per process; never destroyed (used at exit)
+    return *f;
+}
 
 class AllocState;
 
@@ -88,7 +161,9 @@ void RuntimeState::release() {
         Lock l = lock(g.mu);
         g.finalized = true;  // even if the call fails: NVSHMEM is unusable after an attempt
     }
+    fence().settle();
     invoke(api().nvshmemx_hostlib_finalize);
+    fence().drop();
 }
 
 // The live runtime, or UsageError saying why there is none.
@@ -120,6 +195,7 @@ public:
 protected:
     void release() override {
         runtime->forget(ptr);
+        fence().settle();
         invoke(api().nvshmem_free, reinterpret_cast<void*>(ptr));
     }
 };
@@ -156,6 +232,7 @@ Allocation allocate(size_t nbytes, bool zero, size_t alignment) {
                                             "takes none); allocate with alignment and zero it");
     const Api& a = api();
     const char* function = zero ? a.nvshmem_calloc.name : alignment ? a.nvshmem_align.name : a.nvshmem_malloc.name;
+    fence().settle();
     void* p = zero ? invoke(a.nvshmem_calloc, nbytes, size_t{1})
                    : alignment ? invoke(a.nvshmem_align, alignment, nbytes) : invoke(a.nvshmem_malloc, nbytes);
     if (p == nullptr) {
@@ -185,7 +262,9 @@ public:
 
 protected:
     void release() override {
-        if (!predefined) invoke(api().nvshmem_team_destroy, team);
+        if (predefined) return;
+        fence().settle();
+        invoke(api().nvshmem_team_destroy, team);
     }
 };
 using Team = Ref<TeamState>;
@@ -216,6 +295,7 @@ std::optional<Team> split_strided(Team& parent, int start, int stride, int size)
                     " PEs");
     }
     nvshmem_team_t team = NVSHMEM_TEAM_INVALID;
+    fence().settle();
     call(api().nvshmem_team_split_strided, p.team, start, stride, size, nullptr, 0L, &team);
     if (team == NVSHMEM_TEAM_INVALID) return std::nullopt;  // this PE is not a member
     return make_team(rt, team, false);
@@ -573,6 +653,7 @@ void issue(const Step& k) {
             break;
         }
     }
+    if (k.kind != Rma::kPut && k.kind != Rma::kGet && k.kind != Rma::kQuiet) fence().note(k.stream);
 }
 
 Step plan_sync(Rma kind, const Heap& heap, nb::handle team, nb::handle stream) {
