@@ -90,6 +90,46 @@ def slowest(group: Any, values: list[float]) -> float:
 # --- mpbind --------------------------------------------------------------------------------------------
 
 
+class Phases:
+    """Host time of the steps of making a plan, by step: the layer's constructors the planner calls,
+    wrapped for the duration of a `with` (the benchmark's own instrument; the library is unchanged).
+    `Matrix` keeps its identity (its ``__init__`` is wrapped: isinstance checks still hold); the core's
+    classes (`Handle`, the plan) are wrapped where the layer finds them, which only a plan made with
+    ``handle=None`` may do (nothing then checks an instance against them)."""
+
+    STEPS = (("handle", "mpbind.cublasmp", "Handle"), ("grids", "mpbind.cublasmp", "grid"),
+             ("matrices", "mpbind.cublasmp", "Matrix.__init__"),
+             ("descriptor", "mpbind._planned_matmul", "_descriptor"), ("plan", "mpbind._core.cublasmp", "MatmulPlan"))
+
+    def __init__(self) -> None:
+        self.ms: dict[str, float] = {name: 0.0 for name, _, _ in self.STEPS}
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def __enter__(self) -> Phases:
+        import importlib
+
+        for name, module, path in self.STEPS:
+            owner: Any = importlib.import_module(module)
+            *outer, attr = path.split(".")
+            for part in outer:
+                owner = getattr(owner, part)
+            original = getattr(owner, attr)
+
+            def timed(*args: Any, _f: Any = original, _n: str = name, **kwargs: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return _f(*args, **kwargs)
+                finally:
+                    self.ms[_n] += (time.perf_counter() - t0) * 1e3
+            self._saved.append((owner, attr, original))
+            setattr(owner, attr, timed)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, attr, original in reversed(self._saved):
+            setattr(owner, attr, original)
+
+
 def mpbind_side(group: Any, calls: int) -> dict[str, Any]:
     import _tp
 
@@ -103,7 +143,9 @@ def mpbind_side(group: Any, calls: int) -> dict[str, Any]:
     def make() -> cublasmp.PlannedMatmul:
         return lay.plan(handle=None, stream=ranks.stream)  # a handle of its own, as nvmath makes its own
 
-    cold, cold_ms = timed_ms(group, make)
+    with Phases() as phases:  # where the first plan's time goes (the wrappers cost ~1 µs per step)
+        cold, cold_ms = timed_ms(group, make)
+    steps = {name: float(group.allreduce(ms, op=MPI.MAX)) for name, ms in phases.ms.items()}
     if cold.algorithm != "allgather_gemm":
         raise AssertionError(cold.explain())
     warm, warm_ms = timed_ms(group, make)
@@ -120,7 +162,7 @@ def mpbind_side(group: Any, calls: int) -> dict[str, Any]:
     warm.close()
     cold.close()
     out = {"cold_ms": cold_ms, "warm_ms": warm_ms, "execute_us": direct, "captured_us": captured, "rel_err": err,
-           "versions": _tp.header(ranks)}
+           "versions": _tp.header(ranks), "cold_steps_ms": steps}
     ranks.close()
     return out
 
@@ -234,6 +276,11 @@ def main() -> int:
         return 0
     rows = report(ours, theirs)
     print(f"mpbind: {ours['versions']}")
+    if "cold_steps_ms" in ours:  # the slowest rank per step
+        steps = ours["cold_steps_ms"]
+        other = ours["cold_ms"] - sum(steps.values())
+        print("mpbind's cold plan by step (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in steps.items()) +
+              f", the rest {other:.1f}")
     print(f"nvmath: {theirs.get('versions', theirs.get('unavailable'))}")
     print(_results.table(HEADER, rows))
     _results.write_csv(a.out / "planned_matmul_host.csv", HEADER, rows)
