@@ -356,6 +356,11 @@ def _check_operands(handle: Any, transa: Any, transb: Any, alpha: Any, beta: Any
     _number(beta, "beta")
 
 
+def _processes(*matrices: Matrix) -> int:
+    """How many processes the grids of a matmul's matrices span (what its capture() rule asks)."""
+    return max(m.grid.nprow * m.grid.npcol for m in matrices)
+
+
 class Matmul(Owned):
     """A planned ``D = alpha op(A) op(B) + beta C``: ``execute()`` is one ``cublasMpMatmul``.
 
@@ -411,7 +416,7 @@ class Matmul(Owned):
         is_complex = a.dtype.startswith("complex")
         self.m, self.n, self.k = m, n, ka
         self.descriptor = descriptor
-        self._processes = max(g.nprow * g.npcol for g in (a.grid, b.grid, d.grid))
+        self._processes = _processes(a, b, d)
         self._core = _core.cublasmp.MatmulPlan(
             handle, descriptor._core, m, n, ka, _scalar(alpha, compute, is_complex), a.operand(), b.operand(),
             _scalar(beta, compute, is_complex), None if c is None else c.operand(), d.operand(), workspace,

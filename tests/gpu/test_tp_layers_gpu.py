@@ -6,11 +6,11 @@ NCCL allows one rank per GPU, so a case runs only where at least N GPUs are visi
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
+from kernel_suite import load_example
 from mpirun_suite import assert_clean, find_mpirun, passed, run
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
@@ -64,11 +64,7 @@ def test_tp_mlp_example_under_mpirun(mpirun: str, nprocs: int) -> None:
 
 def test_tp_mlp_example_as_the_demo_starts_it(mpirun: str, capfd: pytest.CaptureFixture[str]) -> None:
     gpus(2)
-    spec = importlib.util.spec_from_file_location("tp_mlp", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    rc = example.launch(2, *SMALL)
+    rc = load_example("tp_mlp").launch(2, *SMALL)
     out = capfd.readouterr().out
     assert rc == 0, out[-8000:]
     every_rank_ok(out, 2)

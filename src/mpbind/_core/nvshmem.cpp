@@ -59,7 +59,10 @@ public:
         const cu::Api& drv = cu::api();
         void* event = nullptr;
         for (const auto& [s, e] : pending_) {
-            if (s == stream) event = e;
+            if (s == stream) {
+                event = e;
+                break;
+            }
         }
         if (event == nullptr) {
             if (spare_.empty()) {
