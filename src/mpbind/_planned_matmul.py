@@ -346,7 +346,7 @@ class PlannedMatmul(Owned):
             operands["c"].operand() if "c" in operands else None, operands["d"].operand(), None, keep, True)
         matmul = cublasmp.Matmul._over(core)  # the layer's Matmul over this plan: m, n, k fixed above
         matmul.m, matmul.n, matmul.k, matmul.descriptor = m, n, k, descriptor
-        matmul._processes = 1 if p.algorithm == "local" else p.nranks  # its own capture() rule: one grid per rank, or all
+        matmul._processes = 1 if p.algorithm == "local" else p.nranks  # one grid per rank, or all ranks
         matmul.execute = core.execute  # type: ignore[method-assign]
         self._core = _Parts(matmul, matrices, own)
         self._matmul = matmul
