@@ -18,7 +18,7 @@ import ctypes
 import importlib
 import os
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from mpbind import _families
 from mpbind._families import Owner
@@ -50,7 +50,17 @@ class LoadedLibrary:
     path: str
     handle: int
     found_via: str
-    owner: Owner | None = None  # the wheel that installed it; None: not from an nvidia-* wheel
+
+    @property
+    def owner(self) -> Owner | None:
+        """The wheel that installed it (None: not from an nvidia-* wheel). Read from the wheels' file
+        lists on first use (tens of ms), which only reports and conflict messages need; kept in the
+        instance dict (functools.cached_property would import functools with the loader)."""
+        try:
+            return self.__dict__["_owner"]  # type: ignore[no-any-return]
+        except KeyError:
+            owner = self.__dict__["_owner"] = _families.owner(self.path)
+            return owner
 
 
 def _wheels(name: str) -> tuple[str, ...]:
@@ -147,7 +157,6 @@ def load(name: str) -> LoadedLibrary:
                         f"where a GPU driver is. ({exc})"
                     ) from exc
                 raise
-            found = replace(found, owner=_families.owner(found.path))
             _loaded[name] = found
     return found
 
