@@ -94,6 +94,15 @@ public:
         }
     }
 
+    // Before a collective release: as settle(), but a failed wait (a sticky CUDA error) must not
+    // keep this PE from the release the other PEs make; the error shows again on the next call.
+    void settle_for_release() noexcept {
+        try {
+            settle();
+        } catch (...) {
+        }
+    }
+
     // After finalize: the events go with the runtime.
     void drop() {
         const cu::Api& drv = cu::api();
@@ -164,7 +173,7 @@ void RuntimeState::release() {
         Lock l = lock(g.mu);
         g.finalized = true;  // even if the call fails: NVSHMEM is unusable after an attempt
     }
-    fence().settle();
+    fence().settle_for_release();
     invoke(api().nvshmemx_hostlib_finalize);
     fence().drop();
 }
@@ -198,7 +207,7 @@ public:
 protected:
     void release() override {
         runtime->forget(ptr);
-        fence().settle();
+        fence().settle_for_release();
         invoke(api().nvshmem_free, reinterpret_cast<void*>(ptr));
     }
 };
@@ -266,7 +275,7 @@ public:
 protected:
     void release() override {
         if (predefined) return;
-        fence().settle();
+        fence().settle_for_release();
         invoke(api().nvshmem_team_destroy, team);
     }
 };
@@ -656,7 +665,7 @@ void issue(const Step& k) {
             break;
         }
     }
-    if (k.kind != Rma::kPut && k.kind != Rma::kGet && k.kind != Rma::kQuiet) fence().note(k.stream);
+    if (k.kind >= Rma::kBarrierAll) fence().note(k.stream);  // the collectives follow RMA in Rma
 }
 
 Step plan_sync(Rma kind, const Heap& heap, nb::handle team, nb::handle stream) {
