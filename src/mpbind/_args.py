@@ -56,3 +56,11 @@ def boolean(value: Any, name: str) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, not {type(value).__name__}")
     return value
+
+
+def agreement_digest(*values: Any) -> int:
+    """A 64-bit digest of `values` for ranks to compare (their reprs are alike on every rank that
+    passed the same values)."""
+    import hashlib  # here: only plans that agree across ranks need it
+
+    return int.from_bytes(hashlib.blake2b(repr(values).encode(), digest_size=8).digest(), "little", signed=True)

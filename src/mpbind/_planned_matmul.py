@@ -17,11 +17,10 @@ need).
 from __future__ import annotations
 
 import ctypes
-import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from mpbind import _core, _interop, cublasmp, nccl
+from mpbind import _args, _core, _interop, cublasmp, nccl
 from mpbind._matmul_plan import EPILOGUES, ComputeCapabilityError, MatmulPlan, block_scale_elements, plan
 from mpbind._owned import Owned, Parts
 from mpbind._typing import Array, Stream
@@ -95,7 +94,7 @@ def plan_matmul(comm: nccl.Communicator, a: Array, b: Array, d: Array, *, a_dist
             the_plan.require(capability)
     except (UsageError, TypeError) as exc:
         failure = exc
-    fingerprint = _fingerprint(dists, dtypes, transa, transb, alpha, beta, epilogue, compute_type, scaling,
+    fingerprint = _args.agreement_digest(dists, dtypes, transa, transb, alpha, beta, epilogue, compute_type, scaling,
                                sorted(scales), bias is not None, aux is not None, _plain(algo_type),
                                _plain(communication_sm_count), _plain(communication_type))
     _agree(comm, rank, nranks, fingerprint, failure, capability, the_plan)
@@ -203,12 +202,6 @@ def _capability(device: int) -> tuple[int, int]:
 
 
 # --- agreeing ---------------------------------------------------------------------------------------
-
-
-def _fingerprint(*values: Any) -> int:
-    """A digest of the plan's values (reprs are the same on every rank that passed the same values)."""
-    digest = hashlib.blake2b(repr(values).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little", signed=True)
 
 
 def _agree(comm: nccl.Communicator, rank: int, nranks: int, fingerprint: int, failure: Exception | None,

@@ -53,11 +53,10 @@ rank; dropped unclosed they wait for :func:`mpbind.drain`, as every collective r
 from __future__ import annotations
 
 import ctypes
-import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from mpbind import _core, _fft_plan, _interop, cufftmp, nvshmem
+from mpbind import _args, _core, _fft_plan, _interop, cufftmp, nvshmem
 from mpbind._fft_plan import Algorithm, FFTSpec, Kind, ReshapeSpec, Side, plan_fft, row_major
 from mpbind._owned import Owned, Parts
 from mpbind._typing import Array, Stream
@@ -229,11 +228,6 @@ def _copy(dst: int, dst_pitch: int, src: int, src_pitch: int, row_bytes: int, ro
 # --- agreeing ---------------------------------------------------------------------------------------------
 
 
-def _digest(*values: Any) -> int:
-    """A digest of values whose reprs are the same on every rank that passed the same values."""
-    return int.from_bytes(hashlib.blake2b(repr(values).encode(), digest_size=8).digest(), "little", signed=True)
-
-
 def _exchange(comm: Any, mine: tuple[int, int]) -> list[tuple[int, int]]:
     """Every rank's (digest, status): over `comm` (mpi4py), or NVSHMEM's world (fixed-size fcollect)."""
     if comm is not None:
@@ -391,7 +385,7 @@ def plan(comm: Any, shape: Sequence[int], dtype: Any, kind: Kind | None = None, 
         return spec
 
     shape_key = tuple(shape) if hasattr(shape, "__iter__") else shape
-    digest = _digest(shape_key, _dtype_key(dtype), kind, repr(input), repr(output), algorithm)
+    digest = _args.agreement_digest(shape_key, _dtype_key(dtype), kind, repr(input), repr(output), algorithm)
     spec = _decided(comm, rank, "plan", digest, decide)
     return FFTPlan._make(comm, spec, rank, stream)
 
@@ -434,7 +428,6 @@ class FFTPlan(_Plan[FFTSpec]):
             raise
         self = cls._over(Parts([p], "fft plan parts"))
         self._place(spec, rank, device, stream)
-        self._cplan = p
         self._desc = desc
         self._buffer = int(desc.data)
         # Whether an array is used in place must be decided alike on every rank (cuFFTMp writes into the
@@ -599,7 +592,6 @@ class FFTPlan(_Plan[FFTSpec]):
     def _described(self) -> str:
         return f"{self.spec.cufft_type} {'x'.join(map(str, self.spec.shape))} {self.spec.algorithm}"
 
-    _cplan: cufftmp.Plan
     _desc: cufftmp.Descriptor
     _buffer: int
     _need: int
@@ -631,7 +623,7 @@ def plan_reshape(comm: Any, input: Distribution, output: Distribution, dtype: An
         _interop.stream_handle(stream)
         return spec
 
-    spec = _decided(comm, rank, "reshape", _digest(_dtype_key(dtype), repr(input), repr(output)), decide)
+    spec = _decided(comm, rank, "reshape", _args.agreement_digest(_dtype_key(dtype), repr(input), repr(output)), decide)
     return ReshapePlan._make(comm, spec, rank, stream)
 
 
@@ -661,7 +653,6 @@ class ReshapePlan(_Plan[ReshapeSpec]):
             raise
         self = cls._over(Parts(owned, "reshape plan parts"))
         self._place(spec, rank, device, stream)
-        self._reshape = owned[0]
         self._exec = owned[0]._core.exec
         self._in_buf, self._out_buf = owned[1], owned[2]
         self._work = owned[3].ptr if work else 0
@@ -718,7 +709,6 @@ class ReshapePlan(_Plan[ReshapeSpec]):
     def _described(self) -> str:
         return f"{self.spec.dtype} {'x'.join(map(str, self.spec.shape))}"
 
-    _reshape: cufftmp.Reshape
     _exec: Any
     _in_buf: nvshmem.SymmetricArray
     _out_buf: nvshmem.SymmetricArray
