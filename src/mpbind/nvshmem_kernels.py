@@ -511,7 +511,7 @@ def _flat_collective_launch() -> Any:
 class Kernel:
     """A kernel of a :class:`Library` with its declared parameters; it keeps the library alive."""
 
-    __slots__ = ("_library", "_kernel", "_name", "_params", "_collective", "_n_pes")
+    __slots__ = ("_library", "_kernel", "_name", "_params", "_collective", "_n_pes", "_grid_limits")
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         raise TypeError("kernels come from Library.kernel()")
@@ -526,6 +526,9 @@ class Kernel:
         self._params = params
         self._collective = collective
         self._n_pes = n_pes
+        # (threads per CTA, shared bytes) -> max_collective_grid: fixed while the library is loaded,
+        # and NVSHMEM runs once per process; read on every collective launch
+        self._grid_limits: dict[tuple[int, int], int] = {}
         return self
 
     @property
@@ -588,7 +591,10 @@ class Kernel:
         never start). Returns the grid launched."""
         values = self._checked(args)
         block3 = _dims(block, "block")
-        limit = self.max_collective_grid(block3, shared_mem)
+        key = (math.prod(block3), _shared(shared_mem))
+        limit = self._grid_limits.get(key)
+        if limit is None:
+            limit = self._grid_limits[key] = self.max_collective_grid(block3, shared_mem)
         grid3 = (limit, 1, 1) if _is_int(grid) and operator.index(grid) == 0 else _dims(grid, "grid")
         if limit < 1 or math.prod(grid3) > limit:
             raise UsageError(f"a collective launch of {self._name} with {math.prod(grid3)} CTAs of {block3} "
