@@ -284,7 +284,8 @@ class AllGatherMatmul:
 
     # --- the call -----------------------------------------------------------------------------
 
-    def _check(self, x: Any, w: Any, out: Any) -> None:
+    def _check(self, x: Any, w: Any, out: Any) -> int:
+        """The checks of a call; returns x's address."""
         if self._closed:
             raise UsageError("this AllGatherMatmul is closed")
         xi = device_array(x, "x", dtype=self.dtype, contiguous=True)
@@ -299,6 +300,7 @@ class AllGatherMatmul:
         for name, info in (("x", xi), ("w", wi), ("out", oi)):
             if info.device not in (-2, self._slots.device):
                 raise UsageError(f"{name} is on device {info.device}; this plan's PE uses device {self._slots.device}")
+        return xi.ptr
 
     def __call__(self, x: Any, w: Any, out: Any = None, stream: Any = None) -> Any:
         """``out = all_gather(x) @ w`` on `stream` (default: the framework's current stream, else the
@@ -308,7 +310,7 @@ class AllGatherMatmul:
             if not hasattr(x, "new_empty"):
                 raise UsageError("pass out= (an array of [P*m, n]) for arrays without new_empty()")
             out = x.new_empty((self.n_pes * self.m, self.n))
-        self._check(x, w, out)
+        x_ptr = self._check(x, w, out)
         if stream is None and framework.__name__ == "torch":
             stream = framework.cuda.current_stream()
         from cuda.core import Stream
@@ -323,19 +325,19 @@ class AllGatherMatmul:
         # GEMMs, which read the other parity, are queued before this one's on the same stream).
         self._comm.wait(compute.record())
         if self.method == "kernel":
-            self._launch_ring(x, parity)
+            self._launch_ring(x_ptr, parity)
         else:
-            self._host_ring(x, parity)
+            self._host_ring(x_ptr, parity)
         self._gemms(framework, gemm, x, w, out, parity, compute)
         compute.wait(self._comm.record())  # x and the buffers are free once the caller's stream is past
         return out
 
-    def _host_ring(self, x: Any, parity: int) -> None:
+    def _host_ring(self, x_ptr: int, parity: int) -> None:
         from mpbind.bindings import nvshmem as flat
 
         comm, half, epoch = int(self._comm.handle), self._half_bytes, self._round
         left, right = (self.pe - 1) % self.n_pes, (self.pe + 1) % self.n_pes
-        base = device_array(x, "x").ptr
+        base = x_ptr
         add = int(flat.SignalOp.ADD)
         ge = int(flat.CmpType.GE)
         flat.putmem_signal_nbi_on_stream(self._slot(parity, self.pe, 0), base, half,
@@ -352,8 +354,8 @@ class AllGatherMatmul:
                                              self._signal(parity, from_left, 1), 1, add, right, comm)
         flat.quiet_on_stream(comm)
 
-    def _launch_ring(self, x: Any, parity: int) -> None:
-        self._kernel.launch_collective(self._slots, device_array(x, "x").ptr, self._half_bytes, self._signals,
+    def _launch_ring(self, x_ptr: int, parity: int) -> None:
+        self._kernel.launch_collective(self._slots, x_ptr, self._half_bytes, self._signals,
                                        self._round, parity, grid=self.ctas, block=512, stream=self._comm)
 
     def _gemms(self, framework: Any, gemm: Callable[[Any, Any, Any], Any], x: Any, w: Any, out: Any, parity: int,
