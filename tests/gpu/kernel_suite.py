@@ -41,12 +41,6 @@ def refused(fn: Callable[[], object], match: str) -> str:
 def main(doc: str, run: Callable[[Report, argparse.Namespace], None],
          arguments: Callable[[argparse.ArgumentParser], None] | None = None) -> int:
     """Parse --one-gpu (and `arguments`), start NVSHMEM on this PE's GPU, run, print the summary."""
-    for name, value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
-                        ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")):
-        os.environ.setdefault(name, value)
-    import torch
-    from mpi4py import MPI
-
     from mpbind import nvshmem
 
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -57,10 +51,8 @@ def main(doc: str, run: Callable[[Report, argparse.Namespace], None],
     hang_after = int(os.environ.get("SUITE_DUMP_AFTER", "0") or 0)
     if hang_after > 0:  # where every thread is, should the suite still run then (a hang, not a failure)
         faulthandler.dump_traceback_later(hang_after, exit=False)
-    comm = MPI.COMM_WORLD
+    comm, device = load_example("_pes").start(a.one_gpu)  # the examples' PE placement, NVLS off
     report = Report(comm.Get_rank(), tracebacks="NVSHMEM_SUITE_TRACEBACKS")
-    device = 0 if a.one_gpu else comm.Get_rank() % torch.cuda.device_count()
-    torch.cuda.set_device(device)
     a.comm = comm
     try:
         with nvshmem.init(mpi_comm=comm, device=device):
