@@ -28,7 +28,7 @@ import ctypes
 import numbers
 import struct
 from enum import IntEnum
-from typing import Any, Generic, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 from mpbind import _args, _core, _interop
 from mpbind._owned import Owned
@@ -510,7 +510,25 @@ def gemm(handle: Handle, a: Matrix, b: Matrix, c: Matrix, *, transa: bool = Fals
 # --- matmuls planned from distributions (mpbind.distributions; the decisions: mpbind._matmul_plan) ---
 # Below the layer they build on: plan_matmul makes grids, Matrix objects, a MatmulDescriptor and a Matmul.
 
-from mpbind._matmul_plan import ComputeCapabilityError, MatmulPlan  # noqa: E402
-from mpbind._planned_matmul import PlannedMatmul, plan_matmul  # noqa: E402
+# Imported on first use: the planner pulls in dataclasses, inspect and the distributions, about
+# half of what importing this module took.
+if TYPE_CHECKING:
+    from mpbind._matmul_plan import ComputeCapabilityError, MatmulPlan
+    from mpbind._planned_matmul import PlannedMatmul, plan_matmul
+
+_PLANNED = {"ComputeCapabilityError": "mpbind._matmul_plan", "MatmulPlan": "mpbind._matmul_plan",
+            "PlannedMatmul": "mpbind._planned_matmul", "plan_matmul": "mpbind._planned_matmul"}
+
+
+def __getattr__(name: str) -> object:
+    module = _PLANNED.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ += ["ComputeCapabilityError", "MatmulPlan", "PlannedMatmul", "plan_matmul"]
