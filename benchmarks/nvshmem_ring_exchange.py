@@ -98,12 +98,36 @@ def with_mpbind(ex: Any, a: argparse.Namespace, comm: Any) -> list[list[Any]]:
     return rows
 
 
+def _numba_on_new_numpy() -> None:
+    """numba-cuda 0.x still calls ``numpy.row_stack``, which NumPy 2.5 removed (it was an alias of
+    ``vstack`` since NumPy 1.x): give it back before numba-cuda is imported."""
+    import numpy as np
+
+    if not hasattr(np, "row_stack"):
+        np.row_stack = np.vstack  # type: ignore[attr-defined]
+
+
+def _headers_of_the_loaded_nvshmem(cuda: Any) -> None:
+    """nvshmem4py's Numba bindings compile NVSHMEM's device headers from the first NVSHMEM that
+    cuda-pathfinder finds, which may be another copy than the host library in use (PyTorch's, in
+    an environment that has both): compile against the headers beside the library loaded."""
+    from mpbind import _loader
+
+    include = Path(_loader.load("nvshmem").path).resolve().parents[1] / "include"
+    if (include / "nvshmem.h").is_file():
+        rest = cuda.config.CUDA_NVRTC_EXTRA_SEARCH_PATHS.split(":")[1:]
+        cuda.config.CUDA_NVRTC_EXTRA_SEARCH_PATHS = ":".join([str(include), *rest])
+
+
 def with_nvshmem4py(ex: Any, a: argparse.Namespace, comm: Any) -> list[list[Any]]:
+    _numba_on_new_numpy()
     import cupy as cp
     import nvshmem.core as nvs
     import nvshmem.core.device.numba as nvd
     from cuda.core import Device
     from numba import cuda
+
+    _headers_of_the_loaded_nvshmem(cuda)
 
     add, ge = int(nvs.SignalOp.SIGNAL_ADD), int(nvs.ComparisonType.CMP_GE)
 
