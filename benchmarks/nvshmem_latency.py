@@ -22,6 +22,9 @@ The layer is called as a user writes it: ``nvshmem.put(dst, src, peer, stream)``
 (``nvshmem.bindings``, 0.4.1) get pointers and the stream handle. nvshmem4py resolves its symbols in
 the library already in the process; the script checks that both bindings call the same
 ``nvshmemx_putmem_on_stream`` (else it measures nvshmem4py in a second phase on its own library).
+After mpbind's runtime is finalized, nvshmem4py's own Python layer (``nvshmem.core.put`` and
+``quiet`` on its arrays and a cuda.core stream, after its own ``nvshmem.core.init``) is timed the same
+way (host time per pair): the like-for-like figure for mpbind's layer (``layer_over_nvshmem4py_layer``).
 ``my_pe()`` is timed too (ns per call). PE 0 prints the table and writes ``nvshmem_put.csv`` (and
 ``.png`` where matplotlib is installed) under ``--out``; the ratios of the other PEs are printed.
 """
@@ -186,6 +189,41 @@ def add_ratios(row: dict[str, Any]) -> None:
         row["layer_over_nvshmem4py_host"] = row["layer_host_us"] / row["nvshmem4py_host_us"]
 
 
+def nvshmem4py_layer(comm: Any, device: int, sizes: list[int], a: argparse.Namespace) -> dict[int, float] | str:
+    """Host µs per ``nvshmem.core.put`` + ``quiet`` pair of nvshmem4py's own layer, per size, in its
+    own initialisation (after mpbind's runtime is finalized), or why it could not run."""
+    try:
+        import nvshmem.core as nvs
+        from cuda.core import Device
+    except ImportError as exc:
+        return f"nvshmem.core not importable ({exc})"
+    dev = Device(device)
+    dev.set_current()
+    nvs.init(device=dev, mpi_comm=comm, initializer_method="mpi")
+    stream = dev.create_stream()
+    peer = (comm.Get_rank() + 1) % comm.Get_size()
+    out: dict[int, float] = {}
+    try:
+        for nbytes in sizes:
+            dst, src = nvs.array((nbytes,), dtype="uint8"), nvs.array((nbytes,), dtype="uint8")
+
+            def pair(dst: Any = dst, src: Any = src) -> None:
+                nvs.put(dst, src, remote_pe=peer, stream=stream)
+                nvs.quiet(stream=stream)
+
+            host_times(pair, 20, then=stream.sync)  # warm up
+            comm.Barrier()
+            times = host_times(pair, calls_for(nbytes, a.calls))
+            stream.sync()
+            out[nbytes] = statistics.median(times)
+            comm.Barrier()
+            nvs.free_array(dst)
+            nvs.free_array(src)
+    finally:
+        nvs.finalize()
+    return out
+
+
 def my_pe_ns(nb: Any, calls: int) -> dict[str, float]:
     out = {"layer": ns_per_call(nvshmem.my_pe, calls), "flat": ns_per_call(nv.my_pe, calls)}
     if nb is not None:
@@ -269,6 +307,14 @@ def main() -> int:
             nb.free(b.src)
         pe_ns["nvshmem4py"] = ns_per_call(nb.my_pe, a.my_pe_calls)
         nb.hostlib_finalize()
+
+    theirs = nvshmem4py_layer(comm, device, sizes, a) if nb is not None else "nvshmem4py not importable"
+    if isinstance(theirs, dict):
+        for row in rows:
+            row["nvshmem4py_layer_host_us"] = theirs[row["bytes"]]
+            row["layer_over_nvshmem4py_layer"] = row["layer_host_us"] / row["nvshmem4py_layer_host_us"]
+    elif pe == 0:
+        print(f"#   nvshmem4py's layer: not measured: {theirs}")
 
     everyone = comm.gather((rows, pe_ns), root=0)
     if pe != 0:
