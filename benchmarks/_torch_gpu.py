@@ -36,6 +36,20 @@ def event_median_us(fn: Callable[[], object], iters: int, warmup: int, world: An
     return statistics.median(times)
 
 
+def event_back_to_back_us(fn: Callable[[], object], iters: int, world: Any) -> float:
+    """Microseconds per call of `iters` calls queued back to back (no wait between them), one CUDA
+    event pair around them all, the ranks of `world` aligned by a barrier first."""
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    world.Barrier()
+    start.record()
+    for _ in range(iters):
+        fn()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) * 1e3 / iters
+
+
 def start_process_group(rank: int, size: int, port: int) -> None:
     """torch.distributed's NCCL process group on the current GPU, met at 127.0.0.1:`port` (unless
     MASTER_ADDR and MASTER_PORT say otherwise)."""

@@ -9,11 +9,19 @@ On two GPUs (cuBLASMp needs NCCL 2.29.2 or newer: preload it so that every libra
         -x PYTHONPATH python benchmarks/collective_matmul.py [--dtype float16] [--iters 50] [--out DIR]
 
 Shapes (rows of x per GPU, K, columns of w per GPU): the JAX Pallas guide's (1024, 4096, 4096) and
-(8192, 8192, 8192). Each figure is the median of ``--iters`` CUDA-event timings of one call, after
-``--warmup`` calls, the PEs aligned by a barrier before each; every result is checked against the
-NCCL + torch.matmul one first. PE 0 prints the table and writes ``collective_matmul.csv`` (and
-``.png`` with matplotlib) under ``--out``; an implementation that cannot run here is reported with
-the reason and left out of the plot.
+(8192, 8192, 8192). Two figures per implementation, every result checked against the NCCL +
+torch.matmul one first:
+
+* aligned: the median of ``--iters`` CUDA-event timings of one call, after ``--warmup`` calls, the
+  GPUs idle and the PEs aligned by a barrier before each (the host's time to issue the call counts);
+* back to back: ``--iters`` calls queued without a wait between them, one event pair around all
+  (time per call as in a model's forward pass, where the host runs ahead of the GPU).
+
+Rows named ``part:`` time the pieces at that shape (this PE's GEMM alone, the GEMM of all gathered
+rows, NCCL's all-gather alone, mpbind's host-issued ring with no GEMM), to show what limits it.
+PE 0 prints the table and writes ``collective_matmul.csv`` (and ``.png`` with matplotlib) under
+``--out``; an implementation that cannot run here is reported with the reason and left out of the
+plot.
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ from mpi4py import MPI  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _results  # noqa: E402
-from _torch_gpu import event_median_us, relative_error, start_process_group  # noqa: E402
+from _torch_gpu import event_back_to_back_us, event_median_us, relative_error, start_process_group  # noqa: E402
 
 from mpbind import nvshmem  # noqa: E402
 from mpbind.collective_matmul import AllGatherMatmul  # noqa: E402
@@ -94,6 +102,11 @@ def cublasmp_ag_gemm(x: Any, w: Any, p: int, rank: int, stack: list[Any]) -> Cal
     return call
 
 
+def timings(fn: Call, a: argparse.Namespace, comm: Any) -> tuple[float, float]:
+    """(aligned µs per call, back-to-back µs per call)."""
+    return event_median_us(fn, a.iters, a.warmup, comm), event_back_to_back_us(fn, a.iters, comm)
+
+
 def measure(shape: tuple[int, int, int], dtype: Any, a: argparse.Namespace, comm: Any) -> dict[str, Any]:
     m, k, n = shape
     p, rank = comm.Get_size(), comm.Get_rank()
@@ -103,7 +116,7 @@ def measure(shape: tuple[int, int, int], dtype: Any, a: argparse.Namespace, comm
     results: dict[str, Any] = {}
     reference = nccl_then_matmul(x, w, p)
     want = reference().clone()
-    results["nccl+torch.matmul"] = event_median_us(reference, a.iters, a.warmup, comm)
+    results["nccl+torch.matmul"] = timings(reference, a, comm)
     stack: list[Any] = []
     plans: list[AllGatherMatmul] = []
 
@@ -127,9 +140,21 @@ def measure(shape: tuple[int, int, int], dtype: Any, a: argparse.Namespace, comm
             err = relative_error(got, want)
             if not err < 2e-2:
                 raise AssertionError(f"relative error {err:.3g} against NCCL + torch.matmul")
-            results[name] = event_median_us(fn, a.iters, a.warmup, comm)
+            results[name] = timings(fn, a, comm)
         except Exception as exc:  # noqa: BLE001 - reported, and the others still run
             results[name] = f"unavailable: {type(exc).__name__}: {exc}"[:200]
+    gathered = x.new_empty((p * m, k))
+    mine, everyone = x.new_empty((m, n)), x.new_empty((p * m, n))
+    ring_only = AllGatherMatmul(m, k, n, dtype, method="host", gemm=lambda *_: None)
+    plans.append(ring_only)
+    parts: dict[str, Call] = {
+        "part: torch.matmul of this PE's rows": lambda: torch.matmul(x, w, out=mine),
+        "part: torch.matmul of all gathered rows": lambda: torch.matmul(gathered, w, out=everyone),
+        "part: NCCL all_gather alone": lambda: dist.all_gather_into_tensor(gathered, x),
+        "part: mpbind host ring alone (no GEMM)": lambda: ring_only(x, w, out=everyone),
+    }
+    for name, fn in parts.items():
+        results[name] = timings(fn, a, comm)
     torch.cuda.synchronize()
     for plan in plans:
         plan.close()
@@ -156,22 +181,27 @@ def main() -> int:
             res = measure(shape, dtype, a, comm)
             base = res["nccl+torch.matmul"]
             for name, value in res.items():
-                ratio = value / base if isinstance(value, float) else ""
-                rows.append([f"{shape[0]}x{shape[1]}x{shape[2]}", shape[0], name, value, ratio])
+                timed = isinstance(value, tuple)
+                rows.append([f"{shape[0]}x{shape[1]}x{shape[2]}", shape[0], name,
+                             value[0] if timed else value, value[0] / base[0] if timed else "",
+                             value[1] if timed else "", value[1] / base[1] if timed else ""])
     dist.destroy_process_group()
     if rank == 0:
-        header = ["shape (m/GPU x K x n/GPU)", "m_per_gpu", "implementation", "us", "vs nccl+matmul"]
+        header = ["shape (m/GPU x K x n/GPU)", "m_per_gpu", "implementation", "us", "vs nccl+matmul",
+                  "us back to back", "vs nccl+matmul back to back"]
         print(f"{p} GPUs, {a.dtype}")
         print(_results.table(header, rows))
         _results.write_csv(a.out / "collective_matmul.csv", header, rows)
-        series: dict[str, tuple[list[float], list[float]]] = {}
-        for _, m, name, value, _ in rows:
-            if isinstance(value, float):
-                xs, ys = series.setdefault(name, ([], []))
-                xs.append(m)
-                ys.append(value)
+        aligned: dict[str, tuple[list[float], list[float]]] = {}
+        queued: dict[str, tuple[list[float], list[float]]] = {}
+        for _, m, name, us, _, b2b, _ in rows:
+            if isinstance(us, float) and not name.startswith("part:"):
+                for series, value in ((aligned, us), (queued, b2b)):
+                    xs, ys = series.setdefault(name, ([], []))
+                    xs.append(m)
+                    ys.append(value)
         _results.plot(a.out / "collective_matmul.png", f"all_gather(x) @ w, {p} GPUs, {a.dtype}", "rows of x per GPU",
-                      [("time per call (us)", series)])
+                      [("time per call, aligned (us)", aligned), ("time per call, back to back (us)", queued)])
     return 0
 
 
