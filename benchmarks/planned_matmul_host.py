@@ -23,7 +23,8 @@ the layout nvmath infers as AG+GEMM), the slowest rank of each:
   and the NCCL communicator already loaded and made): ``cublasmp.plan_matmul`` against nvmath's
   ``Matmul(...)`` + ``plan()``; then a second plan of the same shapes (warm);
 * host time per ``execute()``, not captured: the median of ``--calls`` calls, the GPU drained
-  before each (outside the timed window), as nvmath's figures were measured; mpbind also captured;
+  before each (outside the timed window), as nvmath's figures were measured; mpbind also captured,
+  and the same ``cublasMpMatmul`` called through the flat binding (the library's own host time);
 * each result checked against torch.matmul on the gathered operands.
 
 Rank 0 prints a Markdown table and writes ``planned_matmul_host.csv`` and ``.png`` under ``--out``.
@@ -130,6 +131,38 @@ class Phases:
             setattr(owner, attr, original)
 
 
+def flat_call(planned: Any, handle: Any) -> Callable[[], None]:
+    """The plan's own ``cublasMpMatmul`` through the flat binding, with the plan's descriptors,
+    operands and workspaces: the library's host time per call, which ``execute()`` cannot go below."""
+    import ctypes
+
+    from mpbind import _core, cublasmp
+    from mpbind.bindings import cublasmp as flat
+
+    mm, p = planned.matmul, planned.plan
+    mats = dict(zip([o.name for o in p.operands], planned._core.matrices, strict=True))
+    compute = int(p.compute_type)
+    scalars = [ctypes.create_string_buffer(cublasmp._scalar(v, compute, False), 16) for v in (p.alpha, p.beta)]
+    device_bytes, host_bytes = mm.workspace_size
+    work = _core.cublasmp.shared_workspace(mats["d"].grid, device_bytes).ptr if device_bytes else 0
+    host = handle.host_workspace(host_bytes)
+
+    def operand(name: str) -> tuple[int, int, int, int]:
+        m = mats.get(name)
+        return (0, 1, 1, 0) if m is None else (m.ptr, 1, 1, m.descriptor.ptr)
+
+    args = (handle.ptr, mm.descriptor.ptr, mm.m, mm.n, mm.k, ctypes.addressof(scalars[0]), *operand("a"),
+            *operand("b"), ctypes.addressof(scalars[1]), *operand("c"), *operand("d"), work, device_bytes, host,
+            host_bytes)
+    call = flat.matmul
+
+    def run() -> None:
+        call(*args)
+
+    run.keep = scalars  # type: ignore[attr-defined]  # the scalars live as long as the call
+    return run
+
+
 def mpbind_side(group: Any, calls: int) -> dict[str, Any]:
     import _tp
 
@@ -155,13 +188,22 @@ def mpbind_side(group: Any, calls: int) -> dict[str, Any]:
     torch.cuda.synchronize()
     err = relative_error(lay.result(), want)
     direct = slowest(group, host_us(cold.execute, calls))
+    handle = cublasmp.Handle(ranks.stream)  # the flat call's plan: one whose handle this side holds
+    floor_plan = lay.plan(handle=handle, stream=ranks.stream)
+    library = slowest(group, host_us(flat_call(floor_plan, handle), calls))
+    floor_plan.execute()
+    torch.cuda.synchronize()
+    floor_err = relative_error(lay.result(), want)
     captured_plan.capture(ranks.stream)
     captured = slowest(group, host_us(captured_plan.execute, calls))
     torch.cuda.synchronize()
     captured_plan.close()
+    floor_plan.close()
+    handle.close()
     warm.close()
     cold.close()
     out = {"cold_ms": cold_ms, "warm_ms": warm_ms, "execute_us": direct, "captured_us": captured, "rel_err": err,
+           "library_us": library, "library_rel_err": floor_err,
            "versions": _tp.header(ranks), "cold_steps_ms": steps}
     ranks.close()
     return out
@@ -281,6 +323,8 @@ def main() -> int:
         other = ours["cold_ms"] - sum(steps.values())
         print("mpbind's cold plan by step (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in steps.items()) +
               f", the rest {other:.1f}")
+    if "library_rel_err" in ours:
+        print(f"the flat cublasMpMatmul's result against torch: {ours['library_rel_err']:.2e}")
     print(f"nvmath: {theirs.get('versions', theirs.get('unavailable'))}")
     print(_results.table(HEADER, rows))
     _results.write_csv(a.out / "planned_matmul_host.csv", HEADER, rows)
@@ -308,6 +352,7 @@ def report(ours: dict[str, Any], theirs: dict[str, Any]) -> list[list[Any]]:
         ["cold plan creation, 2 ranks (ms)", *pair("cold_ms", 0.5)],
         ["warm plan creation, same shapes (ms)", *pair("warm_ms", None)],
         [f"host time per execute(), {SIZE}^3 bf16, not captured (us)", *pair("execute_us", 0.2)],
+        ["host time per cublasMpMatmul itself, flat binding (us)", ours.get("library_us", ""), "", "", ""],
         ["host time per execute(), captured (us)", ours.get("captured_us", ""), "", "", ""],
         ["max |error| / max |torch|", ours.get("rel_err", ""), theirs.get("rel_err", ""), "", "<= 1e-2"],
     ]
