@@ -41,6 +41,7 @@ def run(report: Report, a: Any) -> None:
                 x, w, gathered = ex.operands(pe, n_pes, m, k, n, dtype)
                 with AllGatherMatmul(m, k, n, dtype, method=method) as agmm:
                     stream = torch.cuda.Stream()
+                    stream.wait_stream(torch.cuda.current_stream())  # x and w were made on the default stream
                     with torch.cuda.stream(stream):
                         outs = [agmm(x, w) for _ in range(3)]  # parities 1, 0, 1
                     stream.synchronize()
