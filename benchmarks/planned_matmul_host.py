@@ -20,8 +20,9 @@ Measured on each side, bf16 1024^3 (all-gather+GEMM: A and B split by columns, D
 the layout nvmath infers as AG+GEMM), the slowest rank of each:
 
 * cold plan creation: the process's first plan (grids, workspace, registrations; the libraries
-  and the NCCL communicator already loaded and made): ``cublasmp.plan_matmul`` against nvmath's
-  ``Matmul(...)`` + ``plan()``; then a second plan of the same shapes (warm);
+  and the NCCL communicator already loaded and made, and the communicator's first collective,
+  where NCCL sets up its connections, timed before it on its own): ``cublasmp.plan_matmul`` against
+  nvmath's ``Matmul(...)`` + ``plan()``; then a second plan of the same shapes (warm);
 * host time per ``execute()``, not captured: the median of ``--calls`` calls, the GPU drained
   before each (outside the timed window), as nvmath's figures were measured; mpbind also captured,
   and the same ``cublasMpMatmul`` called through the flat binding (the library's own host time);
@@ -176,6 +177,11 @@ def mpbind_side(group: Any, calls: int) -> dict[str, Any]:
     def make() -> cublasmp.PlannedMatmul:
         return lay.plan(handle=None, stream=ranks.stream)  # a handle of its own, as nvmath makes its own
 
+    # The communicator's first collective sets up NCCL's connections (lazily, since NCCL 2.22); the
+    # plan's agreement would be that collective. Timed on its own, so that the cold plan below is the
+    # plan's own cost (nvmath-python's first collective is in its first execute, not in plan()).
+    probe = torch.zeros(group.Get_size(), dtype=torch.int64, device="cuda")
+    _, first_collective_ms = timed_ms(group, lambda: ranks.comm.all_gather(probe[:1], probe, stream=ranks.stream))
     with Phases() as phases:  # where the first plan's time goes (the wrappers cost ~1 µs per step)
         cold, cold_ms = timed_ms(group, make)
     steps = {name: float(group.allreduce(ms, op=MPI.MAX)) for name, ms in phases.ms.items()}
@@ -184,8 +190,7 @@ def mpbind_side(group: Any, calls: int) -> dict[str, Any]:
     warm, warm_ms = timed_ms(group, make)
     # The overlapped algorithm does not replay from a graph: the captured figure is NO_OVERLAP's.
     captured_plan = lay.plan(handle=None, stream=ranks.stream, algo_type=cublasmp.MatmulAlgoType.NO_OVERLAP)
-    cold.execute()
-    torch.cuda.synchronize()
+    _, first_ms = timed_ms(group, cold.execute)  # the process's first execute
     err = relative_error(lay.result(), want)
     direct = slowest(group, host_us(cold.execute, calls))
     handle = cublasmp.Handle(ranks.stream)  # the flat call's plan: one whose handle this side holds
@@ -202,7 +207,8 @@ def mpbind_side(group: Any, calls: int) -> dict[str, Any]:
     handle.close()
     warm.close()
     cold.close()
-    out = {"cold_ms": cold_ms, "warm_ms": warm_ms, "execute_us": direct, "captured_us": captured, "rel_err": err,
+    out = {"first_collective_ms": first_collective_ms, "cold_ms": cold_ms, "warm_ms": warm_ms, "execute_us": direct,
+           "first_execute_ms": first_ms, "captured_us": captured, "rel_err": err,
            "library_us": library, "library_rel_err": floor_err,
            "versions": _tp.header(ranks), "cold_steps_ms": steps}
     ranks.close()
@@ -241,8 +247,7 @@ def nvmath_side(group: Any, calls: int) -> dict[str, Any]:
 
     cold, cold_ms = timed_ms(group, make)
     warm, warm_ms = timed_ms(group, make)
-    result = cold.execute()
-    torch.cuda.synchronize()
+    result, first_ms = timed_ms(group, cold.execute)  # the process's first execute
     gathered = torch.from_numpy(np.concatenate(group.allgather(x.float().cpu().numpy()))).cuda()
     want = w.float() @ gathered.T  # this rank's output features, every token
     err = relative_error(result, want)
@@ -251,7 +256,7 @@ def nvmath_side(group: Any, calls: int) -> dict[str, Any]:
     warm.free()
     cold.free()
     nvmath.distributed.finalize()
-    return {"cold_ms": cold_ms, "warm_ms": warm_ms, "execute_us": direct, "rel_err": err,
+    return {"cold_ms": cold_ms, "warm_ms": warm_ms, "first_execute_ms": first_ms, "execute_us": direct, "rel_err": err,
             "versions": f"nvmath-python {nvmath.__version__}, cuBLASMp {version}; libnccl mapped: {mapped_nccl()}"}
 
 
@@ -329,7 +334,7 @@ def main() -> int:
     print(_results.table(HEADER, rows))
     _results.write_csv(a.out / "planned_matmul_host.csv", HEADER, rows)
     bars: dict[str, tuple[list[float], list[float]]] = {"mpbind": ([], []), "nvmath-python": ([], [])}
-    for i, row in enumerate(rows[:3]):
+    for i, row in enumerate((rows[1], rows[2], rows[4])):  # cold plan, warm plan, execute
         for name, col in (("mpbind", 1), ("nvmath-python", 2)):
             if isinstance(row[col], float):
                 bars[name][0].append(i + 1)
@@ -349,8 +354,11 @@ def report(ours: dict[str, Any], theirs: dict[str, Any]) -> list[list[Any]]:
         return [mine, other, ratio, verdict]
 
     return [
+        ["the NCCL communicator's first collective, before planning (ms)", ours.get("first_collective_ms", ""),
+         "", "", ""],
         ["cold plan creation, 2 ranks (ms)", *pair("cold_ms", 0.5)],
         ["warm plan creation, same shapes (ms)", *pair("warm_ms", None)],
+        ["the process's first execute(), to its end (ms)", *pair("first_execute_ms", None)],
         [f"host time per execute(), {SIZE}^3 bf16, not captured (us)", *pair("execute_us", 0.2)],
         ["host time per cublasMpMatmul itself, flat binding (us)", ours.get("library_us", ""), "", "", ""],
         ["host time per execute(), captured (us)", ours.get("captured_us", ""), "", "", ""],
