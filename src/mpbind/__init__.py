@@ -60,10 +60,15 @@ def load_libraries(*names: str) -> dict[str, str]:
 def drain() -> int:
     """Collect garbage, then run every queued collective release, newest first (reverse creation
     order, the same on every rank whatever order objects were dropped in). Collective: call it on
-    every rank. Returns how many ran."""
+    every rank. Kernel libraries dropped without ``close()`` (:mod:`mpbind.nvshmem_kernels`) are
+    unloaded first, while NVSHMEM is still up. Returns how many ran."""
+    import sys
+
     from mpbind import _core
 
-    return int(_core.drain())
+    kernels = sys.modules.get("mpbind.nvshmem_kernels")  # none to unload unless it was imported
+    unloaded = kernels.drain() if kernels is not None else 0
+    return unloaded + int(_core.drain())
 
 
 def queued() -> list[tuple[str, int]]:

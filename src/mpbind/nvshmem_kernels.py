@@ -374,7 +374,7 @@ class _LibraryState:
             return
         # Never released from the garbage collector: park it (loaded) until drain().
         warnings.warn(f"kernel library {self.name} (serial {self.serial}) dropped without close(); it stays "
-                      "loaded until mpbind.nvshmem_kernels.drain()", ResourceWarning, stacklevel=2)
+                      "loaded until mpbind.drain() (or nvshmem_kernels.drain())", ResourceWarning, stacklevel=2)
         revived = _LibraryState.__new__(_LibraryState)
         revived.__dict__.update(self.__dict__)
         with _lock:

@@ -18,6 +18,7 @@ import pytest
 
 pytest.importorskip("cuda.core", reason="cuda-core is not installed (pip install 'mpbind[kernels]')")
 
+import mpbind  # noqa: E402
 from mpbind import _kernel_build  # noqa: E402
 from mpbind import nvshmem_kernels as nk  # noqa: E402
 from mpbind.errors import KernelBuildError, MpbindError, UsageError  # noqa: E402
@@ -325,3 +326,13 @@ def test_cubins_made_by_hand_are_checked(field: str, bad: Any, match: str) -> No
 
 def test_drain_with_nothing_dropped() -> None:
     assert nk.drain() == 0
+
+
+def test_the_process_drain_unloads_dropped_kernel_libraries_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Unloading needs a GPU (the device is synchronised first): what is checked here is that
+    # mpbind.drain() reaches the kernel libraries' queue, before the core's collective releases.
+    order: list[str] = []
+    monkeypatch.setattr(nk, "drain", lambda: order.append("kernels") or 2)
+    monkeypatch.setattr(mpbind._core, "drain", lambda: order.append("core") or 3)
+    assert mpbind.drain() == 5
+    assert order == ["kernels", "core"]
