@@ -111,6 +111,17 @@ def run(report: Report, a: Any) -> None:
         return "warned, released by drain()"
     r("lifetime.dropped_library", dropped)
 
+    def dropped_then_process_drain() -> str:
+        again = cubin.load()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            del again
+            gc.collect()
+        ran = mpbind.drain()  # collective (every PE calls it): unloads the kernel library first
+        expect(ran >= 1 and nk.drain() == 0, f"mpbind.drain() ran {ran} releases and left the library parked")
+        return f"mpbind.drain() ran {ran}"
+    r("lifetime.dropped_library_process_drain", dropped_then_process_drain)
+
     library.close()
     r("lifetime.closed_library", lambda: refused(lambda: kernel.launch(dst, local, 16, sig, 0, 1, grid=1, block=32),
                                                  "closed"))
