@@ -110,13 +110,13 @@ def _numba_on_new_numpy() -> None:
 def _headers_of_the_loaded_nvshmem(cuda: Any) -> None:
     """nvshmem4py's Numba bindings compile NVSHMEM's device headers from the first NVSHMEM that
     cuda-pathfinder finds, which may be another copy than the host library in use (PyTorch's, in
-    an environment that has both): compile against the headers beside the library loaded."""
-    from mpbind import _loader
+    an environment that has both): compile against the headers mpbind's kernels use, those of the
+    host library loaded."""
+    from mpbind import _kernel_build
 
-    include = Path(_loader.load("nvshmem").path).resolve().parents[1] / "include"
-    if (include / "nvshmem.h").is_file():
-        rest = cuda.config.CUDA_NVRTC_EXTRA_SEARCH_PATHS.split(":")[1:]
-        cuda.config.CUDA_NVRTC_EXTRA_SEARCH_PATHS = ":".join([str(include), *rest])
+    include = _kernel_build.toolchain().nvshmem_include
+    rest = cuda.config.CUDA_NVRTC_EXTRA_SEARCH_PATHS.split(":")[1:]
+    cuda.config.CUDA_NVRTC_EXTRA_SEARCH_PATHS = ":".join([str(include), *rest])
 
 
 def with_nvshmem4py(ex: Any, a: argparse.Namespace, comm: Any) -> list[list[Any]]:
