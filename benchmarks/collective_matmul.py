@@ -46,7 +46,7 @@ from mpi4py import MPI  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _results  # noqa: E402
-from _torch_gpu import event_back_to_back_us, event_median_us, relative_error, start_process_group  # noqa: E402
+from _torch_gpu import event_median_us, queued_us, relative_error, start_process_group  # noqa: E402
 
 from mpbind import nvshmem  # noqa: E402
 from mpbind.collective_matmul import AllGatherMatmul  # noqa: E402
@@ -104,7 +104,10 @@ def cublasmp_ag_gemm(x: Any, w: Any, p: int, rank: int, stack: list[Any]) -> Cal
 
 def timings(fn: Call, a: argparse.Namespace, comm: Any) -> tuple[float, float]:
     """(aligned µs per call, back-to-back µs per call)."""
-    return event_median_us(fn, a.iters, a.warmup, comm), event_back_to_back_us(fn, a.iters, comm)
+    aligned = event_median_us(fn, a.iters, a.warmup, comm)
+    torch.cuda.synchronize()
+    comm.Barrier()
+    return aligned, queued_us(fn, a.iters)
 
 
 def measure(shape: tuple[int, int, int], dtype: Any, a: argparse.Namespace, comm: Any) -> dict[str, Any]:

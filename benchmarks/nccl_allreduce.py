@@ -41,6 +41,7 @@ from mpi4py import MPI  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 import _results  # noqa: E402
 from _timing import host_times  # noqa: E402
+from _torch_gpu import queued_us  # noqa: E402
 
 from mpbind import _loader, nccl  # noqa: E402
 from mpbind.bindings import nccl as flat  # noqa: E402
@@ -75,13 +76,7 @@ def calls_for(nbytes: int, calls: int) -> int:
 
 def device_time(fn: Callable[[], Any], iters: int) -> float:
     """Seconds per call from CUDA events around `iters` calls."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / iters
+    return queued_us(fn, iters) / 1e6
 
 
 def measure(comm: nccl.Communicator, nbytes: int, args: argparse.Namespace, world: Any) -> dict[str, Any]:
