@@ -7,8 +7,8 @@ Two PEs, one per GPU::
     mpirun --allow-run-as-root --bind-to none -np 2 -x NCCL_NVLS_ENABLE=0 -x NVSHMEM_DISABLE_NVLS=1 \\
         -x TORCH_SYMM_MEM_DISABLE_MULTICAST=1 python examples/collective_matmul.py [--method host|kernel]
 
-With PEs sharing a GPU (``--one-gpu`` under CUDA MPS) the plan refuses to run: three PEs on one
-H200 gave wrong products there, a fault not yet understood.
+Several PEs on one GPU (``--one-gpu``) need NVSHMEM's full multi-PE-per-GPU mode: CUDA MPS with an
+active-thread limit per client (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, passed with ``mpirun -x``).
 
 Every PE makes the same x of every PE (seeded by the PE number), so that it can compute the
 unsharded product itself. Prints ``collective_matmul pe=<k> <dtype> <method> ok max_err=<e>``;

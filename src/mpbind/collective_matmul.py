@@ -24,6 +24,11 @@ Two ways to move the halves (``method=``):
   and forwarding wait itself (``nvshmemx_putmem_signal_nbi_block`` by several CTAs); the GEMMs wait
   for its signals as above. One launch instead of 4(P-1) host calls.
 
+PEs may share a GPU in NVSHMEM's full multi-PE-per-GPU mode (CUDA MPS with an active-thread limit).
+There the GEMM library runs on a share of the SMs, and cuBLAS has been seen to get some small GEMMs
+wrong on its own (PyTorch 2.11 with CUDA 13.0, 42 of an H200's 132 SMs: fp16 and bf16 128 x 512 x 384,
+the half-chunk GEMM of m = 256, k = 512, n = 384): pass a ``gemm`` you trust there.
+
 Checks: the plan's arguments (shapes, dtype, method, GPU) are compared across the PEs when it is made,
 through a fixed-size exchange that cannot itself hang, and every PE raises the same ``UsageError``
 when any PE's are wrong or differ; a call then checks its arrays against the plan (shape, dtype,
@@ -219,11 +224,10 @@ class AllGatherMatmul:
 
     def __init__(self, m: int, k: int, n: int, dtype: Any = "bfloat16", *, method: str = "host",
                  gemm: Callable[[Any, Any, Any], Any] | None = None, ctas: int = 16) -> None:
-        sharing = nvshmem._pes_sharing_this_gpu()  # the same on every PE: refused alike, before anything collective
-        if sharing > 1:
-            raise UsageError(f"AllGatherMatmul needs one PE per GPU; {sharing} PEs share this one (with three PEs "
-                             "on one GPU under CUDA MPS its products came out wrong, a fault not yet understood, so "
-                             "it refuses rather than risk a wrong result)")
+        if nvshmem.runtime().limited_mpg:  # the same on every PE: refused alike, before anything collective
+            raise UsageError("AllGatherMatmul needs NVSHMEM collectives, which its limited multi-PE-per-GPU mode "
+                             "(PEs sharing a GPU without an MPS thread limit) lacks: run under CUDA MPS with "
+                             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE set, or with one PE per GPU")
         code, name = _local_problem(m, k, n, dtype, method, ctas)
         dtype_code = _DTYPES.index(name) if name else -1
         method_code = _METHODS.index(method) if method in _METHODS else -1
