@@ -5,6 +5,10 @@
 // every PE must do together. A plan that never had a communicator attached (a
 // reshape never made) has allocated nothing symmetric, so it may be destroyed by
 // the garbage collector: their lifetime rows are queued_once_collective.
+//
+// cuFFTMp's NVSHMEM collectives take part in the layer's collective fence (nvshmem.cpp): its execs
+// queue NVSHMEM collectives on the plan's (the reshape's) stream, and its plans, descriptors and
+// reshapes allocate and free symmetric memory, a host-side collective that must not overlap them.
 
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -18,6 +22,7 @@
 #include "abi/cufftmp.hpp"
 #include "arrays.hpp"
 #include "core.hpp"
+#include "nvshmem.hpp"
 #include "register.hpp"
 
 namespace mpbind::cufftmp {
@@ -128,6 +133,7 @@ public:
 
 protected:
     void release() override {
+        if (comm_type != -1) nvshmem::settle_collectives_for_release();  // cufftDestroy frees symmetric memory
         call(api().cufftDestroy, handle);
         comm = nb::object();
         stream_obj = nb::object();
@@ -145,7 +151,10 @@ public:
     int format;
 
 protected:
-    void release() override { call(api().cufftXtFree, desc); }
+    void release() override {
+        nvshmem::settle_collectives_for_release();
+        call(api().cufftXtFree, desc);
+    }
 };
 
 using Descriptor = Ref<DescState>;
@@ -162,6 +171,7 @@ public:
 
 protected:
     void release() override {
+        if (made) nvshmem::settle_collectives_for_release();
         call(api().cufftMpDestroyReshape, handle);
         comm = nb::object();
     }
@@ -248,6 +258,7 @@ size_t make_plan(Plan& self, const std::vector<long long>& n, int fft_type) {
     check_type(fft_type);
     check_not_made(s, n.size() == 2 ? "make_plan_2d" : "make_plan_3d");
     size_t work = 0;
+    if (s.comm_type != -1) nvshmem::settle_collectives();  // the plan allocates symmetric memory
     if (n.size() == 2) {
         call(api().cufftMakePlan2d, s.handle, static_cast<int>(n[0]), static_cast<int>(n[1]), fft_type, &work);
     } else {
@@ -406,6 +417,7 @@ void exec(Plan& self, uintptr_t in, uintptr_t out, int direction) {
         case CUFFT_Z2D: implied(CUFFT_INVERSE); call(a.cufftExecZ2D, s.handle, i, static_cast<double*>(o)); break;
         default: raise_usage("exec: unknown plan type");
     }
+    if (s.comm_type != -1) nvshmem::collective_queued(s.stream);
 }
 
 Descriptor xt_malloc(Plan& self, int format) {
@@ -413,6 +425,7 @@ Descriptor xt_malloc(Plan& self, int format) {
     PlanState& s = made_plan(self, "malloc");
     check_subformat("format", format);
     LibXtDesc* d = nullptr;
+    nvshmem::settle_collectives();  // symmetric memory when the plan is distributed
     call(api().cufftXtMalloc, s.handle, &d, format);
     if (d == nullptr) {
         raise_library_error(library.name, api().cufftXtMalloc.name, CUFFT_INTERNAL_ERROR,
@@ -430,6 +443,7 @@ void exec_descriptor(Plan& self, Descriptor& input, Descriptor* output, int dire
     DescState& in = input.get();
     DescState& out = output != nullptr ? output->get() : in;
     call(api().cufftXtExecDescriptor, s.handle, in.desc, out.desc, direction);
+    if (s.comm_type != -1) nvshmem::collective_queued(s.stream);
 }
 
 // --- descriptor operations ---
@@ -499,6 +513,7 @@ void make_reshape(Reshape& self, size_t element_size, const std::vector<long lon
     check_box("lower_output", lower_out, "upper_output", upper_out);
     check_comm(comm_type, comm_handle);
     if (s.made) raise_usage("make: the reshape is already made; create a new Reshape");
+    nvshmem::settle_collectives();
     call(api().__cufftMpMakeReshape_11_4, s.handle, element_size, static_cast<int>(rank),
          lower_in.data(), upper_in.data(), strides_in.data(), lower_out.data(), upper_out.data(),
          strides_out.data(), reinterpret_cast<void*>(comm_handle), comm_type);
@@ -530,6 +545,7 @@ void exec_reshape(Reshape& self, uintptr_t out, uintptr_t in, uintptr_t workspac
     uintptr_t st = stream_handle(stream);
     call(api().cufftMpExecReshapeAsync, s.handle, reinterpret_cast<void*>(out),
          reinterpret_cast<const void*>(in), reinterpret_cast<void*>(workspace), reinterpret_cast<void*>(st));
+    nvshmem::collective_queued(st);
 }
 
 std::string plan_repr(Plan& p) {

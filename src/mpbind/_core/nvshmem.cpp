@@ -112,6 +112,13 @@ public:
         spare_.clear();
     }
 
+    // The streams with an on-stream collective not yet waited for (the tests read them).
+    std::vector<uintptr_t> streams() const {
+        std::vector<uintptr_t> out;
+        for (const auto& [s, e] : pending_) out.push_back(s);
+        return out;
+    }
+
 private:
     std::vector<std::pair<uintptr_t, void*>> pending_;  // stream, the event recorded after its last collective
     std::vector<void*> spare_;
@@ -711,6 +718,12 @@ std::pair<uintptr_t, size_t> allocation_of(nb::handle memory) {
     return {s.ptr, s.nbytes};
 }
 
+void collective_queued(uintptr_t stream) { fence().note(stream); }
+
+void settle_collectives() { fence().settle(); }
+
+void settle_collectives_for_release() noexcept { fence().settle_for_release(); }
+
 }  // namespace mpbind::nvshmem
 
 namespace mpbind {
@@ -882,6 +895,8 @@ void register_nvshmem(nb::module_& parent) {
        nb::arg("stream").none() = none, "nvshmemx_<type>_<op>_reduce_on_stream by dest's dtype.");
 
     nb::module_ testing = nb::borrow<nb::module_>(parent.attr("_testing"));
+    testing.def("fence_streams", [] { return fence().streams(); },
+                "Streams whose on-stream NVSHMEM collectives the next host-side collective waits for.");
     testing.def("nvshmem_plan", [](const std::string& name, nb::tuple args, int npes, bool limited,
                                    std::vector<std::pair<uintptr_t, size_t>> heap) {
         Heap h;

@@ -11,4 +11,11 @@ namespace mpbind::nvshmem {
 // (base pointer, bytes) of a live mpbind._core.nvshmem.SymmetricMemory; UsageError once freed.
 std::pair<uintptr_t, size_t> allocation_of(nanobind::handle memory);
 
+// The collective fence (nvshmem.cpp) for NVSHMEM collectives that another library makes (cufftmp.cpp):
+// after it queued an on-stream one on `stream`, and before it makes a host-side one (an allocation, a
+// free). The release form never throws: a PE must not skip a collective release the others make.
+void collective_queued(uintptr_t stream);
+void settle_collectives();
+void settle_collectives_for_release() noexcept;
+
 }  // namespace mpbind::nvshmem
