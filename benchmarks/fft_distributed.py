@@ -152,13 +152,14 @@ def run_mpbind(a: argparse.Namespace, comm: Any) -> list[Row]:
                                      a.iters, a.warmup, comm, stream, events)
                     rows += [("mpbind", n, series, "gpu_ms_forward", fwd),
                              ("mpbind", n, series, "gpu_ms_fwd_inv", both)]
+                    cplan = p._core.objects[0]  # the plan's cufftmp.Plan (its first part)
                     if p.algorithm == "slabs":
-                        handle, ptr = p._cplan.handle, p._buffer
+                        handle, ptr = cplan.handle, p._buffer
 
                         def flat_call(h: int = handle, q: int = ptr) -> None:
                             flat.exec_c2c(h, q, q, fft.FORWARD)
                     else:
-                        handle, desc = p._cplan.handle, p._desc.ptr
+                        handle, desc = cplan.handle, p._desc.ptr
 
                         def flat_call(h: int = handle, q: int = desc) -> None:
                             flat.xt_exec_descriptor_c2c(h, q, q, fft.FORWARD)
