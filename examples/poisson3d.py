@@ -25,6 +25,7 @@ import argparse
 import os
 import statistics
 import sys
+from pathlib import Path
 from typing import Any
 
 for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
@@ -80,6 +81,7 @@ def main() -> int:
     ap.add_argument("--dtype", choices=("float32", "float64"), default="float64")
     ap.add_argument("--one-gpu", action="store_true", help="every PE on GPU 0")
     ap.add_argument("--iters", type=int, default=20, help="timed solves (after 3 warm-ups)")
+    ap.add_argument("--csv", type=Path, help="also write the time per solve here (PE 0)")
     ap.add_argument("--reference-max-n", type=int, default=256,
                     help="largest n checked against numpy.fft of the whole array on every PE")
     a = ap.parse_args()
@@ -150,6 +152,9 @@ def main() -> int:
         if pe == 0:
             print(f"poisson3d: {a.n}^3 {a.dtype} on {npes} PE(s) ({'one GPU' if a.one_gpu else 'one GPU each'}): "
                   f"{max(every):.3f} ms per solve (median of {a.iters}, slowest PE; R2C + scale + C2R)", flush=True)
+            if a.csv is not None:
+                a.csv.parent.mkdir(parents=True, exist_ok=True)
+                a.csv.write_text(f"n,dtype,pes,one_gpu,ms_per_solve\n{a.n},{a.dtype},{npes},{int(a.one_gpu)},{max(every)}\n")
     finally:
         stream.synchronize()
         inverse.close()

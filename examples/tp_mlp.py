@@ -34,6 +34,7 @@ check fails.
 from __future__ import annotations
 
 import argparse
+import csv
 import os
 import subprocess
 import sys
@@ -115,6 +116,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--explain", action="store_true", help="print each plan's explain() on rank 0")
+    ap.add_argument("--csv", type=Path, help="also write the table here (rank 0)")
     a = ap.parse_args()
     for name, value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
                         ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")):
@@ -208,6 +210,13 @@ def main() -> int:
         for (name, ms), one_ms, layers in zip(times.items(), one, (1, 1, 2), strict=True):
             print(f"| {name} | {ms:.3f} | {one_ms:.3f} | {one_ms / ms:.2f}x | {layers * flop / ms / 1e9:.0f} |")
         print(f"(mean of {a.iters} calls back to back after {a.warmup}; the 1-GPU block runs on rank 0's GPU)")
+        if a.csv is not None:
+            a.csv.parent.mkdir(parents=True, exist_ok=True)
+            with a.csv.open("w", newline="") as f:
+                out = csv.writer(f)
+                out.writerow(["layer", "ranks", "ms", "1 GPU ms", "TFLOP/s"])
+                for (name, ms), one_ms, layers in zip(times.items(), one, (1, 1, 2), strict=True):
+                    out.writerow([name, size, ms, one_ms, layers * flop / ms / 1e9])
     return 1 if failed else 0
 
 
