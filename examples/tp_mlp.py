@@ -204,8 +204,8 @@ def main() -> int:
         print(f"tp_mlp: {size} rank{'s' if size > 1 else ''} ({how}) on {torch.cuda.get_device_name()}, bf16, "
               f"tokens {T}, hidden {H}, ffn {FF}; cuBLASMp {_loader.loaded_version('cublasmp')}, "
               f"NCCL {_loader.loaded_version('nccl')}")
-        print(f"| layer | {size} GPU{'s' if size > 1 else ''} (ms) | 1 GPU (ms) | speed-up | "
-              f"{size} GPUs TFLOP/s |")
+        gpus = f"{size} GPU{'s' if size > 1 else ''}"
+        print(f"| layer | planned, {gpus} (ms) | torch, 1 GPU (ms) | speed-up | planned, {gpus} TFLOP/s |")
         print("|---|---|---|---|---|")
         for (name, ms), one_ms, layers in zip(times.items(), one, (1, 1, 2), strict=True):
             print(f"| {name} | {ms:.3f} | {one_ms:.3f} | {one_ms / ms:.2f}x | {layers * flop / ms / 1e9:.0f} |")
