@@ -161,6 +161,7 @@ class Param:
     convert: str | None = None  # _convert_<name> turns the Python value into the C value
     pytype: str | None = None  # the type the stub shows, where the C type does not say
     non_null: bool = False  # a handle the library dereferences unchecked: 0 is refused
+    minimum: int | None = None  # an int the library divides by, or fails on, below this: refused
 
     @classmethod
     def from_json(cls, d: Json) -> Param:

@@ -418,6 +418,8 @@ def _check_roles(ir: dict[str, Any]) -> None:
             bound = roles.bind(lib, f, p)
             if p.non_null and (p.nullable or not isinstance(bound, (roles.Address, roles.Handle))):
                 raise ValueError(f"{f.name}.{p.name}: non_null is for a pointer or handle that is not nullable")
+            if p.minimum is not None and not (isinstance(bound, roles.Scalar) and bound.is_int):
+                raise ValueError(f"{f.name}.{p.name}: minimum is for an int passed by value")
 
 
 def _uses_in_progress(spec: Spec, f: dict[str, Any]) -> bool:

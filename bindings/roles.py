@@ -345,7 +345,10 @@ class Scalar(Input):
         if not self.is_int:
             return []
         local = cy_type(resolve(self.p.type), "_c_" + self.n, drop_const=True)
-        return [*int_guard(self.py), f"cdef {local} = {self.py}"]
+        least = self.p.minimum
+        floor = [] if least is None else [
+            f"if {self.py} < {least}:", f'{I4}raise _UsageError("{self.py} must be >= {least}, got %d" % {self.py})']
+        return [*int_guard(self.py), *floor, f"cdef {local} = {self.py}"]
 
     def arg(self) -> str:
         return f"_c_{self.n}" if self.is_int else self.py
@@ -496,7 +499,10 @@ class OutArray(Role):
     def convert(self) -> list[str]:
         # The length is another parameter: checked here, once every guard has run.
         n, ln, elt = self.n, self.python_of(self.p.length), cy_type(self.pointee, drop_const=True)
-        return [f"if {ln} < 0:", f'{I4}raise _UsageError("{ln} must be >= 0, got %d" % {ln})',
+        least = self.f.param(self.p.length or "").minimum
+        checked = [] if least is not None and least >= 0 else [  # else its own guard refused it
+            f"if {ln} < 0:", f'{I4}raise _UsageError("{ln} must be >= 0, got %d" % {ln})']
+        return [*checked,
                 f"cdef {elt}* _oa_{n} = <{elt}*>PyMem_Malloc(max({ln}, 1) * sizeof({elt}))",
                 f"if _oa_{n} == NULL:", f"{I4}raise MemoryError()",
                 f"memset(_oa_{n}, 0, max({ln}, 1) * sizeof({elt}))"]

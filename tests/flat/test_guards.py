@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mpbind.bindings import cufftmp, nccl, nvshmem
+from mpbind.bindings import cublasmp, cufftmp, nccl, nvshmem
 from mpbind.errors import NCCLError, NVSHMEMNotInitializedError, UsageError
 
 # --- pointers and handles ------------------------------------------------------------------------
@@ -62,6 +62,19 @@ def test_pointers_and_handles_refuse(call: str, value: object, error: type[Excep
 ], ids=["team_world", "team_lsa", "team_rail", "team_cft", "team_cft_multimem", "mp_destroy_reshape", "from_ptr"])
 def test_null_is_refused_where_the_library_does_not_check(call: Callable[[], object]) -> None:
     with pytest.raises(UsageError, match="NULL"):
+        call()
+
+
+@pytest.mark.parametrize(("call", "says"), [
+    (lambda: nccl.comm_init_all(0), "ndev must be >= 1, got 0"),
+    (lambda: nccl.comm_init_all(0, []), "ndev must be >= 1, got 0"),
+    (lambda: cublasmp.numroc(8, 0, 0, 0, 1), "nb must be >= 1, got 0"),
+    (lambda: cublasmp.numroc(8, 2, 0, 0, 0), "nprocs must be >= 1, got 0"),
+    (lambda: cublasmp.numroc(-1, 2, 0, 0, 1), "n must be >= 0, got -1"),
+], ids=["comm_init_all", "comm_init_all_empty_list", "numroc_nb", "numroc_nprocs", "numroc_n"])
+def test_values_the_library_divides_by_or_crashes_on_are_refused(call: Callable[[], object], says: str) -> None:
+    # On a GPU these ended the process: SIGSEGV in ncclCommInitAll, SIGFPE in cublasMpNumroc.
+    with pytest.raises(UsageError, match=says):
         call()
 
 

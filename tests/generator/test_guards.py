@@ -46,6 +46,10 @@ GUARDS = {
     ("nccl", "ncclAllReduce", "datatype"): (
         "datatype", ["if not _is_int(datatype):", '    datatype = _int_arg(datatype, "datatype")',
                      "cdef int _c_datatype = datatype"]),
+    # `minimum` in the spec: an int the library divides by or crashes on below it.
+    ("nccl", "ncclCommInitAll", "ndev"): (
+        "ndev", ["if not _is_int(ndev):", '    ndev = _int_arg(ndev, "ndev")', "if ndev < 1:",
+                 '    raise _UsageError("ndev must be >= 1, got %d" % ndev)', "cdef int _c_ndev = ndev"]),
     ("nvshmem", "nvshmem_team_my_pe", "team"): (
         "team", ["if not _is_int(team):", '    team = _int_arg(team, "team")', "cdef int32_t _c_team = team"]),
     ("cufftmp", "cufftMpDestroyReshape", "handle"): (
@@ -188,6 +192,15 @@ def test_non_null_is_refused_on_a_parameter_that_is_no_handle(generator: Generat
     f = next(f for f in ir["functions"] if f["name"] == "ncclMemAlloc")
     next(p for p in f["params"] if p["name"] == "size")["non_null"] = True
     with pytest.raises(ValueError, match="ncclMemAlloc.size: non_null is for a pointer or handle"):
+        model._check_roles(ir)
+
+
+def test_minimum_is_refused_on_a_parameter_that_is_no_int_value(generator: Generator) -> None:
+    model = generator("model")
+    ir = generator("generate").load_ir("nccl")
+    f = next(f for f in ir["functions"] if f["name"] == "ncclAllReduce")
+    next(p for p in f["params"] if p["name"] == "sendbuff")["minimum"] = 1
+    with pytest.raises(ValueError, match="ncclAllReduce.sendbuff: minimum is for an int passed by value"):
         model._check_roles(ir)
 
 
