@@ -16,7 +16,8 @@ Markdown table per workload (its headline figures down, GPU counts across), and 
 The workloads are the project's own benchmarks and examples, run as their docstrings say:
 ``nccl_allreduce`` (host time at 8 B, bus bandwidth at 2 MiB, 128 MiB and 512 MiB: the layer with
 torch tensors, the flat call, ``torch.distributed``), ``tp_square_matmul`` (8192^3 and 16384^3 bf16
-TFLOP/s against one GPU), ``tp_mlp`` (the tensor-parallel MLP block, ms per layer),
+TFLOP/s against one GPU), ``tp_collective_matmul`` (the tensor-parallel all-gather+GEMM and
+GEMM+reduce-scatter plans against NCCL + torch, µs), ``tp_mlp`` (the tensor-parallel MLP block, ms per layer),
 ``fft_distributed`` (3-D C2C through ``mpbind.fft``, GPU ms per forward transform), ``poisson3d``
 (ms per solve at 256^3) and ``collective_matmul`` (the NVSHMEM ring, NCCL + torch and cuBLASMp at
 both shapes).
@@ -84,6 +85,15 @@ def _square(rows: Rows) -> dict[str, float]:
     return out
 
 
+def _tp(rows: Rows) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for r in rows:
+        what = f"{'all-gather+GEMM' if r['case'] == 'ag' else 'GEMM+reduce-scatter'} {r['dtype']} M={r['M']}"
+        out[f"{what}, plan µs"] = _num(r["plan best (us)"])
+        out[f"{what}, NCCL + torch µs"] = _num(r["NCCL + torch (us)"])
+    return out
+
+
 def _mlp(rows: Rows) -> dict[str, float]:
     return {f"{r['layer']}, ms": _num(r["ms"]) for r in rows}
 
@@ -108,6 +118,8 @@ WORKLOADS = (
              "nccl_allreduce.csv", _nccl),
     Workload("tp_square_matmul", ("benchmarks/tp_square_matmul.py", "--out", "{out}"), "tp_square_matmul.csv",
              _square),
+    Workload("tp_collective_matmul", ("benchmarks/tp_collective_matmul.py", "--out", "{out}"),
+             "tp_collective_matmul.csv", _tp),
     Workload("tp_mlp", ("examples/tp_mlp.py", "--csv", "{out}/tp_mlp.csv"), "tp_mlp.csv", _mlp),
     Workload("fft_distributed", ("benchmarks/fft_distributed.py", "--mode", "mpbind", "--out", "{out}"),
              "fft_distributed.mpbind.csv", _fft, env=(("NVSHMEM_SYMMETRIC_SIZE", str(32 << 30)),)),

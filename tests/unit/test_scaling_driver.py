@@ -94,6 +94,9 @@ def test_the_tables_read_what_the_benchmarks_write(tmp_path: Path) -> None:
     assert nccl["host µs per call at 8 B, layer"] == {1: 1.5, 2: pytest.approx(8.087)}
     assert set(nccl["bus GB/s at 512 MiB, torch"]) == {1, 2} and math.isnan(nccl["bus GB/s at 512 MiB, torch"][1])
     assert any(k.startswith("16384^3 AllGather+GEMM") for k in found["tp_square_matmul"])
+    tp = found["tp_collective_matmul"]
+    assert tp["all-gather+GEMM bf16 M=1024, plan µs"][2] == pytest.approx(377.536, rel=1e-4)
+    assert "GEMM+reduce-scatter bf16 M=1024, NCCL + torch µs" in tp
     assert any("C2C forward" in k for k in found["fft_distributed"])
     assert found["collective_matmul"]["1024x4096x4096 mpbind host, µs"][2] == pytest.approx(218.336, rel=1e-4)
     assert found["tp_mlp"] == {"block, ms": {2: 1.25}}
