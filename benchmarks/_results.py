@@ -37,8 +37,9 @@ def read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
 
 
 def plot(png: Path, title: str, x_label: str, panels: Sequence[tuple[str, dict[str, tuple[list[float], list[float]]]]],
-         *, log_x: bool = True, log_y: bool = True) -> bool:
-    """One panel per (y label, {series: (xs, ys)}); False (and nothing written) without matplotlib."""
+         *, log_x: bool = True, log_y: bool = True, columns: int | None = None) -> bool:
+    """One panel per (y label, {series: (xs, ys)}), `columns` to a row (default: all in one row); False
+    (and nothing written) without matplotlib."""
     try:
         import matplotlib
 
@@ -46,8 +47,12 @@ def plot(png: Path, title: str, x_label: str, panels: Sequence[tuple[str, dict[s
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
-    for ax, (y_label, series) in zip(axes[0], panels, strict=True):
+    across = columns or len(panels)
+    down = -(-len(panels) // across)
+    fig, axes = plt.subplots(down, across, figsize=(6 * across, 4.5 * down), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (y_label, series) in zip(axes.flat, panels, strict=False):
         for name, (xs, ys) in series.items():
             ax.plot(xs, ys, marker="o", markersize=3, label=name)
         if log_x:
@@ -57,7 +62,7 @@ def plot(png: Path, title: str, x_label: str, panels: Sequence[tuple[str, dict[s
         ax.set_xlabel(x_label)
         ax.set_ylabel(y_label)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize="small" if len(series) <= 8 else "xx-small")
     fig.suptitle(title)
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)

@@ -87,8 +87,10 @@ def _square(rows: Rows) -> dict[str, float]:
 
 def _tp(rows: Rows) -> dict[str, float]:
     out: dict[str, float] = {}
+    kinds = {"ag": "all-gather+GEMM", "rs": "GEMM+reduce-scatter"}
     for r in rows:
-        what = f"{'all-gather+GEMM' if r['case'] == 'ag' else 'GEMM+reduce-scatter'} {r['dtype']} M={r['M']}"
+        head, _, rest = r["case"].partition(" ")  # "ag", "rs", "ag (Pallas guide)"
+        what = f"{kinds.get(head, head)}{' ' + rest if rest else ''} {r['dtype']} M={r['M']}"
         out[f"{what}, plan µs"] = _num(r["plan best (us)"])
         out[f"{what}, NCCL + torch µs"] = _num(r["NCCL + torch (us)"])
     return out
@@ -234,7 +236,7 @@ def report(out: Path, workloads: Sequence[Workload]) -> int:
     _results.write_csv(out / "scaling.csv", ["workload", "figure", "gpus", "value"], flat)
     panels = [(name, {figure: ([float(n) for n in sorted(by_n)], [by_n[n] for n in sorted(by_n)])
                       for figure, by_n in figures.items()}) for name, figures in found.items()]
-    drawn = _results.plot(out / "scaling.png", "scaling with the GPU count", "GPUs", panels)
+    drawn = _results.plot(out / "scaling.png", "scaling with the GPU count", "GPUs", panels, columns=3)
     print(f"wrote {out / 'scaling.csv'}" + (" and .png" if drawn else " (no matplotlib: no plot)"))
     return 0
 

@@ -97,6 +97,8 @@ def test_the_tables_read_what_the_benchmarks_write(tmp_path: Path) -> None:
     tp = found["tp_collective_matmul"]
     assert tp["all-gather+GEMM bf16 M=1024, plan µs"][2] == pytest.approx(377.536, rel=1e-4)
     assert "GEMM+reduce-scatter bf16 M=1024, NCCL + torch µs" in tp
+    assert any(k.startswith("all-gather+GEMM (Pallas guide) fp16 M=") for k in tp)
+    assert not any(k.startswith("GEMM+reduce-scatter fp16") for k in tp)
     assert any("C2C forward" in k for k in found["fft_distributed"])
     assert found["collective_matmul"]["1024x4096x4096 mpbind host, µs"][2] == pytest.approx(218.336, rel=1e-4)
     assert found["tp_mlp"] == {"block, ms": {2: 1.25}}
