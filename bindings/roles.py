@@ -116,6 +116,11 @@ def int_guard(py: str, name: str | None = None) -> list[str]:
     return [f"if not _is_int({py}):", f'{I4}{py} = _int_arg({py}, "{name or py}")']
 
 
+def floor_guard(py: str, least: int) -> list[str]:
+    """Refuse an int below `least` (a UsageError naming it), once it is an int."""
+    return [f"if {py} < {least}:", f'{I4}raise _UsageError("{py} must be >= {least}, got %d" % {py})']
+
+
 R = TypeVar("R", bound=type[Role])
 _REGISTRY: dict[str, list[type[Role]]] = {}
 
@@ -345,9 +350,7 @@ class Scalar(Input):
         if not self.is_int:
             return []
         local = cy_type(resolve(self.p.type), "_c_" + self.n, drop_const=True)
-        least = self.p.minimum
-        floor = [] if least is None else [
-            f"if {self.py} < {least}:", f'{I4}raise _UsageError("{self.py} must be >= {least}, got %d" % {self.py})']
+        floor = [] if self.p.minimum is None else floor_guard(self.py, self.p.minimum)
         return [*int_guard(self.py), *floor, f"cdef {local} = {self.py}"]
 
     def arg(self) -> str:
@@ -500,8 +503,7 @@ class OutArray(Role):
         # The length is another parameter: checked here, once every guard has run.
         n, ln, elt = self.n, self.python_of(self.p.length), cy_type(self.pointee, drop_const=True)
         least = self.f.param(self.p.length or "").minimum
-        checked = [] if least is not None and least >= 0 else [  # else its own guard refused it
-            f"if {ln} < 0:", f'{I4}raise _UsageError("{ln} must be >= 0, got %d" % {ln})']
+        checked = [] if least is not None and least >= 0 else floor_guard(ln, 0)  # else its own guard refused it
         return [*checked,
                 f"cdef {elt}* _oa_{n} = <{elt}*>PyMem_Malloc(max({ln}, 1) * sizeof({elt}))",
                 f"if _oa_{n} == NULL:", f"{I4}raise MemoryError()",
@@ -530,7 +532,7 @@ class OutBytes(Role):
     def convert(self) -> list[str]:
         # The capacity is another parameter: checked here, once every guard has run.
         n, cap = self.n, self.python_of(self.p.capacity)
-        return [f"if {cap} < 0:", f'{I4}raise _UsageError("{cap} must be >= 0, got %d" % {cap})',
+        return [*floor_guard(cap, 0),
                 f"cdef char* _ob_{n} = <char*>PyMem_Malloc(max({cap}, 1))", f"if _ob_{n} == NULL:",
                 f"{I4}raise MemoryError()"]
 
