@@ -145,9 +145,9 @@ def visible_gpus() -> int:
     return sum(1 for line in listed.splitlines() if line.startswith("GPU "))
 
 
-def command(w: Workload, nprocs: int, out: Path, env: dict[str, str], mpirun: str = "mpirun") -> list[str]:
+def command(w: Workload, nprocs: int, out: Path, env: dict[str, str]) -> list[str]:
     """The mpirun command line of one run of `w` on `nprocs` GPUs, writing under `out`."""
-    cmd = [mpirun]
+    cmd = ["mpirun"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
     cmd += ["--bind-to", "none", "-np", str(nprocs)]
@@ -161,7 +161,7 @@ def command(w: Workload, nprocs: int, out: Path, env: dict[str, str], mpirun: st
 
 def run(workloads: Sequence[Workload], gpus: Sequence[int], out: Path, timeout: float, dry_run: bool) -> int:
     have = visible_gpus()
-    env = {**os.environ, **{k: os.environ.get(k, v) for k, v in MULTICAST_OFF.items()}}
+    env = {**MULTICAST_OFF, **os.environ}  # multicast off unless the caller set these
     failed = 0
     for w in workloads:
         for n in gpus:

@@ -207,16 +207,17 @@ def main() -> int:
         gpus = f"{size} GPU{'s' if size > 1 else ''}"
         print(f"| layer | planned, {gpus} (ms) | torch, 1 GPU (ms) | speed-up | planned, {gpus} TFLOP/s |")
         print("|---|---|---|---|---|")
-        for (name, ms), one_ms, layers in zip(times.items(), one, (1, 1, 2), strict=True):
-            print(f"| {name} | {ms:.3f} | {one_ms:.3f} | {one_ms / ms:.2f}x | {layers * flop / ms / 1e9:.0f} |")
+        rows = [(name, ms, one_ms, layers * flop / ms / 1e9)
+                for (name, ms), one_ms, layers in zip(times.items(), one, (1, 1, 2), strict=True)]
+        for name, ms, one_ms, tflops in rows:
+            print(f"| {name} | {ms:.3f} | {one_ms:.3f} | {one_ms / ms:.2f}x | {tflops:.0f} |")
         print(f"(mean of {a.iters} calls back to back after {a.warmup}; the 1-GPU block runs on rank 0's GPU)")
         if a.csv is not None:
             a.csv.parent.mkdir(parents=True, exist_ok=True)
             with a.csv.open("w", newline="") as f:
                 out = csv.writer(f)
                 out.writerow(["layer", "ranks", "ms", "1 GPU ms", "TFLOP/s"])
-                for (name, ms), one_ms, layers in zip(times.items(), one, (1, 1, 2), strict=True):
-                    out.writerow([name, size, ms, one_ms, layers * flop / ms / 1e9])
+                out.writerows([name, size, ms, one_ms, tflops] for name, ms, one_ms, tflops in rows)
     return 1 if failed else 0
 
 
