@@ -21,7 +21,8 @@ rescaled outside the window so that it stays finite. Host time per call: ``perf_
 call with the stream drained outside the window, median of ``--host-calls``, at the first size.
 Series: ``Y-slabs`` (X-slabs in, Y-slabs out: cuFFTMp's own layout) and ``X-slabs`` (back on X-slabs,
 what nvmath-python calls redistributed). Before timing, every implementation's result at 64^3,
-50x62x36 and 51x63x36 is checked against ``numpy.fft.fftn`` on every rank. Each mode writes
+50x62x36 and 51x63x36 is checked against ``numpy.fft.fftn`` on every rank. Where PEs share a GPU (under
+MPS), NCCL's ``all_to_all`` is not run: NCCL needs a GPU per rank. Each mode writes
 ``fft_distributed.<mode>.csv`` under ``--out``; ``report`` prints the table, the ratios against the
 targets, and writes ``fft_distributed.csv`` and ``.png``.
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import statistics
 import sys
 import time
@@ -125,7 +127,11 @@ def run_mpbind(a: argparse.Namespace, comm: Any) -> list[Row]:
                 err = rel_err(got, want[b.lower[0]:b.upper[0], b.lower[1]:b.upper[1]])
                 print(f"[rank {rank}] mpbind {series} {shape}: rel. err {err:.2e} ({p.algorithm})", flush=True)
                 rows.append(("mpbind", shape[0], series, f"relerr_{'x'.join(map(str, shape))}", err))
-    comm_nccl = nccl.Communicator.from_mpi(comm)
+    # NCCL's all_to_all, the exchange's anchor, needs a GPU per rank: not run where PEs share one (MPS)
+    shares_gpu = len(set(comm.allgather((socket.gethostname(), device)))) < nranks
+    comm_nccl = None if shares_gpu else nccl.Communicator.from_mpi(comm)
+    if shares_gpu and rank == 0:
+        print("PEs share a GPU: NCCL all_to_all not run (NCCL needs one rank per GPU)", flush=True)
     try:
         for i, n in enumerate(a.sizes):
             shape = (n, n, n)
@@ -187,25 +193,30 @@ def run_mpbind(a: argparse.Namespace, comm: Any) -> list[Row]:
             finally:
                 stream.synchronize()
                 r.close()
-            count = 2 * (n * n * n // nranks)  # float32 words of one rank's slab (even split)
-            with stream:
-                send = cp.zeros(count, cp.float32)
-                recv = cp.empty(count, cp.float32)
-            stream.synchronize()
-
-            def all_to_all(s: Any = send, r: Any = recv) -> None:
-                comm_nccl.all_to_all(s, r, stream)
-
-            rows.append(("mpbind", n, "exchange", "gpu_ms_nccl_all_to_all",
-                         median_ms(all_to_all, lambda: None, a.iters, a.warmup, comm, stream, events)))
-            send = recv = all_to_all = None
-            cp.get_default_memory_pool().free_all_blocks()
+            if comm_nccl is not None:
+                rows.append(("mpbind", n, "exchange", "gpu_ms_nccl_all_to_all",
+                             nccl_all_to_all_ms(comm_nccl, n * n * n // nranks, a, comm, stream, events)))
+                cp.get_default_memory_pool().free_all_blocks()
             if rank == 0:
                 print(f"mpbind {n}^3 done", flush=True)
     finally:
-        comm_nccl.close()
+        if comm_nccl is not None:
+            comm_nccl.close()
         nvshmem.finalize()
     return rows
+
+
+def nccl_all_to_all_ms(comm_nccl: Any, elements: int, a: argparse.Namespace, comm: Any, stream: Any,
+                       events: Callable[[], tuple[Any, Any, Callable[[Any, Any], float]]]) -> float:
+    """GPU ms of NCCL's all_to_all of `elements` complex64 per rank (one rank's slab, an even split)."""
+    import cupy as cp
+
+    with stream:
+        send = cp.zeros(2 * elements, cp.float32)
+        recv = cp.empty(2 * elements, cp.float32)
+    stream.synchronize()
+    return median_ms(lambda: comm_nccl.all_to_all(send, recv, stream), lambda: None, a.iters, a.warmup, comm,
+                     stream, events)
 
 
 # --- nvmath-python ----------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The scaling tables: the same workloads on 1, 2, 4 and 8 GPUs, one process per GPU, one table per
 workload with the GPU counts across.
 
-    python benchmarks/scaling.py run [--gpus 1,2,4,8] [--only NAME,...] [--out DIR] [--timeout S] [--dry-run]
+    python benchmarks/scaling.py run [--gpus 1,2,4,8] [--pes-per-gpu 1,4,8] [--only NAME,...] [--out DIR]
+        [--timeout S] [--dry-run]
     python benchmarks/scaling.py report [DIR]
 
 ``run`` starts each workload with ``mpirun -np N`` for each N of ``--gpus`` up to the GPUs this
@@ -12,6 +13,14 @@ machine has (the others are reported as not run), with NVLink multicast off
 ``DIR/<workload>/np<N>/`` (``log.txt``, the workload's CSV). ``report`` reads those CSVs and prints a
 Markdown table per workload (its headline figures down, GPU counts across), and writes
 ``DIR/scaling.csv`` and ``DIR/scaling.png``.
+
+``--pes-per-gpu`` above 1 also runs the NVSHMEM and cuFFTMp workloads (``fft_distributed``,
+``poisson3d``; NCCL and cuBLASMp need a GPU per rank) with that many processes on each GPU, under
+the CUDA MPS daemon that must already be running (``nvidia-cuda-mps-control -d``), each process given
+an equal share of the GPU (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``: NVSHMEM's full multi-PE-per-GPU
+mode) and of its memory (``NVSHMEM_SYMMETRIC_SIZE``). Those runs exercise the code paths of 4 and 8
+ranks where fewer GPUs are lent; their times are not scaling figures (the PEs share one GPU's SMs).
+They go to ``np<N>x<K>/`` and into columns of their own (``1 GPU x 4 PEs``), left out of the plot.
 
 The workloads are the project's own benchmarks and examples, run as their docstrings say:
 ``nccl_allreduce`` (host time at 8 B, bus bandwidth at 2 MiB, 128 MiB and 512 MiB: the layer with
@@ -54,6 +63,7 @@ class Workload:
     csv: str  # what the run writes under its folder
     figures: Callable[[Rows], dict[str, float]]  # the headline figures, from the CSV's rows
     env: tuple[tuple[str, str], ...] = ()  # what its docstring's command sets (with -x NAME=VALUE)
+    shares_gpu: bool = False  # NVSHMEM/cuFFTMp only: several PEs may share a GPU (under MPS)
 
 
 def _num(value: str) -> float:
@@ -124,13 +134,43 @@ WORKLOADS = (
              "tp_collective_matmul.csv", _tp),
     Workload("tp_mlp", ("examples/tp_mlp.py", "--csv", "{out}/tp_mlp.csv"), "tp_mlp.csv", _mlp),
     Workload("fft_distributed", ("benchmarks/fft_distributed.py", "--mode", "mpbind", "--out", "{out}"),
-             "fft_distributed.mpbind.csv", _fft, env=(("NVSHMEM_SYMMETRIC_SIZE", str(32 << 30)),)),
+             "fft_distributed.mpbind.csv", _fft, env=(("NVSHMEM_SYMMETRIC_SIZE", str(32 << 30)),), shares_gpu=True),
     Workload("poisson3d", ("examples/poisson3d.py", "--n", "256", "--csv", "{out}/poisson3d.csv"), "poisson3d.csv",
-             _poisson),
+             _poisson, shares_gpu=True),
     Workload("collective_matmul", ("benchmarks/collective_matmul.py", "--iters", "20", "--out", "{out}"),
              "collective_matmul.csv", _collective),
 )
 BY_NAME = {w.name: w for w in WORKLOADS}
+SHARED_HEAP_BYTES = 120 << 30  # of an H200's 141 GB: what the PEs sharing one GPU split between them
+
+
+@dataclass(frozen=True, order=True)
+class Placement:
+    """`gpus` GPUs with `per_gpu` processes on each."""
+
+    gpus: int
+    per_gpu: int = 1
+
+    @property
+    def nprocs(self) -> int:
+        return self.gpus * self.per_gpu
+
+    @property
+    def folder(self) -> str:
+        return f"np{self.gpus}" if self.per_gpu == 1 else f"np{self.gpus}x{self.per_gpu}"
+
+    @property
+    def label(self) -> str:
+        gpus = f"{self.gpus} GPU{'s' if self.gpus > 1 else ''}"
+        return gpus if self.per_gpu == 1 else f"{gpus} x {self.per_gpu} PEs"
+
+    @classmethod
+    def of_folder(cls, name: str) -> Placement | None:
+        gpus, _, per_gpu = name.removeprefix("np").partition("x")
+        try:
+            return cls(int(gpus), int(per_gpu or 1)) if name.startswith("np") else None
+        except ValueError:
+            return None
 
 
 def visible_gpus() -> int:
@@ -145,31 +185,57 @@ def visible_gpus() -> int:
     return sum(1 for line in listed.splitlines() if line.startswith("GPU "))
 
 
-def command(w: Workload, nprocs: int, out: Path, env: dict[str, str]) -> list[str]:
-    """The mpirun command line of one run of `w` on `nprocs` GPUs, writing under `out`."""
+def mps_running() -> bool:
+    """Whether a CUDA MPS control daemon answers (``CUDA_MPS_PIPE_DIRECTORY`` or its default)."""
+    control = shutil.which("nvidia-cuda-mps-control")
+    if control is None:
+        return False
+    try:
+        return subprocess.run([control], input="get_server_list\n", capture_output=True, text=True, timeout=30,
+                              check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def command(w: Workload, where: Placement, out: Path, env: dict[str, str]) -> list[str]:
+    """The mpirun command line of one run of `w` placed as `where`, writing under `out`."""
+    own = dict(w.env)
+    if where.per_gpu > 1:  # an equal share of the GPU's SMs and memory for each PE on it
+        own["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(100 // where.per_gpu)
+        if "NVSHMEM_SYMMETRIC_SIZE" in own:
+            own["NVSHMEM_SYMMETRIC_SIZE"] = str(min(int(own["NVSHMEM_SYMMETRIC_SIZE"]),
+                                                    SHARED_HEAP_BYTES // where.per_gpu))
     cmd = ["mpirun"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
-    cmd += ["--bind-to", "none", "-np", str(nprocs)]
-    for name in (*MULTICAST_OFF, *PASSED_ON):
-        if name in env and name not in dict(w.env):
+    cmd += ["--bind-to", "none", *(["--oversubscribe"] if where.per_gpu > 1 else []), "-np", str(where.nprocs)]
+    for name in (*MULTICAST_OFF, *PASSED_ON, *(("CUDA_MPS_PIPE_DIRECTORY",) if where.per_gpu > 1 else ())):
+        if name in env and name not in own:
             cmd += ["-x", name]
-    for name, value in w.env:
+    for name, value in own.items():
         cmd += ["-x", f"{name}={value}"]
     return cmd + [sys.executable, *(arg.replace("{out}", str(out)) for arg in w.argv)]
 
 
-def run(workloads: Sequence[Workload], gpus: Sequence[int], out: Path, timeout: float, dry_run: bool) -> int:
+def placements(w: Workload, gpus: Sequence[int], per_gpu: Sequence[int]) -> list[Placement]:
+    """The runs of `w`: one process per GPU at every count, more where the workload can share a GPU."""
+    return [Placement(n, k) for n in gpus for k in per_gpu if k == 1 or w.shares_gpu]
+
+
+def run(workloads: Sequence[Workload], gpus: Sequence[int], per_gpu: Sequence[int], out: Path, timeout: float,
+        dry_run: bool) -> int:
     have = visible_gpus()
     env = {**MULTICAST_OFF, **os.environ}  # multicast off unless the caller set these
+    mps = dry_run or max(per_gpu) == 1 or mps_running()
     failed = 0
     for w in workloads:
-        for n in gpus:
-            folder = out / w.name / f"np{n}"
-            if n > have and not dry_run:
-                print(f"{w.name} on {n} GPUs: not run ({have} visible)", flush=True)
+        for where in placements(w, gpus, per_gpu):
+            folder = out / w.name / where.folder
+            if not dry_run and (where.gpus > have or (where.per_gpu > 1 and not mps)):
+                why = f"{have} visible" if where.gpus > have else "no MPS daemon: start nvidia-cuda-mps-control -d"
+                print(f"{w.name} on {where.label}: not run ({why})", flush=True)
                 continue
-            cmd = command(w, n, folder, env)
+            cmd = command(w, where, folder, env)
             if dry_run:
                 print(" ".join(cmd))
                 continue
@@ -183,22 +249,22 @@ def run(workloads: Sequence[Workload], gpus: Sequence[int], out: Path, timeout: 
                     rc = 124
             made = (folder / w.csv).exists()
             failed += rc != 0 or not made
-            print(f"{w.name} on {n} GPUs: rc={rc} in {time.monotonic() - start:.0f} s"
+            print(f"{w.name} on {where.label}: rc={rc} in {time.monotonic() - start:.0f} s"
                   f"{'' if made else f', no {w.csv}'} (log: {folder / 'log.txt'})", flush=True)
     return 1 if failed else 0
 
 
-def collect(out: Path, workloads: Sequence[Workload]) -> dict[str, dict[str, dict[int, float]]]:
-    """{workload: {figure: {GPUs: value}}} from the runs found under `out`."""
-    found: dict[str, dict[str, dict[int, float]]] = {}
+Found = dict[str, dict[str, dict[Placement, float]]]
+
+
+def collect(out: Path, workloads: Sequence[Workload]) -> Found:
+    """{workload: {figure: {placement: value}}} from the runs found under `out`."""
+    found: Found = {}
     for w in workloads:
         for folder in sorted((out / w.name).glob("np*")):
-            try:
-                n = int(folder.name[2:])
-            except ValueError:
-                continue
+            n = Placement.of_folder(folder.name)
             path = folder / w.csv
-            if not path.exists():
+            if n is None or not path.exists():
                 continue
             with path.open(newline="") as f:
                 rows = list(csv.DictReader(f))
@@ -213,13 +279,13 @@ def _cell(value: float | None) -> float | str:
     return "n/a" if math.isnan(value) else value
 
 
-def tables(found: dict[str, dict[str, dict[int, float]]]) -> str:
-    """One Markdown table per workload: its figures down, GPU counts across ("not run" where no run gave
+def tables(found: Found) -> str:
+    """One Markdown table per workload: its figures down, placements across ("not run" where no run gave
     the figure, "n/a" where it has no meaning there, as bus bandwidth on one GPU)."""
     parts = []
     for name, figures in found.items():
         counts = sorted({n for by_n in figures.values() for n in by_n})
-        header = ["figure", *(f"{n} GPU{'s' if n > 1 else ''}" for n in counts)]
+        header = ["figure", *(n.label for n in counts)]
         rows = [[figure, *(_cell(by_n.get(n)) for n in counts)] for figure, by_n in figures.items()]
         parts.append(f"### {name}\n\n{_results.table(header, rows)}")
     return "\n\n".join(parts)
@@ -231,14 +297,28 @@ def report(out: Path, workloads: Sequence[Workload]) -> int:
         print(f"no runs under {out}")
         return 1
     print(tables(found))
-    flat = [(name, figure, n, value) for name, figures in found.items() for figure, by_n in figures.items()
-            for n, value in sorted(by_n.items())]
-    _results.write_csv(out / "scaling.csv", ["workload", "figure", "gpus", "value"], flat)
-    panels = [(name, {figure: ([float(n) for n in sorted(by_n)], [by_n[n] for n in sorted(by_n)])
-                      for figure, by_n in figures.items()}) for name, figures in found.items()]
+    flat = [(name, figure, n.gpus, n.per_gpu, value) for name, figures in found.items()
+            for figure, by_n in figures.items() for n, value in sorted(by_n.items())]
+    _results.write_csv(out / "scaling.csv", ["workload", "figure", "gpus", "pes_per_gpu", "value"], flat)
+    panels = []  # one process per GPU only: shared GPUs check the code paths of more ranks, they do not scale
+    for name, figures in found.items():
+        series = {figure: sorted((n.gpus, v) for n, v in by_n.items() if n.per_gpu == 1)
+                  for figure, by_n in figures.items()}
+        panels.append((name, {f: ([float(n) for n, _ in s], [v for _, v in s]) for f, s in series.items() if s}))
     drawn = _results.plot(out / "scaling.png", "scaling with the GPU count", "GPUs", panels, columns=3)
     print(f"wrote {out / 'scaling.csv'}" + (" and .png" if drawn else " (no matplotlib: no plot)"))
     return 0
+
+
+def counts(ap: argparse.ArgumentParser, option: str, text: str) -> list[int]:
+    """The sorted counts of a comma-separated option (the parser's error otherwise)."""
+    try:
+        values = sorted({int(n) for n in text.split(",") if n})
+    except ValueError:
+        ap.error(f"{option} takes comma-separated counts, not {text!r}")
+    if not values or values[0] < 1:
+        ap.error(f"{option} needs counts of at least 1")
+    return values
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -246,6 +326,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="what", required=True)
     r = sub.add_parser("run", help="run the workloads under mpirun")
     r.add_argument("--gpus", default="1,2,4,8", help="GPU counts, comma-separated")
+    r.add_argument("--pes-per-gpu", default="1", help="processes per GPU, comma-separated (above 1: NVSHMEM and "
+                   "cuFFTMp workloads only, under MPS)")
     r.add_argument("--only", default="", help=f"workloads, comma-separated (of {', '.join(BY_NAME)})")
     r.add_argument("--out", type=Path, default=Path("benchmark-results/scaling"))
     r.add_argument("--timeout", type=float, default=600, help="seconds per run")
@@ -259,13 +341,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
         ap.error(f"unknown workloads {unknown}; choose from {', '.join(BY_NAME)}")
-    try:
-        gpus = sorted({int(n) for n in a.gpus.split(",") if n})
-    except ValueError:
-        ap.error(f"--gpus takes comma-separated counts, not {a.gpus!r}")
-    if not gpus or gpus[0] < 1:
-        ap.error("--gpus needs counts of at least 1")
-    return run([BY_NAME[n] for n in names], gpus, a.out, a.timeout, a.dry_run)
+    gpus, per_gpu = counts(ap, "--gpus", a.gpus), counts(ap, "--pes-per-gpu", a.pes_per_gpu)
+    return run([BY_NAME[n] for n in names], gpus, per_gpu, a.out, a.timeout, a.dry_run)
 
 
 if __name__ == "__main__":

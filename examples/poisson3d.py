@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import statistics
 import sys
 from pathlib import Path
@@ -149,8 +150,9 @@ def main() -> int:
             end.synchronize()
             times.append(cp.cuda.get_elapsed_time(start, end))
         every = comm.gather(statistics.median(times), root=0)
+        gpus = len(set(comm.allgather((socket.gethostname(), device))))  # PEs may share one (MPS)
         if pe == 0:
-            print(f"poisson3d: {a.n}^3 {a.dtype} on {npes} PE(s) ({'one GPU' if a.one_gpu else 'one GPU each'}): "
+            print(f"poisson3d: {a.n}^3 {a.dtype} on {npes} PE(s), {gpus} GPU(s): "
                   f"{max(every):.3f} ms per solve (median of {a.iters}, slowest PE; R2C + scale + C2R)", flush=True)
             if a.csv is not None:
                 a.csv.parent.mkdir(parents=True, exist_ok=True)
