@@ -85,7 +85,6 @@ class RingExchange:
         from mpbind import nvshmem_kernels as nk
 
         self.nbytes = nbytes
-        self.ctas = ctas_for(nbytes)
         self.pe, self.n_pes = nvshmem.my_pe(), nvshmem.n_pes()
         self.src = nvshmem.empty(nbytes, "uint8")
         self.dst = nvshmem.zeros(nbytes, "uint8")
@@ -94,6 +93,10 @@ class RingExchange:
         self.kernel = library.kernel(
             "ring_exchange", nk.symmetric("dst", "uint8"), nk.pointer("src", "uint8"), nk.value("nbytes", "uint64"),
             nk.symmetric("signal", "uint64"), nk.value("done", "uint64"), nk.value("iters", "int32"))
+        # Each CTA waits for every CTA of the previous PE: all of them must be resident at once, so
+        # no more than the co-resident grid (a part of the GPU where PEs share it under MPS; 32 CTAs
+        # of 8 PEs there hung). The same on every PE, so every PE splits the block alike.
+        self.ctas = min(ctas_for(nbytes), self.kernel.max_collective_grid(512))
         self.done = 0
         torch.cuda.synchronize()
         nvshmem.barrier_all()

@@ -100,9 +100,10 @@ _PROBLEMS = {
     2: "m (rows of x per PE) must be even: each chunk travels as two halves",
     3: f"dtype must be one of {', '.join(_DTYPES)}",
     4: f"method must be one of {', '.join(_METHODS)}",
-    5: "ctas must be a positive int",
+    5: "ctas must be a positive int or None",
 }
-_FIELDS = 7  # problem, m, k, n, dtype, method, ctas
+_FIELDS = 7  # problem, m, k, n, dtype, method, ctas (0: the default)
+DEFAULT_CTAS = 16
 
 
 def _local_problem(m: Any, k: Any, n: Any, dtype: Any, method: Any, ctas: Any) -> tuple[int, str | None]:
@@ -121,7 +122,7 @@ def _local_problem(m: Any, k: Any, n: Any, dtype: Any, method: Any, ctas: Any) -
         return 3, None
     if method not in _METHODS:
         return 4, None
-    if not positive(ctas):
+    if ctas is not None and not positive(ctas):
         return 5, None
     return 0, name
 
@@ -211,7 +212,8 @@ class AllGatherMatmul:
     and `n` columns of w, of `dtype` (float16, bfloat16, float32). Collective: every PE makes it with
     the same arguments; it allocates ``2 * P * m * k`` elements of symmetric memory (two call
     parities), and, with ``method="kernel"``, compiles (cached) and loads the ring kernel.
-    ``ctas`` is the kernel's CTA count."""
+    ``ctas`` is the kernel's CTA count: by default 16, or the largest grid whose CTAs are all
+    resident where that is fewer (PEs sharing a GPU share its room), the same on every PE."""
 
     m: int
     k: int
@@ -223,7 +225,7 @@ class AllGatherMatmul:
     pe: int
 
     def __init__(self, m: int, k: int, n: int, dtype: Any = "bfloat16", *, method: str = "host",
-                 gemm: Callable[[Any, Any, Any], Any] | None = None, ctas: int = 16) -> None:
+                 gemm: Callable[[Any, Any, Any], Any] | None = None, ctas: int | None = None) -> None:
         if nvshmem.runtime().limited_mpg:  # the same on every PE: refused alike, before anything collective
             raise UsageError("AllGatherMatmul needs NVSHMEM collectives, which its limited multi-PE-per-GPU mode "
                              "(PEs sharing a GPU without an MPS thread limit) lacks: run under CUDA MPS with "
@@ -231,11 +233,13 @@ class AllGatherMatmul:
         code, name = _local_problem(m, k, n, dtype, method, ctas)
         dtype_code = _DTYPES.index(name) if name else -1
         method_code = _METHODS.index(method) if method in _METHODS else -1
+        ctas_code = 0 if ctas is None else ctas if isinstance(ctas, int) and not code else -1
         values = [code, *(v if isinstance(v, int) and not code else -1 for v in (m, k, n)), dtype_code, method_code,
-                  ctas if isinstance(ctas, int) and not code else -1]
+                  ctas_code]
         check_agreement(_agree(values))  # collective, fixed size: the same verdict on every PE
         assert name is not None
-        self.m, self.k, self.n, self.dtype, self.method, self.ctas = m, k, n, name, method, ctas
+        self.m, self.k, self.n, self.dtype, self.method = m, k, n, name, method
+        self.ctas = DEFAULT_CTAS if ctas is None else ctas
         self.n_pes, self.pe = nvshmem.n_pes(), nvshmem.my_pe()
         self._gemm = gemm
         self._half_bytes = (m // 2) * k * itemsize(name)
@@ -253,6 +257,8 @@ class AllGatherMatmul:
         self._comm = self._device.create_stream(options=StreamOptions(nonblocking=True, priority=-1))
         if method == "kernel":
             self._load_kernel()
+            if ctas is None:  # what fits beside the other PEs on this GPU: alike on every PE
+                self.ctas = max(1, min(DEFAULT_CTAS, self._kernel.max_collective_grid(512)))
         nvshmem.barrier_all()  # every PE's buffers exist and are zeroed before any put
         self._closed = False
 

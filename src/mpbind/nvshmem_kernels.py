@@ -574,7 +574,10 @@ class Kernel:
     def max_collective_grid(self, block: Any, shared_mem: int = 0) -> int:
         """The most CTAs a collective launch may have: all of them co-resident on the device, with
         the device's room divided among the PEs that share it (under MPS each of their launches
-        must fit beside the others', or the first spins in its barrier and the rest never start)."""
+        must fit beside the others', or the first spins in its barrier and the rest never start).
+        Divided even where an MPS thread limit already shrank the SMs this PE sees: the limit caps
+        how many SMs a PE uses, it does not keep the PEs off each other's (eight PEs at 12 % each,
+        each launching all the room it saw, hung)."""
         from cuda.core import Device
 
         threads = math.prod(_dims(block, "block"))

@@ -2,8 +2,9 @@
 
     python -m pytest tests/gpu/test_nvshmem_kernels_gpu.py -m gpu
 
-Two PEs need two GPUs; three PEs share GPU 0 and need CUDA MPS for NVSHMEM's
-full mode (``nvidia-cuda-mps-control -d`` with ``CUDA_MPS_PIPE_DIRECTORY`` exported).
+Two PEs need two GPUs; three and eight PEs share GPU 0 and need CUDA MPS for NVSHMEM's
+full mode (``nvidia-cuda-mps-control -d`` with ``CUDA_MPS_PIPE_DIRECTORY`` exported; each PE gets
+an equal part of the SMs, as 8 ranks per GPU would on a larger machine).
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ def test_two_pes_on_two_gpus(mpirun: str, suite: str, args: tuple[str, ...]) -> 
     assert_clean(2, rc, out)
 
 
+@pytest.mark.parametrize("nprocs", [3, 8])
 @pytest.mark.parametrize(("suite", "args"), SUITES, ids=IDS)
-def test_three_pes_on_one_gpu(mpirun: str, suite: str, args: tuple[str, ...]) -> None:
+def test_pes_sharing_one_gpu(mpirun: str, suite: str, args: tuple[str, ...], nprocs: int) -> None:
     if not os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
-        pytest.skip("three PEs on one GPU need CUDA MPS (CUDA_MPS_PIPE_DIRECTORY)")
-    rc, out = run(mpirun, suite, 3, "--one-gpu", *args, timeout=600)
-    assert_clean(3, rc, out)
+        pytest.skip("PEs sharing one GPU need CUDA MPS (CUDA_MPS_PIPE_DIRECTORY)")
+    rc, out = run(mpirun, suite, nprocs, "--one-gpu", *args, timeout=600)
+    assert_clean(nprocs, rc, out)

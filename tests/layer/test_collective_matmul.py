@@ -66,6 +66,8 @@ def test_the_same_arguments_everywhere_pass() -> None:
     collective_matmul.check_agreement([_row(*GOOD)] * 4)
     assert collective_matmul._local_problem(*GOOD) == (0, "float16")
     assert collective_matmul._local_problem(8, 8, 8, "bfloat16", "kernel", 4) == (0, "bfloat16")
+    assert collective_matmul._local_problem(8, 8, 8, "bfloat16", "kernel", None) == (0, "bfloat16")  # the default
+    assert collective_matmul._local_problem(8, 8, 8, "bfloat16", "kernel", True)[0] == 5
 
 
 def test_a_plan_needs_the_runtime() -> None:
