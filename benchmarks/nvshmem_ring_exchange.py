@@ -14,7 +14,8 @@ On two GPUs (one PE per GPU; nvshmem4py 0.4.1 installed beside mpbind)::
 Per block size (8 B, 64 KiB, 16 MiB; the CTAs of examples/ring_exchange.py): the result of one
 exchange is checked first; then ``--iters`` exchanges run back to back inside one launch, timed with
 CUDA events (device time per exchange), and single-exchange launches are timed from the host to the
-end of the stream (launch + exchange), medians over ``--batches``. PE 0 writes
+end of the stream (launch + exchange), medians over ``--batches``. The nvshmem4py run takes the CTA
+counts of the mpbind run before it (its CSV under ``--out``), so both split each block alike. PE 0 writes
 ``ring_exchange_<impl>.csv`` under ``--out``, and ``ring_exchange.csv``/``.png`` once both exist.
 """
 
@@ -119,6 +120,14 @@ def _headers_of_the_loaded_nvshmem(cuda: Any) -> None:
     cuda.config.CUDA_NVRTC_EXTRA_SEARCH_PATHS = ":".join([str(include), *rest])
 
 
+def mpbind_ctas(out: Path) -> dict[int, int]:
+    """The CTAs of mpbind's run per block size (its CSV under `out`, when it ran first), so that the
+    two kernels split each block alike: mpbind's takes fewer than ``ctas_for`` where the PEs sharing
+    a GPU leave less room for a resident grid."""
+    path = out / "ring_exchange_mpbind.csv"
+    return {int(r[1]): int(r[2]) for r in _results.read_csv(path)[1]} if path.is_file() else {}
+
+
 def with_nvshmem4py(ex: Any, a: argparse.Namespace, comm: Any) -> list[list[Any]]:
     _numba_on_new_numpy()
     import cupy as cp
@@ -148,6 +157,7 @@ def with_nvshmem4py(ex: Any, a: argparse.Namespace, comm: Any) -> list[list[Any]
             cuda.syncthreads()
 
     rows = []
+    same_ctas = mpbind_ctas(a.out)
     dev = Device(comm.Get_rank() % torch.cuda.device_count())
     dev.set_current()
     torch.cuda.set_device(dev.device_id)
@@ -161,7 +171,7 @@ def with_nvshmem4py(ex: Any, a: argparse.Namespace, comm: Any) -> list[list[Any]
         dst[:] = 0
         signal[:] = 0
         cp.asarray(src)[:] = cp.asarray(ex.pattern(pe, nbytes))
-        ctas, state = ex.ctas_for(nbytes), {"done": 0}
+        ctas, state = same_ctas.get(nbytes, ex.ctas_for(nbytes)), {"done": 0}
         cp.cuda.Device().synchronize()
         comm.Barrier()
 
