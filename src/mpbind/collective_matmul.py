@@ -233,7 +233,7 @@ class AllGatherMatmul:
         code, name = _local_problem(m, k, n, dtype, method, ctas)
         dtype_code = _DTYPES.index(name) if name else -1
         method_code = _METHODS.index(method) if method in _METHODS else -1
-        ctas_code = 0 if ctas is None else ctas if isinstance(ctas, int) and not code else -1
+        ctas_code = -1 if code else 0 if ctas is None else ctas  # a positive int or None once code is 0
         values = [code, *(v if isinstance(v, int) and not code else -1 for v in (m, k, n)), dtype_code, method_code,
                   ctas_code]
         check_agreement(_agree(values))  # collective, fixed size: the same verdict on every PE
