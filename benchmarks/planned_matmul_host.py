@@ -25,7 +25,8 @@ the layout nvmath infers as AG+GEMM), the slowest rank of each:
   nvmath's ``Matmul(...)`` + ``plan()``; then a second plan of the same shapes (warm);
 * host time per ``execute()``, not captured: the median of ``--calls`` calls, the GPU drained
   before each (outside the timed window), as nvmath's figures were measured; mpbind also captured,
-  and the same ``cublasMpMatmul`` called through the flat binding (the library's own host time);
+  the same ``cublasMpMatmul`` called through the flat binding (the library's own host time), and a
+  plan of the same operands with ``NO_OVERLAP`` (all-gather, then one GEMM) not captured;
 * each result checked against torch.matmul on the gathered operands.
 
 Rank 0 prints a Markdown table and writes ``planned_matmul_host.csv`` and ``.png`` under ``--out``.
@@ -198,6 +199,11 @@ def mpbind_side(group: Any, calls: int) -> dict[str, Any]:
     floor_plan.execute()
     torch.cuda.synchronize()
     floor_err = relative_error(lay.result(), want)
+    # NO_OVERLAP uncaptured: an all-gather then one GEMM, fewer launches than the overlapped ring;
+    # whether the planner should choose it for small problems depends on this figure.
+    no_overlap = slowest(group, host_us(captured_plan.execute, calls))
+    torch.cuda.synchronize()
+    no_overlap_err = relative_error(lay.result(), want)
     captured_plan.capture(ranks.stream)
     captured = slowest(group, host_us(captured_plan.execute, calls))
     torch.cuda.synchronize()
@@ -208,7 +214,8 @@ def mpbind_side(group: Any, calls: int) -> dict[str, Any]:
     cold.close()
     out = {"first_collective_ms": first_collective_ms, "cold_ms": cold_ms, "warm_ms": warm_ms, "execute_us": direct,
            "first_execute_ms": first_ms, "captured_us": captured, "rel_err": err,
-           "library_us": library, "library_rel_err": floor_err,
+           "library_us": library, "library_rel_err": floor_err, "no_overlap_us": no_overlap,
+           "no_overlap_rel_err": no_overlap_err,
            "versions": _tp.header(ranks), "cold_steps_ms": steps}
     ranks.close()
     return out
@@ -329,6 +336,8 @@ def main() -> int:
               f", the rest {other:.1f}")
     if "library_rel_err" in ours:
         print(f"the flat cublasMpMatmul's result against torch: {ours['library_rel_err']:.2e}")
+    if "no_overlap_rel_err" in ours:
+        print(f"the NO_OVERLAP plan's result against torch: {ours['no_overlap_rel_err']:.2e}")
     print(f"nvmath: {theirs.get('versions', theirs.get('unavailable'))}")
     print(_results.table(HEADER, rows))
     _results.write_csv(a.out / "planned_matmul_host.csv", HEADER, rows)
@@ -360,6 +369,7 @@ def report(ours: dict[str, Any], theirs: dict[str, Any]) -> list[list[Any]]:
         ["the process's first execute(), to its end (ms)", *pair("first_execute_ms", None)],
         [f"host time per execute(), {SIZE}^3 bf16, not captured (us)", *pair("execute_us", 0.2)],
         ["host time per cublasMpMatmul itself, flat binding (us)", ours.get("library_us", ""), "", "", ""],
+        ["host time per execute(), NO_OVERLAP plan, not captured (us)", ours.get("no_overlap_us", ""), "", "", ""],
         ["host time per execute(), captured (us)", ours.get("captured_us", ""), "", "", ""],
         ["max |error| / max |torch|", ours.get("rel_err", ""), theirs.get("rel_err", ""), "", "<= 1e-2"],
     ]
