@@ -1,4 +1,4 @@
-"""cuFFTMp on 1, 2 and 4 PEs sharing GPU 0, under mpirun: the flat bindings
+"""cuFFTMp on 1, 2, 4 and 8 PEs sharing GPU 0, under mpirun: the flat bindings
 (``cufftmp_mpi_suite.py``) and the Pythonic layer (``cufftmp_layer_mpi_suite.py``).
 
 Each case launches a suite (beside this file) with ``mpirun -np N`` and checks that every PE
@@ -31,7 +31,7 @@ def mpirun() -> str:
         ("cupy", "CuPy is not installed (the suites view device memory through it)")), library="cufftmp")
 
 
-@pytest.mark.parametrize("nprocs", [1, 2, 4], ids=lambda n: f"np{n}")
+@pytest.mark.parametrize("nprocs", [1, 2, 4, 8], ids=lambda n: f"np{n}")
 def test_cufftmp_suite(mpirun: str, nprocs: int) -> None:
     rc, out = run(mpirun, "cufftmp_mpi_suite.py", nprocs, "--init", "nvshmem", timeout=TIMEOUT_S,
                   forward=LIBRARY_VARS)
@@ -48,7 +48,7 @@ def test_cufftmp_suite_library_initialises_nvshmem(mpirun: str) -> None:
     assert "PASS init.by_cufftmp_plan" in out, out[-8000:]
 
 
-@pytest.mark.parametrize("nprocs", [1, 2, 4], ids=lambda n: f"np{n}")
+@pytest.mark.parametrize("nprocs", [1, 2, 4, 8], ids=lambda n: f"np{n}")
 def test_cufftmp_layer_suite(mpirun: str, nprocs: int) -> None:
     rc, out = run(mpirun, "cufftmp_layer_mpi_suite.py", nprocs, timeout=TIMEOUT_S, forward=LIBRARY_VARS)
     assert_clean(nprocs, rc, out)

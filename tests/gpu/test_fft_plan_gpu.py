@@ -2,7 +2,7 @@
 
     python -m pytest tests/gpu/test_fft_plan_gpu.py -m gpu
 
-Two PEs need two GPUs; three and four PEs share GPU 0 and need CUDA MPS for
+Two PEs need two GPUs; three, four and eight PEs share GPU 0 and need CUDA MPS for
 NVSHMEM's full mode (``nvidia-cuda-mps-control -d`` with ``CUDA_MPS_PIPE_DIRECTORY`` exported).
 The library is found as mpbind finds it everywhere (``MPBIND_CUFFTMP_PATH`` and
 ``MPBIND_NVSHMEM_PATH`` are passed on to the ranks when set).
@@ -54,7 +54,7 @@ def test_two_pes_on_two_gpus(mpirun: str) -> None:
     check(2, rc, out)
 
 
-@pytest.mark.parametrize("nprocs", [3, 4], ids=lambda n: f"np{n}")
+@pytest.mark.parametrize("nprocs", [3, 4, 8], ids=lambda n: f"np{n}")
 def test_pes_sharing_one_gpu(mpirun: str, nprocs: int) -> None:
     if not os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
         pytest.skip(f"{nprocs} PEs on one GPU need CUDA MPS (CUDA_MPS_PIPE_DIRECTORY)")

@@ -1,4 +1,4 @@
-"""NVSHMEM on 1, 2 and 4 PEs sharing GPU 0, under mpirun: the flat bindings
+"""NVSHMEM on 1, 2, 4 and 8 PEs sharing GPU 0, under mpirun: the flat bindings
 (``nvshmem_mpi_suite.py``) and the Pythonic layer (``nvshmem_layer_mpi_suite.py``).
 
 Each case launches a suite (beside this file) with ``mpirun -np N`` and checks that every PE
@@ -22,7 +22,7 @@ def mpirun() -> str:
 
 
 @pytest.mark.parametrize("init", ["uid", "mpi"])
-@pytest.mark.parametrize("nprocs", [1, 2, 4], ids=lambda n: f"np{n}")
+@pytest.mark.parametrize("nprocs", [1, 2, 4, 8], ids=lambda n: f"np{n}")
 def test_nvshmem_suite(mpirun: str, nprocs: int, init: str) -> None:
     rc, out = run(mpirun, "nvshmem_mpi_suite.py", nprocs, "--init", init, timeout=120)
     assert_clean(nprocs, rc, out)
@@ -36,7 +36,7 @@ def test_nvshmem_init_finalize_reports_status(mpirun: str, init: str) -> None:
 
 
 @pytest.mark.parametrize("init", ["uid", "mpi"])
-@pytest.mark.parametrize("nprocs", [1, 2, 4], ids=lambda n: f"np{n}")
+@pytest.mark.parametrize("nprocs", [1, 2, 4, 8], ids=lambda n: f"np{n}")
 def test_nvshmem_layer_suite(mpirun: str, nprocs: int, init: str) -> None:
     rc, out = run(mpirun, "nvshmem_layer_mpi_suite.py", nprocs, "--init", init, timeout=180)
     assert_clean(nprocs, rc, out)
