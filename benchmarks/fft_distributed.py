@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 import time
@@ -103,6 +102,7 @@ def run_mpbind(a: argparse.Namespace, comm: Any) -> list[Row]:
     from mpbind import distributions as dist
     from mpbind import fft, nccl, nvshmem
     from mpbind.bindings import cufftmp as flat
+    from mpbind.bindings import nvshmem as flat_nvshmem
 
     rank, nranks = comm.Get_rank(), comm.Get_size()
     device = rank % cp.cuda.runtime.getDeviceCount()
@@ -128,7 +128,7 @@ def run_mpbind(a: argparse.Namespace, comm: Any) -> list[Row]:
                 print(f"[rank {rank}] mpbind {series} {shape}: rel. err {err:.2e} ({p.algorithm})", flush=True)
                 rows.append(("mpbind", shape[0], series, f"relerr_{'x'.join(map(str, shape))}", err))
     # NCCL's all_to_all, the exchange's anchor, needs a GPU per rank: not run where PEs share one (MPS)
-    shares_gpu = len(set(comm.allgather((socket.gethostname(), device)))) < nranks
+    shares_gpu = flat_nvshmem.team_n_pes(flat_nvshmem.Team.SAME_GPU) > 1  # alike on every PE
     comm_nccl = None if shares_gpu else nccl.Communicator.from_mpi(comm)
     if shares_gpu and rank == 0:
         print("PEs share a GPU: NCCL all_to_all not run (NCCL needs one rank per GPU)", flush=True)

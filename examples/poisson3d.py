@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 from pathlib import Path
@@ -91,6 +90,7 @@ def main() -> int:
     from mpi4py import MPI
 
     from mpbind import fft, nvshmem
+    from mpbind.bindings import nvshmem as flat_nvshmem
 
     comm = MPI.COMM_WORLD
     pe, npes = comm.Get_rank(), comm.Get_size()
@@ -150,7 +150,7 @@ def main() -> int:
             end.synchronize()
             times.append(cp.cuda.get_elapsed_time(start, end))
         every = comm.gather(statistics.median(times), root=0)
-        gpus = len(set(comm.allgather((socket.gethostname(), device))))  # PEs may share one (MPS)
+        gpus = npes // flat_nvshmem.team_n_pes(flat_nvshmem.Team.SAME_GPU)  # PEs may share one (MPS)
         if pe == 0:
             print(f"poisson3d: {a.n}^3 {a.dtype} on {npes} PE(s), {gpus} GPU(s): "
                   f"{max(every):.3f} ms per solve (median of {a.iters}, slowest PE; R2C + scale + C2R)", flush=True)
