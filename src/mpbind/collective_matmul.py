@@ -257,8 +257,10 @@ class AllGatherMatmul:
         self._comm = self._device.create_stream(options=StreamOptions(nonblocking=True, priority=-1))
         if method == "kernel":
             self._load_kernel()
-            if ctas is None:  # what fits beside the other PEs on this GPU: alike on every PE
-                self.ctas = max(1, min(DEFAULT_CTAS, self._kernel.max_collective_grid(512)))
+            if ctas is None:  # what fits beside the other PEs on this GPU; the smallest of every PE's,
+                # since each PE waits for its neighbours' puts counted per CTA (every PE takes this branch)
+                fits = max(1, min(DEFAULT_CTAS, self._kernel.max_collective_grid(512)))
+                self.ctas = min(row[0] for row in _agree([fits]))
         nvshmem.barrier_all()  # every PE's buffers exist and are zeroed before any put
         self._closed = False
 
