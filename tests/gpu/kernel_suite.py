@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from suite_report import Report, expect
+from suite_report import Report, emit, expect
 
 from mpbind.errors import UsageError
 
@@ -60,5 +60,5 @@ def main(doc: str, run: Callable[[Report, argparse.Namespace], None],
     except Exception as exc:  # noqa: BLE001 - reported as a failed setup
         report.failed += 1
         report.line("FAIL", "setup", f"{type(exc).__name__}: {exc}")
-    print(report.summary(), flush=True)
+    emit(report.summary())
     return 1 if report.failed else 0

@@ -24,7 +24,7 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1")):
 
 import numpy as np  # noqa: E402
 from cuda.bindings import driver as cu  # noqa: E402
-from suite_report import KnownLimitation, Report, expect  # noqa: E402
+from suite_report import KnownLimitation, Report, emit, expect  # noqa: E402
 
 from mpbind.bindings import nvshmem as nv  # noqa: E402
 from mpbind.errors import NVSHMEMError  # noqa: E402
@@ -189,7 +189,7 @@ def main() -> int:
     if launches:
         run(report, launches[0])
     report.check("finalize", nv.finalize)
-    print(report.summary(), flush=True)
+    emit(report.summary())
     return 1 if report.failed else 0
 
 

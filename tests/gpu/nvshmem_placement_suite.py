@@ -20,7 +20,7 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
     os.environ.setdefault(_name, _value)
 
 from mpi4py import MPI  # noqa: E402
-from suite_report import Report, expect  # noqa: E402
+from suite_report import Report, emit, expect  # noqa: E402
 
 from mpbind import _placement  # noqa: E402
 from mpbind import nvshmem as nv  # noqa: E402
@@ -65,7 +65,7 @@ def main() -> int:
         raise SystemExit(f"--gpus names {len(gpus)} GPUs for {comm.Get_size()} processes")
     report = Report(index=comm.Get_rank())
     report.check(f"init.{args.init}", lambda: check(args, comm, report, gpus[comm.Get_rank()]))
-    print(report.summary(), flush=True)
+    emit(report.summary())
     return 1 if report.failed else 0
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from mpi4py import MPI
-from suite_report import Report
+from suite_report import Report, emit
 
 from mpbind import cublasmp, nccl
 
@@ -30,7 +30,7 @@ def local_gpu(world: Any, report: Report, devices: int) -> int:
         report.failed += 1
         report.line("FAIL", "setup", f"{node.Get_size()} ranks on this node but {devices} GPUs: NCCL needs one GPU "
                                      "per rank")
-        print(report.summary(), flush=True)
+        emit(report.summary())
         sys.exit(1)
     return int(node.Get_rank())
 
@@ -38,7 +38,7 @@ def local_gpu(world: Any, report: Report, devices: int) -> int:
 def finish(world: Any, report: Report) -> int:
     """Wait for every rank, print this one's summary; the exit status (1 when anything failed)."""
     world.Barrier()
-    print(report.summary(), flush=True)
+    emit(report.summary())
     return 1 if report.failed else 0
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import os
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -27,6 +28,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from mpbind.errors import FunctionNotFoundError
+
+
+def emit(line: str) -> None:
+    """Write one line in one write: `print` writes the text and the newline apart (with unbuffered
+    output), and the lines of several processes sharing mpirun's output then run together."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 class Skip(Exception):
@@ -52,7 +60,7 @@ class Report:
         text = f"{status} {name} [{self.who} {self.index}]"
         if detail:
             text += ": " + " ".join(detail.split())  # one line, whatever the message
-        print(text, flush=True)
+        emit(text)
 
     def info(self, name: str, detail: str) -> None:
         self.line("INFO", name, detail)
@@ -125,7 +133,7 @@ def watched(report: Report, timeout: float, body: Callable[[], None], *, elapsed
         faulthandler.cancel_dump_traceback_later()
         if elapsed:
             report.info("elapsed", f"{time.monotonic() - start:.2f} s")
-        print(report.summary(), flush=True)
+        emit(report.summary())
     return 1 if report.failed else 0
 
 
