@@ -120,6 +120,9 @@ std::string supported_names() {
 template <class Value>
 class IdentityCache {
 public:
+    // Room for every entry from the start: entries never move, so a reference find() returned
+    // stays valid while Python code run meanwhile (a property, __dlpack__) adds others.
+    IdentityCache() { entries_.reserve(kCapacity); }
     const Value* find(PyObject* key) const {
         for (const auto& e : entries_) {
             if (e.first == key) return &e.second;
@@ -258,7 +261,7 @@ std::string format_dims(const Dims& d) {
 }
 
 void set_c_strides(Array& a) {
-    a.strides.resize(a.shape.size());
+    a.strides.resize_for_overwrite(a.shape.size());
     int64_t acc = 1;
     for (size_t i = a.shape.size(); i-- > 0;) {
         a.strides[i] = acc;
@@ -282,7 +285,7 @@ void read_shape(nb::handle seq, Array& a, const char* what) {
     }
     nb::object keep = nb::steal(fast);
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-    a.shape.resize(static_cast<size_t>(n));
+    a.shape.resize_for_overwrite(static_cast<size_t>(n));
     for (Py_ssize_t i = 0; i < n; ++i) {
         long long v = to_long(PySequence_Fast_GET_ITEM(fast, i), what, "shape");
         if (v < 0) raise_usage(std::string(what) + ": negative extent " + std::to_string(v) + " in its shape");
@@ -304,7 +307,7 @@ void read_strides(nb::handle seq, Array& a, const char* what, int64_t unit) {
         raise_usage(std::string(what) + ": " + std::to_string(a.shape.size()) + " extents but " + std::to_string(n) +
                     " strides");
     }
-    a.strides.resize(n);
+    a.strides.resize_for_overwrite(n);
     for (size_t i = 0; i < n; ++i) {
         a.strides[i] = to_long(PySequence_Fast_GET_ITEM(fast, static_cast<Py_ssize_t>(i)), what, "strides");
     }
@@ -359,12 +362,12 @@ void from_dltensor(const nb::dlpack::dltensor& t, uint64_t flags, Array& a, cons
     }
     if (t.ndim < 0) raise_usage(std::string(what) + ": DLPack tensor with ndim " + std::to_string(t.ndim));
     a.ptr = reinterpret_cast<uintptr_t>(t.data) + t.byte_offset;
-    a.shape.resize(static_cast<size_t>(t.ndim));
+    a.shape.resize_for_overwrite(static_cast<size_t>(t.ndim));
     for (int32_t i = 0; i < t.ndim; ++i) a.shape[i] = t.shape[i];
     if (t.strides == nullptr) {  // before DLPack 1.2: compact row-major
         set_c_strides(a);
     } else {
-        a.strides.resize(static_cast<size_t>(t.ndim));
+        a.strides.resize_for_overwrite(static_cast<size_t>(t.ndim));
         for (int32_t i = 0; i < t.ndim; ++i) a.strides[i] = t.strides[i];
     }
     finish(a);
@@ -648,7 +651,7 @@ void via_buffer(nb::handle obj, Array& a) {
     nccl::BufferSpan b = nccl::buffer_of(obj);  // UsageError once freed
     a.ptr = b.ptr;
     a.dtype = Dtype::kUInt8;
-    a.shape.resize(1);
+    a.shape.resize_for_overwrite(1);
     a.shape[0] = static_cast<int64_t>(b.nbytes);
     set_c_strides(a);
     finish(a);
@@ -675,7 +678,7 @@ void via_tuple(nb::handle obj, Array& a, const char* what) {
     if (c < 0) raise_usage(std::string(what) + ": count must be >= 0, got " + std::to_string(c));
     a.dtype = dtype_of(PyTuple_GET_ITEM(obj.ptr(), 2));
     a.ptr = p;
-    a.shape.resize(1);
+    a.shape.resize_for_overwrite(1);
     a.shape[0] = c;
     set_c_strides(a);
     finish(a);
@@ -835,9 +838,9 @@ const char* source_name(Source s) {
     return "?";
 }
 
-void Dims::resize(size_t n) {
-    n_ = n;
+void Dims::resize_for_overwrite(size_t n) {
     if (n > kInline) heap_.resize(n);
+    n_ = n;
 }
 
 bool c_contiguous(const Dims& shape, const Dims& strides) {
@@ -855,9 +858,7 @@ bool c_contiguous(const Dims& shape, const Dims& strides) {
 Array describe(nb::handle obj, const char* what, bool tuples) {
     Array a;
     Path scratch;
-    // A copy: Python code run while describing (a property, __dlpack__) may describe other arrays
-    // and grow the cache under a reference.
-    const Path p = path_of(Py_TYPE(obj.ptr()), scratch);
+    const Path& p = path_of(Py_TYPE(obj.ptr()), scratch);  // cache entries never move
     if (p.source == Source::kTuple && !tuples) {
         raise_type(std::string(what) + ": expected an array with __cuda_array_interface__ or __dlpack__, not a tuple");
     }
