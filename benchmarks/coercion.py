@@ -89,14 +89,20 @@ def streams() -> list[tuple[str, Any]]:
     class TorchLike:
         cuda_stream = 0x55
 
-    class CupyStream:
-        ptr = 0x66
+    class _BaseStream:  # as CuPy 14's: a Python class of cupy.cuda.stream, .ptr on the instance
+        def __init__(self) -> None:
+            self.ptr = 0x66
+
+        def __cuda_stream__(self) -> tuple[int, int]:
+            return (0, self.ptr)
+
+    _BaseStream.__module__, _BaseStream.__qualname__ = "cupy.cuda.stream", "_BaseStream"
 
     class Protocol:
         def __cuda_stream__(self) -> tuple[int, int]:
             return (0, 0x1234)
 
-    return [("None", None), ("int", 0x77), (".cuda_stream (PyTorch)", TorchLike()), (".ptr (CuPy)", CupyStream()),
+    return [("None", None), ("int", 0x77), (".cuda_stream (PyTorch)", TorchLike()), (".ptr (CuPy)", _BaseStream()),
             ("__cuda_stream__", Protocol())]
 
 

@@ -325,6 +325,25 @@ def test_streams_beyond_the_basic_kinds() -> None:
             _interop.stream_handle(bad)
 
 
+def test_cupy_streams_are_read_by_their_ptr() -> None:
+    # CuPy 14's streams: Python classes of cupy.cuda.stream (tp_name is the bare class name) whose
+    # instances hold .ptr; __cuda_stream__() gives the same handle, a Python call slower.
+    class _BaseStream:
+        def __init__(self, ptr: int) -> None:
+            self.ptr = ptr
+
+        def __cuda_stream__(self) -> tuple[int, int]:
+            raise AssertionError("a CuPy stream is read by its .ptr, not through __cuda_stream__()")
+
+    class Stream(_BaseStream):
+        pass
+
+    for cls in (_BaseStream, Stream):
+        cls.__module__, cls.__qualname__ = "cupy.cuda.stream", cls.__name__
+    assert _interop.stream_handle(Stream(0x88)) == 0x88
+    assert _interop.stream_handle(_BaseStream(0x99)) == 0x99
+
+
 def test_forcing_a_path_of_our_own_types_is_refused() -> None:
     for source in ("symmetric", "peer", "buffer"):
         with pytest.raises(UsageError, match=f"is not read as {source}"):

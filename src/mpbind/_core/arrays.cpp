@@ -719,6 +719,17 @@ bool is_class(PyTypeObject* type, const char* module, const char* qualname) {
     return PyUnicode_Check(qn.ptr()) && PyUnicode_CompareWithASCIIString(qn.ptr(), qualname) == 0;
 }
 
+// Whether module.qualname is `type` or one of its bases. For classes defined in Python (heap types,
+// also when Cython compiles them) tp_name is the bare name, which mro_has cannot tell apart.
+bool mro_has_class(PyTypeObject* type, const char* module, const char* qualname) {
+    PyObject* mro = type->tp_mro;
+    if (mro == nullptr) return false;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); ++i) {
+        if (is_class(reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(mro, i)), module, qualname)) return true;
+    }
+    return false;
+}
+
 Path classify(PyTypeObject* type) {
     const Names& n = names();
     Path p{Source::kInterface};
@@ -951,9 +962,11 @@ StreamVia stream_via(PyTypeObject* type) {
     // PyTorch's __cuda_stream__ is Python code around its C attribute cuda_stream: read that.
     if (has(n.cuda_stream) && arrays::mro_has(type, {"torch._C._CudaStreamBase"})) {
         via = StreamVia::kCudaStream;
-    } else if (has(n.ptr) && arrays::mro_has(type, {"cupy.cuda.stream._BaseStream"})) {
-        // CuPy's __cuda_stream__ is a Python method returning a tuple; its .ptr, a C property, is
-        // the same handle at a fraction of the cost (measured: ~0.2 µs per call on the hot path).
+    } else if (arrays::mro_has(type, {"cupy.cuda.stream._BaseStream"}) ||
+               arrays::mro_has_class(type, "cupy.cuda.stream", "_BaseStream")) {
+        // CuPy's __cuda_stream__ is a Python method returning a tuple; its .ptr (a C property of a
+        // C class, or since CuPy 14 an attribute of the instance of a Python class) is the same
+        // handle at a fraction of the cost: 0.25-0.3 µs less per call on the hot path.
         via = StreamVia::kPtr;
     } else if (has(n.cuda_stream_protocol)) {
         via = StreamVia::kProtocol;
