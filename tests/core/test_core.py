@@ -331,6 +331,12 @@ def test_dtype_names() -> None:
         _interop.dtype_name("float128")
 
 
+def test_dtype_names_are_interned() -> None:
+    # A SymmetricArray keeps its dtype's name; interned, the hot calls find it by identity.
+    a, b = _interop.dtype_name(np.float32), _interop.dtype_name("".join(["float", "32"]))
+    assert a == b == "float32" and a is b
+
+
 def test_streams() -> None:
     class Protocol:
         def __cuda_stream__(self) -> tuple[int, int]:

@@ -1066,8 +1066,12 @@ void register_arrays(nb::module_& m) {
        "writable, as asked (UsageError naming `what` otherwise).");
     m.def("dtype_info", [](nb::handle dtype) {
         const arrays::DtypeInfo& i = arrays::info(arrays::dtype_of(dtype));
-        return nb::make_tuple(i.name, i.itemsize, i.dl_code, i.dl_bits, i.typestr ? nb::object(nb::str(i.typestr))
-                                                                                    : nb::none());
+        // The name interned: arrays that keep it (a SymmetricArray's dtype) are then described through
+        // the by-identity dtype cache instead of comparing names (~60 ns of ~340 per description).
+        nb::object name = nb::steal(PyUnicode_InternFromString(i.name));
+        if (!name.is_valid()) throw nb::python_error();
+        return nb::make_tuple(name, i.itemsize, i.dl_code, i.dl_bits, i.typestr ? nb::object(nb::str(i.typestr))
+                                                                                : nb::none());
     }, nb::arg("dtype").none(),
        "(name, itemsize, DLPack code, DLPack bits, typestr or None) of a dtype; UsageError for unsupported ones.");
     m.def("stream_handle", [](nb::handle s) { return stream_handle(s); }, nb::arg("stream").none(),
