@@ -1092,6 +1092,54 @@ void register_arrays(nb::module_& m) {
         return std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(n ? n : 1);
     }, nb::arg("array").none(), nb::arg("n"), nb::arg("source").none() = nb::none(), nb::arg("tuples") = true,
        "Nanoseconds per description of `array` in C++ (n times; `source` forces a path): the coercion's own cost.");
+    testing.def("symmetric_parts_ns", [](nb::handle obj, size_t n) {
+        using arrays::Array;
+        PyTypeObject* type = Py_TYPE(obj.ptr());
+        arrays::Path scratch;
+        const arrays::Path& p = arrays::path_of(type, scratch);
+        if (p.source != arrays::Source::kSymmetric) raise_usage("symmetric_parts_ns: not a SymmetricArray");
+        uintptr_t sink = 0;
+        auto per_call = [&](auto&& step) {
+            auto t0 = std::chrono::steady_clock::now();
+            for (size_t i = 0; i < n; ++i) step();
+            auto t1 = std::chrono::steady_clock::now();
+            return std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(n ? n : 1);
+        };
+        nb::object core = p.slots.core.get(obj), shape = p.slots.shape.get(obj), dtype = p.slots.dtype.get(obj);
+        nb::object device = p.slots.device.get(obj);
+        nb::dict out;
+        out["path"] = per_call([&] {
+            arrays::Path sc;
+            sink ^= static_cast<uintptr_t>(arrays::path_of(type, sc).source);
+        });
+        out["slots"] = per_call([&] {
+            sink ^= reinterpret_cast<uintptr_t>(p.slots.core.get(obj).ptr()) ^
+                    reinterpret_cast<uintptr_t>(p.slots.shape.get(obj).ptr()) ^
+                    reinterpret_cast<uintptr_t>(p.slots.dtype.get(obj).ptr()) ^
+                    reinterpret_cast<uintptr_t>(p.slots.device.get(obj).ptr());
+        });
+        out["allocation"] = per_call([&] { sink ^= nvshmem::allocation_of(core).first; });
+        out["shape"] = per_call([&] {
+            Array a;
+            arrays::read_shape(shape, a, "array");
+            sink ^= a.shape.size();
+        });
+        Array shaped;
+        arrays::read_shape(shape, shaped, "array");
+        out["strides"] = per_call([&] {
+            Array a = shaped;
+            arrays::set_c_strides(a);
+            arrays::finish(a);
+            sink ^= static_cast<uintptr_t>(a.size);
+        });
+        out["dtype"] = per_call([&] { sink ^= static_cast<uintptr_t>(arrays::dtype_of(dtype)); });
+        out["device"] = per_call([&] { sink ^= static_cast<uintptr_t>(arrays::int_field(device, "array", "_device")); });
+        out["whole"] = per_call([&] { sink ^= arrays::describe(obj, "array", false).ptr; });
+        (void)sink;
+        return out;
+    }, nb::arg("array"), nb::arg("n"),
+       "Nanoseconds per step of describing a SymmetricArray in C++ (n times each): the type's path, the slot reads, "
+       "the allocation, the shape, strides and size, the dtype, the device, and the whole description.");
     testing.def("stream_ns", [](nb::handle stream, size_t n) {
         uintptr_t sink = 0;
         auto t0 = std::chrono::steady_clock::now();

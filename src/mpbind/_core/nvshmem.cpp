@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <map>
 #include <optional>
 #include <type_traits>
@@ -897,6 +898,23 @@ void register_nvshmem(nb::module_& parent) {
     nb::module_ testing = nb::borrow<nb::module_>(parent.attr("_testing"));
     testing.def("fence_streams", [] { return fence().streams(); },
                 "Streams whose on-stream NVSHMEM collectives the next host-side collective waits for.");
+    testing.def("nvshmem_plan_ns", [](const std::string& name, nb::tuple args, size_t n) {
+        auto arg = [&](size_t i) -> nb::handle { return i < nb::len(args) ? nb::handle(args[i]) : nb::none(); };
+        bool put = name == "put";
+        if (!put && name != "quiet") raise_usage("nvshmem_plan_ns: put or quiet, not " + name);
+        uintptr_t sink = 0;
+        auto t0 = std::chrono::steady_clock::now();
+        for (size_t i = 0; i < n; ++i) {
+            Step k = put ? plan_rma(Rma::kPut, heap_of(current()), arg(0), arg(1), arg(2), arg(3))
+                         : plan_sync(Rma::kQuiet, heap_of(current()), nb::none(), arg(0));
+            sink ^= k.dest ^ k.stream;
+        }
+        auto t1 = std::chrono::steady_clock::now();
+        (void)sink;
+        return std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(n ? n : 1);
+    }, nb::arg("name"), nb::arg("args"), nb::arg("n"),
+       "Nanoseconds per planning of mpbind.nvshmem.<name>(*args) (put or quiet) in C++ against the live runtime, "
+       "n times, without the library call: the layer's own cost of the hot call.");
     testing.def("nvshmem_plan", [](const std::string& name, nb::tuple args, int npes, bool limited,
                                    std::vector<std::pair<uintptr_t, size_t>> heap) {
         Heap h;
