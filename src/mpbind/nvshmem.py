@@ -360,8 +360,9 @@ class SymmetricArray(Owned, _DeviceView):
     array. Dropped unfreed, it warns ``ResourceWarning`` and waits for ``drain()``/``finalize()``.
     """
 
-    # The core reads these slots directly when the array is passed to a hot call (arrays.cpp).
-    __slots__ = ("_core", "_shape", "_dtype", "_device")
+    # The core reads these slots directly when the array is passed to a hot call (arrays.cpp), and
+    # keeps its description in _description: _shape, _dtype and _device are set once, in _new().
+    __slots__ = ("_core", "_shape", "_dtype", "_device", "_description")
     _core: SymmetricMemory
 
     def __init__(self, *args: object, **kwargs: object) -> None:

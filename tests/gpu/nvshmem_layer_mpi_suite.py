@@ -245,6 +245,41 @@ def check_put_get_ring(c: Ctx) -> None:
         src.free()
 
 
+def check_kept_description(c: Ctx) -> str:
+    """The core describes a symmetric array on its first hot call and keeps the description; it is
+    used only while the array's slots hold what it was made from, and the allocation is checked
+    open at every call."""
+    shape, n = (4, 8), 32
+    src, dst = nv.empty(shape, "float32"), nv.zeros(shape, "float32")
+    try:
+        view(src).set(pattern(c.pe, n, np.float32).reshape(shape))
+        c.settle()
+        expect(getattr(dst, "_description", None) is None, "a description before the first call")
+        for _ in range(3):  # described, then kept
+            nv.put(dst, src, c.right, stream=c.stream)
+        nv.quiet(stream=c.stream)
+        nv.barrier_all(stream=c.stream)
+        c.stream.synchronize()
+        expect_equal(view(dst).get(), pattern(c.left, n, np.float32).reshape(shape), "put with kept descriptions")
+        expect(type(dst._description).__name__ == "PyCapsule", "no description kept")
+        # Nothing public changes these slots; were they changed, the kept description is not used.
+        dst._shape = (16,)
+        expect_usage_error(lambda: nv.put(dst, src, c.right), "dest has 16 elements, src 32")
+        dst._dtype = "int32"
+        dst._shape = shape
+        expect_usage_error(lambda: nv.put(dst, src, c.right), "dtype int32")
+        dst._dtype = "float32"
+        parts = _core._testing.symmetric_parts_ns(dst, 20_000)
+        c.settle()
+    finally:
+        c.settle()
+        dst.free()
+        src.free()
+    expect_usage_error(lambda: nv.put(dst, cp.zeros(shape, np.float32), c.pe), "closed")
+    c.comm.Barrier()
+    return f"kept {parts['kept']:.0f} ns, whole description {parts['whole']:.0f} ns"
+
+
 def reduce_input(op: str, dtype: str, pe: int) -> np.ndarray:
     dt = np.dtype(dtype)
     i = np.arange(COUNT)
@@ -459,6 +494,7 @@ def run(args: argparse.Namespace, comm: Any, report: Report) -> None:
     r("array.empty_zeros", lambda: check_empty_zeros(c))
     r("array.zero_copy_cupy_torch", lambda: check_zero_copy(c))
     r("rma.put_get_ring", lambda: check_put_get_ring(c))
+    r("rma.kept_description", lambda: check_kept_description(c))
     for op, dtype in REDUCE_CASES:
         r(f"coll.reduce.{op}.{dtype}", lambda op=op, dtype=dtype: check_reduce(c, op, dtype))
     r("coll.broadcast_fcollect_alltoall", lambda: check_collectives(c))

@@ -12,6 +12,7 @@
 #include <array>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string_view>
 
@@ -169,6 +170,7 @@ struct Names {
     PyObject* shape_slot = PyUnicode_InternFromString("_shape");
     PyObject* dtype_slot = PyUnicode_InternFromString("_dtype");
     PyObject* device_slot = PyUnicode_InternFromString("_device");
+    PyObject* described_slot = PyUnicode_InternFromString("_description");
     PyObject* version_tuple = Py_BuildValue("(ii)", 1, 3);  // the DLPack version we read
 };
 const Names& names() {
@@ -616,11 +618,78 @@ struct Slot {
         }
         return attr(obj, name);
     }
+    // The slot's storage in `obj`, or nullptr when it is not a __slots__ member.
+    PyObject** at(nb::handle obj) const {
+        return offset >= 0 ? reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj.ptr()) + offset) : nullptr;
+    }
 };
 
 struct OurSlots {
-    Slot core, base, address, shape, dtype, device;
+    Slot core, base, address, shape, dtype, device, description;
 };
+
+// A SymmetricArray's description, made on its first use in a hot call and kept in its
+// _description slot: its shape, dtype and device are set once, when it is made. The payload holds
+// the three objects it was made from and is used only while the slots still hold those same
+// objects (held here, so none can be freed and its address reused meanwhile).
+struct Described {
+    PyObject* shape;
+    PyObject* dtype;
+    PyObject* device;
+    Array array;  // everything but ptr: the allocation gives that, checked open, at each use
+};
+constexpr const char* kDescribedName = "mpbind.SymmetricArray.description";
+
+void drop_described(PyObject* capsule) {
+    auto* d = static_cast<Described*>(PyCapsule_GetPointer(capsule, kDescribedName));
+    if (d == nullptr) {
+        PyErr_Clear();
+        return;
+    }
+    Py_DECREF(d->shape);
+    Py_DECREF(d->dtype);
+    Py_DECREF(d->device);
+    delete d;
+}
+
+// The kept description of `obj`, if it is still the one its slots describe.
+const Described* kept_description(nb::handle obj, const OurSlots& s) {
+    PyObject** slot = s.description.at(obj);
+    PyObject** shape = s.shape.at(obj);
+    PyObject** dtype = s.dtype.at(obj);
+    PyObject** device = s.device.at(obj);
+    if (slot == nullptr || *slot == nullptr || shape == nullptr || dtype == nullptr || device == nullptr) {
+        return nullptr;
+    }
+    if (!PyCapsule_CheckExact(*slot) || PyCapsule_GetName(*slot) != kDescribedName) return nullptr;
+    auto* d = static_cast<const Described*>(PyCapsule_GetPointer(*slot, kDescribedName));
+    if (d == nullptr) {
+        PyErr_Clear();
+        return nullptr;
+    }
+    return d->shape == *shape && d->dtype == *dtype && d->device == *device ? d : nullptr;
+}
+
+// Keep `a` (just described from the slots) as `obj`'s description; nothing when it has no such slots.
+void keep_description(nb::handle obj, const OurSlots& s, const Array& a) {
+    PyObject** slot = s.description.at(obj);
+    PyObject** shape = s.shape.at(obj);
+    PyObject** dtype = s.dtype.at(obj);
+    PyObject** device = s.device.at(obj);
+    if (slot == nullptr || shape == nullptr || dtype == nullptr || device == nullptr || *shape == nullptr ||
+        *dtype == nullptr || *device == nullptr) {
+        return;
+    }
+    auto d = std::make_unique<Described>(Described{*shape, *dtype, *device, a});
+    d->array.ptr = 0;
+    PyObject* capsule = PyCapsule_New(d.get(), kDescribedName, drop_described);
+    if (capsule == nullptr) throw nb::python_error();
+    Py_INCREF(d->shape);
+    Py_INCREF(d->dtype);
+    Py_INCREF(d->device);
+    d.release();
+    Py_XSETREF(*slot, capsule);
+}
 
 void from_view(nb::handle obj, const OurSlots& s, Array& a, const char* what) {
     read_shape(s.shape.get(obj), a, what);
@@ -635,9 +704,14 @@ void from_view(nb::handle obj, const OurSlots& s, Array& a, const char* what) {
 void via_symmetric(nb::handle obj, const OurSlots& s, Array& a, const char* what) {
     auto [base, nbytes] = nvshmem::allocation_of(s.core.get(obj));  // UsageError once freed
     (void)nbytes;
-    from_view(obj, s, a, what);
+    if (const Described* d = kept_description(obj, s)) {
+        a = d->array;
+    } else {
+        from_view(obj, s, a, what);
+        a.source = Source::kSymmetric;
+        keep_description(obj, s, a);
+    }
     a.ptr = a.symmetric = base;
-    a.source = Source::kSymmetric;
 }
 
 void via_peer(nb::handle obj, const OurSlots& s, Array& a, const char* what) {
@@ -739,7 +813,8 @@ Path classify(PyTypeObject* type) {
         bool peer = is_class(type, "mpbind.nvshmem", "PeerArray");
         p.source = peer ? Source::kPeer : Source::kSymmetric;
         p.slots = {Slot::of(type, n.core),  Slot::of(type, n.base),  Slot::of(type, n.address),
-                   Slot::of(type, n.shape_slot), Slot::of(type, n.dtype_slot), Slot::of(type, n.device_slot)};
+                   Slot::of(type, n.shape_slot), Slot::of(type, n.dtype_slot), Slot::of(type, n.device_slot),
+                   Slot::of(type, n.described_slot)};
     } else if (nccl::buffer_type().is(reinterpret_cast<PyObject*>(type))) {
         p.source = Source::kBuffer;
     } else if (const ExchangeApi* api = exchange_api(type)) {
@@ -1134,12 +1209,16 @@ void register_arrays(nb::module_& m) {
         });
         out["dtype"] = per_call([&] { sink ^= static_cast<uintptr_t>(arrays::dtype_of(dtype)); });
         out["device"] = per_call([&] { sink ^= static_cast<uintptr_t>(arrays::int_field(device, "array", "_device")); });
+        out["kept"] = per_call([&] {
+            sink ^= reinterpret_cast<uintptr_t>(arrays::kept_description(obj, p.slots));
+        });
         out["whole"] = per_call([&] { sink ^= arrays::describe(obj, "array", false).ptr; });
         (void)sink;
         return out;
     }, nb::arg("array"), nb::arg("n"),
        "Nanoseconds per step of describing a SymmetricArray in C++ (n times each): the type's path, the slot reads, "
-       "the allocation, the shape, strides and size, the dtype, the device, and the whole description.");
+       "the allocation, the shape, strides and size, the dtype, the device (the steps of a first description), "
+       "finding the description kept since, and the whole description.");
     testing.def("stream_ns", [](nb::handle stream, size_t n) {
         uintptr_t sink = 0;
         auto t0 = std::chrono::steady_clock::now();
