@@ -52,6 +52,7 @@ from mpi4py import MPI  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _results  # noqa: E402
+from _pe_placement import add_placement_argument, placement_and_device  # noqa: E402
 from _timing import host_times, ns_per_call  # noqa: E402
 
 from mpbind import _loader, nvshmem  # noqa: E402
@@ -237,8 +238,7 @@ def my_pe_ns(nb: Any, calls: int) -> dict[str, float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--placement", choices=("per-gpu", "shared"), default=None,
-                    help="one PE per GPU, or every PE on GPU 0 (default: per-gpu when there are enough GPUs)")
+    add_placement_argument(ap)
     ap.add_argument("--min", type=int, default=8)
     ap.add_argument("--max", type=int, default=1 << 30)
     ap.add_argument("--calls", type=int, default=1000, help="put+quiet pairs timed per size (host time)")
@@ -250,11 +250,7 @@ def main() -> int:
 
     comm = MPI.COMM_WORLD
     pe, npes = comm.Get_rank(), comm.Get_size()
-    gpus = cp.cuda.runtime.getDeviceCount()
-    placement = a.placement or ("per-gpu" if gpus >= npes else "shared")
-    if placement == "per-gpu" and gpus < npes:
-        raise SystemExit(f"{npes} PEs but {gpus} GPUs: use --placement shared")
-    device = pe if placement == "per-gpu" else 0
+    placement, device = placement_and_device(a.placement, pe, npes, cp.cuda.runtime.getDeviceCount())
     # Two buffers of the largest size, with room for NVSHMEM's own allocations.
     os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", str(2 * a.max + (256 << 20)))
     cp.cuda.Device(device).use()

@@ -46,6 +46,7 @@ from mpi4py import MPI  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _results  # noqa: E402
+from _pe_placement import add_placement_argument, placement_and_device  # noqa: E402
 
 from mpbind import _core, nvshmem  # noqa: E402
 from mpbind.bindings import nvshmem as nv  # noqa: E402
@@ -145,8 +146,7 @@ def own_costs(comm: Any, stream: Any, n: int = 100_000) -> dict[str, float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--placement", choices=("per-gpu", "shared"), default=None,
-                    help="one PE per GPU, or every PE on GPU 0 (default: per-gpu when there are enough GPUs)")
+    add_placement_argument(ap)
     ap.add_argument("--sizes", default="8,65536,1048576", help="message sizes in bytes, comma-separated")
     ap.add_argument("--pairs", type=int, default=200, help="pairs per batch, between two synchronisations")
     ap.add_argument("--batches", type=int, default=20)
@@ -155,11 +155,7 @@ def main() -> int:
 
     comm = MPI.COMM_WORLD
     pe, npes = comm.Get_rank(), comm.Get_size()
-    gpus = cp.cuda.runtime.getDeviceCount()
-    placement = a.placement or ("per-gpu" if gpus >= npes else "shared")
-    if placement == "per-gpu" and gpus < npes:
-        raise SystemExit(f"{npes} PEs but {gpus} GPUs: use --placement shared")
-    device = pe if placement == "per-gpu" else 0
+    placement, device = placement_and_device(a.placement, pe, npes, cp.cuda.runtime.getDeviceCount())
     sizes = [int(s) for s in a.sizes.split(",")]
     os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", str(2 * max(sizes) + (256 << 20)))
     cp.cuda.Device(device).use()
