@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -1157,14 +1156,11 @@ void register_arrays(nb::module_& m) {
         std::optional<arrays::Source> via;
         if (!source.is_none()) via = source_named(nb::cast<std::string>(source));
         uintptr_t sink = 0;
-        auto t0 = std::chrono::steady_clock::now();
-        for (size_t i = 0; i < n; ++i) {
-            arrays::Array a = via ? arrays::describe_via(obj, "array", *via) : arrays::describe(obj, "array", tuples);
-            sink ^= a.ptr;
-        }
-        auto t1 = std::chrono::steady_clock::now();
+        double ns = ns_per_call(n, [&] {
+            sink ^= (via ? arrays::describe_via(obj, "array", *via) : arrays::describe(obj, "array", tuples)).ptr;
+        });
         (void)sink;
-        return std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(n ? n : 1);
+        return ns;
     }, nb::arg("array").none(), nb::arg("n"), nb::arg("source").none() = nb::none(), nb::arg("tuples") = true,
        "Nanoseconds per description of `array` in C++ (n times; `source` forces a path): the coercion's own cost.");
     testing.def("symmetric_parts_ns", [](nb::handle obj, size_t n) {
@@ -1174,12 +1170,7 @@ void register_arrays(nb::module_& m) {
         const arrays::Path& p = arrays::path_of(type, scratch);
         if (p.source != arrays::Source::kSymmetric) raise_usage("symmetric_parts_ns: not a SymmetricArray");
         uintptr_t sink = 0;
-        auto per_call = [&](auto&& step) {
-            auto t0 = std::chrono::steady_clock::now();
-            for (size_t i = 0; i < n; ++i) step();
-            auto t1 = std::chrono::steady_clock::now();
-            return std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(n ? n : 1);
-        };
+        auto per_call = [&](auto&& step) { return ns_per_call(n, step); };
         nb::object core = p.slots.core.get(obj), shape = p.slots.shape.get(obj), dtype = p.slots.dtype.get(obj);
         nb::object device = p.slots.device.get(obj);
         nb::dict out;
@@ -1221,11 +1212,9 @@ void register_arrays(nb::module_& m) {
        "finding the description kept since, and the whole description.");
     testing.def("stream_ns", [](nb::handle stream, size_t n) {
         uintptr_t sink = 0;
-        auto t0 = std::chrono::steady_clock::now();
-        for (size_t i = 0; i < n; ++i) sink ^= stream_handle(stream);
-        auto t1 = std::chrono::steady_clock::now();
+        double ns = ns_per_call(n, [&] { sink ^= stream_handle(stream); });
         (void)sink;
-        return std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(n ? n : 1);
+        return ns;
     }, nb::arg("stream").none(), nb::arg("n"), "Nanoseconds per stream_handle(`stream`) in C++.");
 }
 

@@ -23,6 +23,7 @@
 #include <nanobind/nanobind.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -49,6 +50,16 @@ namespace mpbind {
 [[noreturn]] void raise_library_error(const char* library, const char* function, int status,
                                       const std::string& description);
 void warn_resource(const std::string& message);
+
+// Nanoseconds per call of `step` over `n` calls: the timing loop of the test hooks that measure
+// the core's own costs (_testing.*_ns).
+template <class Step>
+double ns_per_call(size_t n, Step&& step) {
+    auto t0 = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < n; ++i) step();
+    auto t1 = std::chrono::steady_clock::now();
+    return std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(n ? n : 1);
+}
 
 // ---------------------------------------------------------------------------
 // Locks

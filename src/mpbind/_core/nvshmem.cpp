@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <map>
 #include <optional>
 #include <type_traits>
@@ -903,15 +902,13 @@ void register_nvshmem(nb::module_& parent) {
         bool put = name == "put";
         if (!put && name != "quiet") raise_usage("nvshmem_plan_ns: put or quiet, not " + name);
         uintptr_t sink = 0;
-        auto t0 = std::chrono::steady_clock::now();
-        for (size_t i = 0; i < n; ++i) {
+        double ns = ns_per_call(n, [&] {
             Step k = put ? plan_rma(Rma::kPut, heap_of(current()), arg(0), arg(1), arg(2), arg(3))
                          : plan_sync(Rma::kQuiet, heap_of(current()), nb::none(), arg(0));
             sink ^= k.dest ^ k.stream;
-        }
-        auto t1 = std::chrono::steady_clock::now();
+        });
         (void)sink;
-        return std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(n ? n : 1);
+        return ns;
     }, nb::arg("name"), nb::arg("args"), nb::arg("n"),
        "Nanoseconds per planning of mpbind.nvshmem.<name>(*args) (put or quiet) in C++ against the live runtime, "
        "n times, without the library call: the layer's own cost of the hot call.");
