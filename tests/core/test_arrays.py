@@ -350,3 +350,12 @@ def test_forcing_a_path_of_our_own_types_is_refused() -> None:
             _core.array_info(InterfaceArray((2,)), source=source)
     with pytest.raises(UsageError, match="no DLPack C exchange API"):
         _core.array_info(InterfaceArray((2,)), source="exchange")
+
+
+def test_timing_hooks_refuse_what_they_cannot_time() -> None:
+    with pytest.raises(UsageError, match="not a SymmetricArray"):
+        _core._testing.symmetric_parts_ns((0x1000, 4, "float32"), 10)
+    with pytest.raises(UsageError, match="put or quiet"):
+        _core._testing.nvshmem_plan_ns("get", (), 10)
+    with pytest.raises(UsageError, match="not initialised"):
+        _core._testing.nvshmem_plan_ns("quiet", (0,), 10)
