@@ -190,10 +190,7 @@ State::State(const char* kind) : lifetime_(mpbind::lifetime(kind)), serial_(++g_
 
 State::~State() { forget_alive(serial_); }
 
-bool State::closed() {
-    Lock l = lock(mu_);
-    return closed_;
-}
+bool State::closed() { return closed_.load(std::memory_order_acquire); }
 
 void State::check_open() {
     if (closed()) raise_usage(kind() + " is closed");
@@ -269,7 +266,7 @@ void State::close() {
     }
     {
         Lock l = lock(mu_);
-        closed_ = true;
+        closed_.store(true, std::memory_order_release);
         closing_ = false;
     }
     forget_alive(serial_);

@@ -174,7 +174,9 @@ private:
     const Lifetime& lifetime_;
     uint64_t serial_;
     Mutex mu_;
-    bool closed_ = false;
+    // Written under mu_, read without it: closed() is on every hot call's path, and once set it
+    // stays set, so a reader sees either the state as it was before close() or closed.
+    std::atomic<bool> closed_{false};
     bool closing_ = false;
     bool queued_ = false;
     bool holds_collective_ = false;

@@ -165,7 +165,9 @@ private:
 
 struct Global {
     Mutex mu;
+    // Set once: start() makes a runtime only while none was made, since a closed one means finalized.
     std::shared_ptr<RuntimeState> runtime;
+    std::atomic<RuntimeState*> hot{nullptr};  // runtime.get(), for hot_runtime()
     bool finalized = false;
 };
 
@@ -192,6 +194,14 @@ std::shared_ptr<RuntimeState> current() {
     if (g.runtime && !g.runtime->closed()) return g.runtime;
     if (g.finalized) raise_usage(kFinalizedMessage);
     raise_usage(kNotInitializedMessage);
+}
+
+// The live runtime of the hot calls, read without current()'s lock and reference count: the one
+// runtime a process makes is kept by global() until the process ends, and closed() is an atomic read.
+RuntimeState& hot_runtime() {
+    RuntimeState* rt = global().hot.load(std::memory_order_acquire);
+    if (rt != nullptr && !rt->closed()) return *rt;
+    return *current();  // raises why there is none (or returns the runtime start() is publishing)
 }
 
 RuntimeState& open_runtime(const std::shared_ptr<RuntimeState>& s) {
@@ -402,6 +412,7 @@ Runtime start(std::map<std::string, std::string> params, nb::callable init, bool
     int pe = invoke(a.nvshmem_my_pe);
     int npes = invoke(a.nvshmem_n_pes);
     g.runtime = std::make_shared<RuntimeState>(std::move(params), pe, npes, status);
+    g.hot.store(g.runtime.get(), std::memory_order_release);
     return Runtime(g.runtime);
 }
 
@@ -429,11 +440,11 @@ struct Heap {
     }
 };
 
-Heap heap_of(const std::shared_ptr<RuntimeState>& rt) {
+Heap heap_of(RuntimeState& rt) {
     Heap h;
-    h.npes = rt->npes;
-    h.limited = rt->status == NVSHMEM_STATUS_LIMITED_MPG;
-    h.rt = rt.get();
+    h.npes = rt.npes;
+    h.limited = rt.status == NVSHMEM_STATUS_LIMITED_MPG;
+    h.rt = &rt;
     return h;
 }
 
@@ -859,38 +870,38 @@ void register_nvshmem(nb::module_& parent) {
     // --- the hot calls (the facade's put, get, quiet, ... call these directly) ---
     auto none = nb::none();
     m.def("put", [](nb::handle dest, nb::handle src, nb::handle pe, nb::handle stream) {
-        issue(plan_rma(Rma::kPut, heap_of(current()), dest, src, pe, stream));
+        issue(plan_rma(Rma::kPut, heap_of(hot_runtime()), dest, src, pe, stream));
     }, nb::arg("dest").none(), nb::arg("src").none(), nb::arg("pe").none(), nb::arg("stream").none() = none,
        "nvshmemx_putmem_on_stream: local `src` into symmetric `dest` on PE `pe`.");
     m.def("get", [](nb::handle dest, nb::handle src, nb::handle pe, nb::handle stream) {
-        issue(plan_rma(Rma::kGet, heap_of(current()), dest, src, pe, stream));
+        issue(plan_rma(Rma::kGet, heap_of(hot_runtime()), dest, src, pe, stream));
     }, nb::arg("dest").none(), nb::arg("src").none(), nb::arg("pe").none(), nb::arg("stream").none() = none,
        "nvshmemx_getmem_on_stream: symmetric `src` of PE `pe` into local `dest`.");
     for (auto [name, kind, doc] : {std::tuple{"quiet", Rma::kQuiet, "nvshmemx_quiet_on_stream."},
                                    std::tuple{"barrier_all", Rma::kBarrierAll, "nvshmemx_barrier_all_on_stream."},
                                    std::tuple{"sync_all", Rma::kSyncAll, "nvshmemx_sync_all_on_stream."}}) {
         m.def(name, [kind = kind](nb::handle stream) {
-            issue(plan_sync(kind, heap_of(current()), nb::none(), stream));
+            issue(plan_sync(kind, heap_of(hot_runtime()), nb::none(), stream));
         }, nb::arg("stream").none() = none, doc);
     }
     m.def("barrier", [](nb::handle team, nb::handle stream) {
-        issue(plan_sync(Rma::kBarrier, heap_of(current()), team, stream));
+        issue(plan_sync(Rma::kBarrier, heap_of(hot_runtime()), team, stream));
     }, nb::arg("team").none() = none, nb::arg("stream").none() = none, "nvshmemx_barrier_on_stream over `team`.");
     m.def("broadcast", [](nb::handle dest, nb::handle src, nb::handle root, nb::handle team, nb::handle stream) {
-        issue(plan_collective(Rma::kBroadcast, heap_of(current()), -1, dest, src, root, team, stream));
+        issue(plan_collective(Rma::kBroadcast, heap_of(hot_runtime()), -1, dest, src, root, team, stream));
     }, nb::arg("dest").none(), nb::arg("src").none(), nb::arg("root").none(), nb::arg("team").none() = none,
        nb::arg("stream").none() = none, "nvshmemx_broadcastmem_on_stream from the team's PE `root`.");
     m.def("fcollect", [](nb::handle dest, nb::handle src, nb::handle team, nb::handle stream) {
-        issue(plan_collective(Rma::kFcollect, heap_of(current()), -1, dest, src, nb::none(), team, stream));
+        issue(plan_collective(Rma::kFcollect, heap_of(hot_runtime()), -1, dest, src, nb::none(), team, stream));
     }, nb::arg("dest").none(), nb::arg("src").none(), nb::arg("team").none() = none, nb::arg("stream").none() = none,
        "nvshmemx_fcollectmem_on_stream.");
     m.def("alltoall", [](nb::handle dest, nb::handle src, nb::handle team, nb::handle stream) {
-        issue(plan_collective(Rma::kAlltoall, heap_of(current()), -1, dest, src, nb::none(), team, stream));
+        issue(plan_collective(Rma::kAlltoall, heap_of(hot_runtime()), -1, dest, src, nb::none(), team, stream));
     }, nb::arg("dest").none(), nb::arg("src").none(), nb::arg("team").none() = none, nb::arg("stream").none() = none,
        "nvshmemx_alltoallmem_on_stream.");
     m.def("reduce", [](nb::handle op, nb::handle dest, nb::handle src, nb::handle team, nb::handle stream) {
         int o = reduce_op(op);  // before the runtime: an unknown op is wrong everywhere
-        issue(plan_collective(Rma::kReduce, heap_of(current()), o, dest, src, nb::none(), team, stream));
+        issue(plan_collective(Rma::kReduce, heap_of(hot_runtime()), o, dest, src, nb::none(), team, stream));
     }, nb::arg("op").none(), nb::arg("dest").none(), nb::arg("src").none(), nb::arg("team").none() = none,
        nb::arg("stream").none() = none, "nvshmemx_<type>_<op>_reduce_on_stream by dest's dtype.");
 
@@ -903,8 +914,8 @@ void register_nvshmem(nb::module_& parent) {
         if (!put && name != "quiet") raise_usage("nvshmem_plan_ns: put or quiet, not " + name);
         uintptr_t sink = 0;
         double ns = ns_per_call(n, [&] {
-            Step k = put ? plan_rma(Rma::kPut, heap_of(current()), arg(0), arg(1), arg(2), arg(3))
-                         : plan_sync(Rma::kQuiet, heap_of(current()), nb::none(), arg(0));
+            Step k = put ? plan_rma(Rma::kPut, heap_of(hot_runtime()), arg(0), arg(1), arg(2), arg(3))
+                         : plan_sync(Rma::kQuiet, heap_of(hot_runtime()), nb::none(), arg(0));
             sink ^= k.dest ^ k.stream;
         });
         (void)sink;
