@@ -157,6 +157,16 @@ def test_public_api() -> None:
     assert nv.__doc__
 
 
+HOT = ("put", "get", "quiet", "barrier_all", "sync_all", "barrier", "broadcast", "fcollect", "alltoall", "reduce")
+
+
+@pytest.mark.parametrize("name", HOT)
+def test_hot_calls_are_the_cores_functions(name: str) -> None:
+    # No Python frame around them: each call goes straight into the core, which documents them.
+    assert getattr(nv, name) is getattr(_core.nvshmem, name)
+    assert "nvshmemx_" in (getattr(nv, name).__doc__ or "")
+
+
 # --- lifecycle in child processes ------------------------------------------------------------
 
 # A runtime over a no-op initialisation: the bookkeeping is real, the library is not initialised.
@@ -179,6 +189,33 @@ def test_second_init_with_other_parameters_names_them() -> None:
     assert "device=3 (the live runtime has current)" in msgs[1]
     assert same and current and initialised
     assert params == {"bootstrap": "uid", "rank": "0", "nranks": "1", "device": "current"}
+
+
+def test_hot_calls_check_their_arguments_against_the_live_runtime_then_refuse_after_finalize() -> None:
+    out = _child(ADOPT + (
+        "class A:\n"
+        "    __cuda_array_interface__ = {'version': 3, 'shape': (4,), 'typestr': '<f4', 'data': (0x10000, False),\n"
+        "                                'strides': None}\n"
+        "a = A()\n"
+        "calls = [lambda: nv.put(a, a, 0, 7), lambda: nv.get(a, a, 0), lambda: nv.put(nv, a, 0),\n"
+        "         lambda: nv.broadcast(a, a, 0), lambda: nv.quiet(stream=1.5)]\n"
+        "def run():\n"
+        "    out = []\n"
+        "    for f in calls:\n"
+        "        try: f(); out.append(None)\n"
+        "        except (UsageError, TypeError) as e: out.append([type(e).__name__, str(e)])\n"
+        "    return out\n"
+        "live = run()\n"
+        "rt.finalize()\n"
+        "print(json.dumps([live, run()]))\n"))
+    live, after = out
+    assert [e[0] for e in live] == ["UsageError", "UsageError", "TypeError", "UsageError", "TypeError"], live
+    assert "dest is not NVSHMEM symmetric memory" in live[0][1]
+    assert "src is not NVSHMEM symmetric memory" in live[1][1]
+    assert live[2][1].startswith("dest: expected an array")
+    assert "dest is not NVSHMEM symmetric memory" in live[3][1]
+    assert live[4][1].startswith("stream must be")
+    assert all("cannot be used or initialised again" in e[1] for e in after), after
 
 
 def test_finalize_is_final() -> None:
