@@ -67,7 +67,8 @@ def numpy_solve(f: np.ndarray) -> np.ndarray:
     """The same solve on one device, in NumPy."""
     half = (*f.shape[:-1], f.shape[-1] // 2 + 1)
     scale = inverse_laplacian(f.shape, _Box((0, 0, 0), half), np, "float64")
-    return np.fft.irfftn(np.fft.rfftn(f.astype(np.float64)) * scale * f.size, s=f.shape)
+    axes = tuple(range(f.ndim))  # NumPy 2 deprecates s= without axes=
+    return np.fft.irfftn(np.fft.rfftn(f.astype(np.float64)) * scale * f.size, s=f.shape, axes=axes)
 
 
 class _Box:
