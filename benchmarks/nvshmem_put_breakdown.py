@@ -13,7 +13,10 @@ Each PE puts to the next one. The variants, each a put and a quiet as its caller
 * ``core_int``: the layer's C++ (``mpbind._core.nvshmem.put(dst, src, pe, handle)`` and
   ``quiet(handle)``) on symmetric arrays, the stream an int;
 * ``core``: the same with the CuPy stream;
-* ``layer``: ``mpbind.nvshmem.put(dst, src, pe, stream)`` and ``quiet(stream)`` (the Python facade).
+* ``layer``: ``mpbind.nvshmem.put(dst, src, pe, stream)`` and ``quiet(stream)``, called as a user
+  writes them. They are the core's functions themselves now (there is no Python facade frame any
+  more), so ``layer`` and ``core`` differ only by the name looked up: kept so that runs before and
+  after that change compare.
 
 Each pair is timed in two parts (the put, then the quiet), ``perf_counter_ns`` around each; the stream
 is synchronised after every ``--pairs`` pairs, outside the timed calls, so that a full launch queue
