@@ -44,6 +44,7 @@ from typing import Any
 
 from mpbind import _core, nvshmem
 from mpbind._interop import device_array, dlpack_code, dtype_name, itemsize, stream_handle
+from mpbind._owned import Uncopyable
 from mpbind.errors import UsageError
 
 __all__ = ["AllGatherMatmul", "KERNEL_SOURCE"]
@@ -207,13 +208,14 @@ def _default_gemm(framework: Any) -> Callable[[Any, Any, Any], None]:
     return gemm
 
 
-class AllGatherMatmul:
+class AllGatherMatmul(Uncopyable):
     """The plan of ``out = all_gather(x) @ w`` for `m` rows of x per PE, `k` columns of x (rows of w)
     and `n` columns of w, of `dtype` (float16, bfloat16, float32). Collective: every PE makes it with
     the same arguments; it allocates ``2 * P * m * k`` elements of symmetric memory (two call
     parities), and, with ``method="kernel"``, compiles (cached) and loads the ring kernel.
     ``ctas`` is the kernel's CTA count: by default 16, or the largest grid whose CTAs are all
-    resident where that is fewer (PEs sharing a GPU share its room), the same on every PE."""
+    resident where that is fewer (PEs sharing a GPU share its room), the same on every PE.
+    It owns symmetric memory: ``copy.copy``, ``copy.deepcopy`` and pickling raise ``TypeError``."""
 
     m: int
     k: int
