@@ -263,7 +263,7 @@ def _decided(comm: Any, rank: int, what: str, digest: int, decide: Callable[[], 
     decision: _T | None = None
     try:
         decision = decide()
-    except (UsageError, TypeError) as exc:
+    except (UsageError, TypeError, OverflowError) as exc:
         failure = exc
     except ValueError as exc:  # a dtype name the core does not know
         failure = UsageError(f"dtype: {exc}")
@@ -378,13 +378,18 @@ def plan(comm: Any, shape: Sequence[int], dtype: Any, kind: Kind | None = None, 
     anything collective. NVSHMEM is initialised over `comm` when it is not yet."""
     rank, size = _where(comm)
 
+    shape_key: Any = shape
+    try:  # read once, and no further than a shape goes: a generator is read here, a huge range refused
+        shape = shape_key = _args.sequence(shape, "shape", _args.MAX_NDIM)
+    except (TypeError, UsageError):
+        shape_key = ("not a shape", type(shape).__name__)  # plan_fft raises the error, agreed by every rank
+
     def decide() -> FFTSpec:
         spec = plan_fft(shape, _interop.dtype_name(dtype), size, kind=kind, input=input, output=output,
                         algorithm=algorithm)
         _interop.stream_handle(stream)  # a bad stream is refused here, before anything collective
         return spec
 
-    shape_key = tuple(shape) if hasattr(shape, "__iter__") else shape
     digest = _args.agreement_digest(shape_key, _dtype_key(dtype), kind, repr(input), repr(output), algorithm)
     spec = _decided(comm, rank, "plan", digest, decide)
     return FFTPlan._make(comm, spec, rank, stream)
