@@ -42,7 +42,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from mpbind import _core, nvshmem
+from mpbind import _args, _core, nvshmem
 from mpbind._interop import device_array, dlpack_code, dtype_name, itemsize, stream_handle
 from mpbind._owned import Uncopyable
 from mpbind.errors import UsageError
@@ -101,15 +101,18 @@ _PROBLEMS = {
     2: "m (rows of x per PE) must be even: each chunk travels as two halves",
     3: f"dtype must be one of {', '.join(_DTYPES)}",
     4: f"method must be one of {', '.join(_METHODS)}",
-    5: "ctas must be a positive int or None",
+    5: "ctas must be a positive int (at most 2**31 - 1, a grid's width) or None",
+    6: "the ring buffers (2 * P * m * k elements) and out (P * m x n) must fit an int64 of bytes",
 }
 _FIELDS = 7  # problem, m, k, n, dtype, method, ctas (0: the default)
 DEFAULT_CTAS = 16
 
 
-def _local_problem(m: Any, k: Any, n: Any, dtype: Any, method: Any, ctas: Any) -> tuple[int, str | None]:
-    def positive(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and v > 0
+def _local_problem(m: Any, k: Any, n: Any, dtype: Any, method: Any, ctas: Any, *,
+                   n_pes: int) -> tuple[int, str | None]:
+    def positive(v: Any, limit: int = _args.INT64_MAX) -> bool:
+        # At most `limit`: the values travel as int64s in the agreement, which would wrap a larger one.
+        return isinstance(v, int) and not isinstance(v, bool) and 0 < v <= limit
 
     if not (positive(m) and positive(k) and positive(n)):
         return 1, None
@@ -123,8 +126,11 @@ def _local_problem(m: Any, k: Any, n: Any, dtype: Any, method: Any, ctas: Any) -
         return 3, None
     if method not in _METHODS:
         return 4, None
-    if ctas is not None and not positive(ctas):
+    if ctas is not None and not positive(ctas, _args.INT_MAX):
         return 5, None
+    size = itemsize(name)
+    if 2 * n_pes * m * k * size > _args.INT64_MAX or n_pes * m * n * size > _args.INT64_MAX:
+        return 6, None
     return 0, name
 
 
@@ -232,7 +238,7 @@ class AllGatherMatmul(Uncopyable):
             raise UsageError("AllGatherMatmul needs NVSHMEM collectives, which its limited multi-PE-per-GPU mode "
                              "(PEs sharing a GPU without an MPS thread limit) lacks: run under CUDA MPS with "
                              "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE set, or with one PE per GPU")
-        code, name = _local_problem(m, k, n, dtype, method, ctas)
+        code, name = _local_problem(m, k, n, dtype, method, ctas, n_pes=nvshmem.n_pes())
         dtype_code = _DTYPES.index(name) if name else -1
         method_code = _METHODS.index(method) if method in _METHODS else -1
         ctas_code = -1 if code else 0 if ctas is None else ctas  # a positive int or None once code is 0
