@@ -38,7 +38,7 @@ on every PE in the same order.
 
 from __future__ import annotations
 
-import importlib
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -194,10 +194,11 @@ def check_agreement(rows: list[list[int]]) -> None:
 
 
 def _framework(obj: Any) -> Any:
-    """The module whose ``from_dlpack`` makes arrays like `obj` (torch, cupy)."""
-    root = type(obj).__module__.split(".", 1)[0]
-    module = importlib.import_module(root)
-    if not hasattr(module, "from_dlpack"):
+    """The module whose ``from_dlpack`` makes arrays like `obj` (torch, cupy): its class's top-level
+    package, which is loaded already (nothing is imported on a class's say-so)."""
+    root = _args.module_of(obj).split(".", 1)[0]
+    module = sys.modules.get(root) if root else None
+    if module is None or not hasattr(module, "from_dlpack"):
         raise UsageError(f"x is a {type(obj).__name__}; AllGatherMatmul needs arrays of a framework with "
                          "from_dlpack (PyTorch, CuPy)")
     return module
