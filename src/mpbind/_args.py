@@ -49,11 +49,12 @@ def index(value: Any, name: str) -> int:
 def integer(value: Any, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
     """`value` as an int (any integer type with ``__index__``, not a bool), within the bounds given."""
     v = index(value, name)
-    if (minimum is not None and v < minimum) or (maximum is not None and v > maximum):
-        if minimum is not None and maximum is not None:
-            raise UsageError(f"{name} must be in [{show(minimum)}, {show(maximum)}], got {show(v)}")
-        bound = f">= {show(minimum)}" if minimum is not None else f"<= {show(maximum)}"
-        raise UsageError(f"{name} must be {bound}, got {show(v)}")
+    if minimum is not None and maximum is not None and not minimum <= v <= maximum:
+        raise UsageError(f"{name} must be in [{show(minimum)}, {show(maximum)}], got {show(v)}")
+    if minimum is not None and v < minimum:
+        raise UsageError(f"{name} must be >= {show(minimum)}, got {show(v)}")
+    if maximum is not None and v > maximum:
+        raise UsageError(f"{name} must be <= {show(maximum)}, got {show(v)}")
     return v
 
 

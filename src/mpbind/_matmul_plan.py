@@ -371,9 +371,9 @@ def plan(*, a: Distribution, b: Distribution, d: Distribution, c: Distribution |
     for name, value in (("a", a), ("b", b), ("d", d), ("c", c)):
         if (value is not None or name != "c") and not isinstance(value, Distribution):
             raise TypeError(f"{name} must be a distribution (mpbind.distributions), not {type(value).__name__}")
-    for name, value in (("a_dtype", a_dtype), ("b_dtype", b_dtype), ("d_dtype", d_dtype), ("c_dtype", c_dtype)):
-        if (value is not None or name == "a_dtype") and not isinstance(value, str):
-            raise TypeError(f"{name} must be a dtype name (str), not {type(value).__name__}")
+    for name, dtype in (("a_dtype", a_dtype), ("b_dtype", b_dtype), ("d_dtype", d_dtype), ("c_dtype", c_dtype)):
+        if (dtype is not None or name == "a_dtype") and not isinstance(dtype, str):
+            raise TypeError(f"{name} must be a dtype name (str), not {type(dtype).__name__}")
     for name, flag in (("transa", transa), ("transb", transb)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, not {type(flag).__name__}")
