@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from mpbind import _args
 from mpbind.distributions import Box, Distribution, Split
 from mpbind.errors import UsageError
 
@@ -116,13 +117,7 @@ def _itemsize(dtype: str) -> int:
 
 
 def _shape(shape: Any, what: str = "shape") -> Shape:
-    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
-        raise TypeError(f"{what} must be a sequence of ints, not {type(shape).__name__}")
-    out = []
-    for i, n in enumerate(shape):
-        if isinstance(n, bool) or not hasattr(type(n), "__index__"):
-            raise TypeError(f"{what}[{i}] must be an int, not {type(n).__name__}")
-        out.append(int(n.__index__()))
+    out = [_args.index(n, f"{what}[{i}]") for i, n in enumerate(_args.sequence(shape, what, _args.MAX_NDIM))]
     if any(n < 1 for n in out):
         raise UsageError(f"{what} must have extents >= 1, got {tuple(out)}")
     return tuple(out)
@@ -286,8 +281,8 @@ def plan_fft(shape: Sequence[int], dtype: str, nranks: int, *, kind: Kind | None
     dims = _shape(shape)
     if len(dims) not in (2, 3):
         raise UsageError(f"cuFFTMp transforms 2-D and 3-D arrays; shape {dims} is {len(dims)}-D")
-    if isinstance(nranks, bool) or not isinstance(nranks, int) or nranks < 1:
-        raise UsageError(f"nranks must be an int >= 1, got {nranks!r}")
+    if isinstance(nranks, bool) or not isinstance(nranks, int) or not 1 <= nranks <= _args.MAX_RANKS:
+        raise UsageError(f"nranks must be an int in [1, {_args.MAX_RANKS}], got {nranks!r}")
     if not isinstance(dtype, str):
         raise TypeError(f"dtype must be a dtype name, not {type(dtype).__name__}")
     k, in_dtype, out_dtype = _dtypes(kind, dtype)
@@ -319,7 +314,11 @@ def plan_fft(shape: Sequence[int], dtype: str, nranks: int, *, kind: Kind | None
         chosen = "boxes"
         reason = ("asked for" if algorithm == "boxes" else "not one of cuFFTMp's slab pairs") + \
             ": cufftXtSetDistribution with every rank's boxes, stored packed; cuFFTMp redistributes inside"
-    return FFTSpec(dims, k, in_dtype, out_dtype, src, dst, chosen, reason)
+    spec = FFTSpec(dims, k, in_dtype, out_dtype, src, dst, chosen, reason)
+    # The largest piece as stored (padding included) becomes a symmetric allocation, copy sizes and
+    # cuFFTMp's long long strides: it must fit an int64 (the pieces' own extents already do).
+    _args.checked(spec.max_buffer_bytes, "the largest rank's in-place buffer (bytes)")
+    return spec
 
 
 _SLAB_PAIRS = {"c2c": "X-slabs -> Y-slabs or Y-slabs -> X-slabs", "r2c": "3-D, X-slabs -> Y-slabs",
@@ -436,9 +435,12 @@ def plan_reshape(input: Distribution, output: Distribution, dtype: str, itemsize
         raise UsageError(f"cuFFTMp reshapes 1-D to 3-D arrays; input is {len(shape)}-D {shape}")
     src = _side(input, "input", shape, input.nranks, "global array")
     dst = _side(output, "output", shape, input.nranks, "global array of the input")
-    size = itemsize if itemsize is not None else (_ITEMSIZE.get(dtype) or _itemsize(dtype))
+    size = _args.index(itemsize, "element size") if itemsize is not None else (_ITEMSIZE.get(dtype) or _itemsize(dtype))
     if size < 1:
         raise UsageError(f"element size must be >= 1 byte, got {size}")
+    # Every coordinate and stride cuFFTMp takes (long long, in units of at most the element) and every
+    # buffer is at most the global array's byte size.
+    _args.product((*shape, size), f"the global {dtype} array {shape}'s byte size")
     boxes = [d.box(r) for d in (src, dst) for r in range(src.nranks)]
     unit, scale = _units(size, boxes, shape)
     return ReshapeSpec(shape, dtype, size, src, dst, unit, scale)

@@ -16,7 +16,7 @@ Streams: ``None`` (the default stream), an int, or an object with ``__cuda_strea
 
 from __future__ import annotations
 
-from mpbind import _core
+from mpbind import _args, _core
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: import time
 if TYPE_CHECKING:
@@ -140,15 +140,16 @@ def device_array(obj: Any, what: str, *, dtype: str | None = None, writable: boo
 
 def device_span(obj: Any) -> tuple[int, int, Any]:
     """(pointer, bytes, owner) of a buffer: ``(ptr, nbytes)``, an object with ``ptr`` and
-    ``nbytes`` (our buffers), or a C-contiguous device array."""
+    ``nbytes`` (our buffers), or a C-contiguous device array. The range must lie in the address
+    space (an end past it would wrap to a small address)."""
     if isinstance(obj, tuple):
-        if len(obj) != 2 or not all(isinstance(v, int) for v in obj):
+        if len(obj) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in obj):
             raise TypeError("a buffer given as a tuple must be (ptr: int, nbytes: int)")
-        return obj[0], obj[1], None
+        return (*_args.span(int(obj[0]), int(obj[1]), "buffer"), None)
     ptr = getattr(obj, "ptr", None)
     nbytes = getattr(obj, "nbytes", None)
     if isinstance(ptr, int) and isinstance(nbytes, int) and not hasattr(type(obj), "__cuda_array_interface__"):
-        return ptr, nbytes, obj
+        return (*_args.span(int(ptr), int(nbytes), "buffer"), obj)
     info = device_array(obj, "buffer")
     return info.ptr, info.nbytes, obj
 

@@ -31,6 +31,7 @@ layouts with uneven parts run as ``general``.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
@@ -209,7 +210,7 @@ class MatmulPlan:
         # The planner makes plans; one made by hand must hold what its methods read.
         if self.algorithm not in ALGORITHMS:
             raise UsageError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
-        _args.integer(self.nranks, "nranks", minimum=1)
+        _args.integer(self.nranks, "nranks", minimum=1, maximum=_args.MAX_RANKS)
         for name in ("m", "n", "k", "staging_bytes"):
             _args.integer(getattr(self, name), name, minimum=0)
         for name in ("a", "b", "d"):
@@ -270,9 +271,9 @@ class MatmulPlan:
         rows, cols = self.d.local_shape(rank)
         if EPILOGUES[self.epilogue].relu_mask:
             ld = _round_up(max(rows, 1), 128)
-            return ld, cols, ld // 8 * cols
+            return ld, cols, _args.product((ld // 8, cols), "the ReLU mask's bytes")
         ld = _round_up(max(rows, 1), 8)
-        return ld, cols, ld * cols * _ITEMSIZE[self.aux_dtype or self.d.dtype]
+        return ld, cols, _args.product((ld, cols, _ITEMSIZE[self.aux_dtype or self.d.dtype]), "the aux matrix's bytes")
 
     def require(self, capability: tuple[int, int], where: str = "this GPU") -> None:
         """ComputeCapabilityError when `capability` is below what the plan needs."""
@@ -368,8 +369,11 @@ def plan(*, a: Distribution, b: Distribution, d: Distribution, c: Distribution |
     cuBLASMp's default for 16-bit results of a 32-bit compute is float32, twice the traffic of D's
     own type); other algorithms reduce nothing and leave it unused."""
     for name, value in (("a", a), ("b", b), ("d", d), ("c", c)):
-        if value is not None and not isinstance(value, Distribution):
+        if (value is not None or name != "c") and not isinstance(value, Distribution):
             raise TypeError(f"{name} must be a distribution (mpbind.distributions), not {type(value).__name__}")
+    for name, dtype in (("a_dtype", a_dtype), ("b_dtype", b_dtype), ("d_dtype", d_dtype), ("c_dtype", c_dtype)):
+        if (dtype is not None or name == "a_dtype") and not isinstance(dtype, str):
+            raise TypeError(f"{name} must be a dtype name (str), not {type(dtype).__name__}")
     for name, flag in (("transa", transa), ("transb", transb)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, not {type(flag).__name__}")
@@ -382,7 +386,7 @@ def plan(*, a: Distribution, b: Distribution, d: Distribution, c: Distribution |
         raise UsageError(f"scaling must be 'tensor', 'mxfp8', 'nvfp4' or None; got {scaling!r}")
     checked, c_dtype = _types(a_dtype, b_dtype, c_dtype, d_dtype, c, scaling, transa, transb)  # type: ignore[arg-type]
     compute = _compute(a_dtype, compute_type)
-    alpha, beta = _scalars(alpha, beta, a_dtype, c)
+    alpha, beta = _scalars(alpha, beta, a_dtype, c, _scale_type(compute, d_dtype))
     scale_names = _scales(checked, d_dtype, scales)
 
     ops = {name: _operand(name, dist, dtype, transa, transb)
@@ -515,12 +519,23 @@ def _compute(a_dtype: str, compute_type: CublasComputeType | int | None) -> Cubl
     return ct
 
 
-def _scalars(alpha: complex, beta: complex, dtype: str, c: Distribution | None) -> tuple[complex, complex]:
+# The largest finite scalar of each scale type narrower than float64 (alpha and beta are passed in it).
+_SCALE_MAX = {"float16": 65504.0, "float32": 3.4028234663852886e38, "complex64": 3.4028234663852886e38}
+
+
+def _scalars(alpha: complex, beta: complex, dtype: str, c: Distribution | None,
+             scale: str) -> tuple[complex, complex]:
     out = []
     for name, value in (("alpha", alpha), ("beta", beta)):
         if isinstance(value, bool) or not isinstance(value, (int, float, complex)):
             raise TypeError(f"{name} must be a number, not {type(value).__name__}")
-        v = complex(value)
+        try:
+            v = complex(value)
+        except OverflowError:
+            raise UsageError(f"{name} = {_args.shown(value)} is beyond any float") from None
+        limit = _SCALE_MAX.get(scale)
+        if limit is not None and any(math.isfinite(x) and abs(x) > limit for x in (v.real, v.imag)):
+            raise UsageError(f"{name} = {value!r} is beyond the {scale} scalars of this compute type")
         if v.imag and not dtype.startswith("complex"):
             raise UsageError(f"{name} = {value!r} is complex but the operands are {dtype}")
         out.append(v)
@@ -530,10 +545,10 @@ def _scalars(alpha: complex, beta: complex, dtype: str, c: Distribution | None) 
 
 
 def _scales(scaling: Scaling | None, d_dtype: str, given: Collection[str]) -> tuple[str, ...]:
-    names = set(given)
+    names = set(_args.sequence(given, "scales", 8, "names ('a', 'b', 'd', 'amax_d')"))
     unknown = names - {"a", "b", "d", "amax_d"}
     if unknown:
-        raise UsageError(f"scales are named 'a', 'b', 'd', 'amax_d'; got {sorted(unknown)}")
+        raise UsageError(f"scales are named 'a', 'b', 'd', 'amax_d'; got {_args.shown(unknown)}")
     if scaling is None:
         if names:
             raise UsageError(f"scales {sorted(names)} apply to FP8/FP4 operands only")
@@ -718,6 +733,7 @@ def _tp(algorithm: Algorithm, ops: dict[str, _Operand], roles: dict[str, Dim | N
 def _local(ops: dict[str, _Operand], extents: dict[Dim, int], counts: dict[Dim, tuple[int, ...]],
            nranks: int) -> dict[str, OperandPlan]:
     """Each rank multiplies its own pieces on a 1 x 1 grid of its own: per-rank descriptors."""
+    starts = {dim: tuple(itertools.accumulate(c, initial=0)) for dim, c in counts.items()}
     out: dict[str, OperandPlan] = {}
     for name, op in ops.items():
         rows, cols = op.dist.shape[0], op.dist.shape[1]
@@ -728,7 +744,7 @@ def _local(ops: dict[str, _Operand], extents: dict[Dim, int], counts: dict[Dim, 
             for axis, dim in enumerate(op.dims):
                 extent = (rows, cols)[axis]
                 if dim in counts:
-                    start = sum(counts[dim][:r])
+                    start = starts[dim][r]
                     bounds.append((start, start + counts[dim][r]))
                 else:
                     bounds.append((0, extent))
@@ -899,10 +915,10 @@ def _memory(algorithm: Algorithm, ops: dict[str, OperandPlan], extents: dict[Dim
     if communicated is not None:
         wide = _ITEMSIZE[communicated]
     if algorithm == "allgather_gemm":
-        staged = k * n * _ITEMSIZE[ops["b"].dtype]
+        staged = _args.product((k, n, _ITEMSIZE[ops["b"].dtype]), "the gathered B (bytes)")
         what = "the gathered B"
     elif algorithm in ("gemm_reducescatter", "gemm_allreduce"):
-        staged = m * n * wide
+        staged = _args.product((m, n, wide), "the partial products of D (bytes)")
         what = "the partial products of D"
     else:
         staged = 0
@@ -929,4 +945,4 @@ def block_scale_elements(outer: int, k: int, scaling: Scaling) -> int:
     """Elements of the block-scale tensor of a ``k x outer`` operand (K contiguous): one scale per 32
     (MXFP8) or 16 (NVFP4) elements along K, in tiles of 128 x 4 (cuBLASLt's scale layout)."""
     vec = 32 if scaling == "mxfp8" else 16
-    return _round_up(outer, 128) * _round_up(math.ceil(k / vec), 4)
+    return _round_up(outer, 128) * _round_up(-(-k // vec), 4)  # integer ceil: k / vec rounds beyond 2**53

@@ -5,6 +5,10 @@ What happens to the core object when it is dropped unclosed, and what releases i
 the lifetime table (``mpbind._core.lifetimes()``, listed in docs/DESIGN.md). A facade never
 reimplements these: it adds its own queries and operations only. Objects a caller passes in
 (a matmul descriptor, an array) stay the caller's unless a parameter says otherwise.
+
+Owning objects are not copied: ``copy.copy``, ``copy.deepcopy`` and pickling raise ``TypeError``
+(:class:`Uncopyable`). A shallow copy would share the handle, so that closing one closes both; a
+deep copy or a pickle cannot make a second library resource.
 """
 
 from __future__ import annotations
@@ -17,7 +21,30 @@ if TYPE_CHECKING:
     _O = TypeVar("_O", bound="Owned")
 
 
-class Owned:
+class Uncopyable:
+    """Refuses ``copy.copy``, ``copy.deepcopy`` and pickling with a TypeError naming the class: an
+    object owning a library resource is passed around itself."""
+
+    __slots__ = ()
+
+    def _refuse_copy(self) -> TypeError:
+        return TypeError(f"cannot copy {type(self).__name__}: it owns a library resource (closing a copy would "
+                         "close the original); pass the object itself")
+
+    def __copy__(self) -> Any:
+        raise self._refuse_copy()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        raise self._refuse_copy()
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise self._refuse_copy()
+
+    def __reduce__(self) -> Any:
+        raise self._refuse_copy()
+
+
+class Owned(Uncopyable):
     __slots__ = ()
     _core: Any
 
@@ -58,7 +85,7 @@ class Owned:
         return f"<{type(self).__name__} {described}: {self._core!r}>"
 
 
-class Parts:
+class Parts(Uncopyable):
     """The core of a composite facade (a plan made of several owned objects): ``close()`` closes them
     newest first, once; each keeps its own lifetime row when dropped unclosed."""
 

@@ -92,7 +92,7 @@ def plan_matmul(comm: nccl.Communicator, a: Array, b: Array, d: Array, *, a_dist
         if the_plan.required_capability is not None:
             capability = _capability(comm.device)
             the_plan.require(capability)
-    except (UsageError, TypeError) as exc:
+    except (UsageError, TypeError, ValueError, OverflowError) as exc:  # every refusal is agreed, whatever its kind
         failure = exc
     fingerprint = _args.agreement_digest(dists, dtypes, transa, transb, alpha, beta, epilogue, compute_type, scaling,
                                sorted(scales), bias is not None, aux is not None, _plain(algo_type),
@@ -329,8 +329,8 @@ class PlannedMatmul(Owned):
         descriptor = _descriptor(p, bias, aux, scales, comm.rank, algo_type, sm_count)
         is_complex = p.a.dtype.startswith("complex")
         compute = int(p.compute_type)
-        alpha = cublasmp._scalar(p.alpha, compute, is_complex)
-        beta = cublasmp._scalar(p.beta, compute, is_complex)
+        alpha = cublasmp._scalar(p.alpha, compute, is_complex, "alpha")
+        beta = cublasmp._scalar(p.beta, compute, is_complex, "beta")
         if p.algorithm != "local" and not p.uniform:
             _agree_on_workspace(comm, handle, descriptor, operands, (m, n, k), alpha, beta)
         keep = (operands, descriptor, bias, aux, dict(scales))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 
+from mpbind import _args
 from mpbind.errors import UsageError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: import time
@@ -36,10 +37,11 @@ def share_unique_id(library: str, via: Any, *, root: int = 0, rank: int | None =
     receives None on the other ranks); with a callable, pass this process's `rank`.
     Collective: every rank must call it with the same `library`, `via` and `root`.
     """
-    if library not in _CREATORS:
-        raise UsageError(f"share_unique_id: unknown library {library!r}; use one of {', '.join(_CREATORS)}")
-    if not isinstance(root, int) or root < 0:
-        raise UsageError(f"share_unique_id: root must be a rank (an int >= 0), not {root!r}")
+    if not isinstance(library, str) or library not in _CREATORS:
+        raise UsageError(f"share_unique_id: unknown library {_args.shown(library)}; use one of {', '.join(_CREATORS)}")
+    root = _args.integer(root, "share_unique_id: root", minimum=0, maximum=_args.INT_MAX)
+    if rank is not None:
+        rank = _args.integer(rank, "share_unique_id: rank", minimum=0, maximum=_args.INT_MAX)
     module_name, creator = _CREATORS[library]
     module = importlib.import_module(module_name)
     broadcast, my_rank = _broadcaster(via, rank)
@@ -100,8 +102,7 @@ def allgatherer(via: Any) -> Callable[[Any], list[Any]]:
 
 def _torch_group(via: Any) -> tuple[Any, Any]:
     """(torch.distributed, group or None) when `via` is torch.distributed or one of its groups."""
-    module = type(via).__module__ or ""
-    if not (getattr(via, "__name__", "") == "torch.distributed" or module.startswith("torch")):
+    if not (getattr(via, "__name__", "") == "torch.distributed" or _args.module_of(via).startswith("torch")):
         return None, None
     import torch.distributed as dist
 

@@ -38,12 +38,13 @@ on every PE in the same order.
 
 from __future__ import annotations
 
-import importlib
+import sys
 from collections.abc import Callable
 from typing import Any
 
-from mpbind import _core, nvshmem
+from mpbind import _args, _core, nvshmem
 from mpbind._interop import device_array, dlpack_code, dtype_name, itemsize, stream_handle
+from mpbind._owned import Uncopyable
 from mpbind.errors import UsageError
 
 __all__ = ["AllGatherMatmul", "KERNEL_SOURCE"]
@@ -100,15 +101,18 @@ _PROBLEMS = {
     2: "m (rows of x per PE) must be even: each chunk travels as two halves",
     3: f"dtype must be one of {', '.join(_DTYPES)}",
     4: f"method must be one of {', '.join(_METHODS)}",
-    5: "ctas must be a positive int or None",
+    5: "ctas must be a positive int (at most 2**31 - 1, a grid's width) or None",
+    6: "the ring buffers (2 * P * m * k elements) and out (P * m x n) must fit an int64 of bytes",
 }
 _FIELDS = 7  # problem, m, k, n, dtype, method, ctas (0: the default)
 DEFAULT_CTAS = 16
 
 
-def _local_problem(m: Any, k: Any, n: Any, dtype: Any, method: Any, ctas: Any) -> tuple[int, str | None]:
-    def positive(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and v > 0
+def _local_problem(m: Any, k: Any, n: Any, dtype: Any, method: Any, ctas: Any, *,
+                   n_pes: int) -> tuple[int, str | None]:
+    def positive(v: Any, limit: int = _args.INT64_MAX) -> bool:
+        # At most `limit`: the values travel as int64s in the agreement, which would wrap a larger one.
+        return isinstance(v, int) and not isinstance(v, bool) and 0 < v <= limit
 
     if not (positive(m) and positive(k) and positive(n)):
         return 1, None
@@ -122,8 +126,11 @@ def _local_problem(m: Any, k: Any, n: Any, dtype: Any, method: Any, ctas: Any) -
         return 3, None
     if method not in _METHODS:
         return 4, None
-    if ctas is not None and not positive(ctas):
+    if ctas is not None and not positive(ctas, _args.INT_MAX):
         return 5, None
+    size = itemsize(name)
+    if 2 * n_pes * m * k * size > _args.INT64_MAX or n_pes * m * n * size > _args.INT64_MAX:
+        return 6, None
     return 0, name
 
 
@@ -187,10 +194,11 @@ def check_agreement(rows: list[list[int]]) -> None:
 
 
 def _framework(obj: Any) -> Any:
-    """The module whose ``from_dlpack`` makes arrays like `obj` (torch, cupy)."""
-    root = type(obj).__module__.split(".", 1)[0]
-    module = importlib.import_module(root)
-    if not hasattr(module, "from_dlpack"):
+    """The module whose ``from_dlpack`` makes arrays like `obj` (torch, cupy): its class's top-level
+    package, which is loaded already (nothing is imported on a class's say-so)."""
+    root = _args.module_of(obj).split(".", 1)[0]
+    module = sys.modules.get(root) if root else None
+    if module is None or not hasattr(module, "from_dlpack"):
         raise UsageError(f"x is a {type(obj).__name__}; AllGatherMatmul needs arrays of a framework with "
                          "from_dlpack (PyTorch, CuPy)")
     return module
@@ -207,13 +215,14 @@ def _default_gemm(framework: Any) -> Callable[[Any, Any, Any], None]:
     return gemm
 
 
-class AllGatherMatmul:
+class AllGatherMatmul(Uncopyable):
     """The plan of ``out = all_gather(x) @ w`` for `m` rows of x per PE, `k` columns of x (rows of w)
     and `n` columns of w, of `dtype` (float16, bfloat16, float32). Collective: every PE makes it with
     the same arguments; it allocates ``2 * P * m * k`` elements of symmetric memory (two call
     parities), and, with ``method="kernel"``, compiles (cached) and loads the ring kernel.
     ``ctas`` is the kernel's CTA count: by default 16, or the largest grid whose CTAs are all
-    resident where that is fewer (PEs sharing a GPU share its room), the same on every PE."""
+    resident where that is fewer (PEs sharing a GPU share its room), the same on every PE.
+    It owns symmetric memory: ``copy.copy``, ``copy.deepcopy`` and pickling raise ``TypeError``."""
 
     m: int
     k: int
@@ -230,7 +239,7 @@ class AllGatherMatmul:
             raise UsageError("AllGatherMatmul needs NVSHMEM collectives, which its limited multi-PE-per-GPU mode "
                              "(PEs sharing a GPU without an MPS thread limit) lacks: run under CUDA MPS with "
                              "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE set, or with one PE per GPU")
-        code, name = _local_problem(m, k, n, dtype, method, ctas)
+        code, name = _local_problem(m, k, n, dtype, method, ctas, n_pes=nvshmem.n_pes())
         dtype_code = _DTYPES.index(name) if name else -1
         method_code = _METHODS.index(method) if method in _METHODS else -1
         ctas_code = -1 if code else 0 if ctas is None else ctas  # a positive int or None once code is 0

@@ -25,6 +25,7 @@ unless ``own_descriptor=True``.
 from __future__ import annotations
 
 import ctypes
+import math
 import numbers
 import struct
 from enum import IntEnum
@@ -103,7 +104,10 @@ def _pair(value: Any, name: str, minimum: int) -> tuple[int, int]:
 def _number(value: Any, name: str) -> complex:
     if isinstance(value, bool) or not isinstance(value, numbers.Number):
         raise TypeError(f"{name} must be a number, not {type(value).__name__}")
-    return complex(cast("complex", value))  # int, float, complex, NumPy scalars
+    try:
+        return complex(cast("complex", value))  # int, float, complex, NumPy scalars
+    except (OverflowError, TypeError, ValueError) as exc:  # an int beyond any float, a Number without complex()
+        raise UsageError(f"{name} = {_args.shown(value)} is not a number a matmul scalar can hold: {exc}") from None
 
 
 def _matrix(value: Any, name: str) -> Matrix:
@@ -127,8 +131,13 @@ def _compute_for(dtype: str) -> CublasComputeType:
     return CublasComputeType.COMPUTE_32F
 
 
-def _scalar(value: complex, compute: int, complex_data: bool) -> bytes:
-    """`value` in the scalar type cuBLAS uses for `compute` (alpha and beta live in host memory)."""
+_SCALAR_MAX = {"e": 65504.0, "f": 3.4028234663852886e38}  # the largest finite float16 and float32
+
+
+def _scalar(value: complex, compute: int, complex_data: bool, name: str = "scalar") -> bytes:
+    """`value` in the scalar type cuBLAS uses for `compute` (alpha and beta live in host memory): a
+    UsageError naming `name` where that type cannot hold it (not an int32 for an integer compute type,
+    beyond a float16 or float32), rather than a rounded or wrapped value."""
     base = CublasComputeType(compute).name
     if base.startswith("COMPUTE_64F"):
         fmt = "d"
@@ -138,12 +147,19 @@ def _scalar(value: complex, compute: int, complex_data: bool) -> bytes:
         fmt = "e"
     else:
         fmt = "f"
-    v = complex(value)
-    if complex_data:
-        return struct.pack(fmt * 2, v.real, v.imag)
-    if v.imag:
-        raise UsageError(f"a complex scalar {value!r} for real data")
-    return struct.pack(fmt, int(v.real) if fmt == "i" else v.real)
+    v = _number(value, name)
+    if not complex_data and v.imag:
+        raise UsageError(f"{name} = {_args.shown(value)}: a complex scalar for real data")
+    parts = (v.real, v.imag) if complex_data else (v.real,)
+    if fmt == "i":
+        if not all(p.is_integer() and -(2**31) <= p < 2**31 for p in parts):
+            raise UsageError(f"{name} = {_args.shown(value)}: an integer compute type takes an int32 scalar")
+        return struct.pack(fmt * len(parts), *(int(p) for p in parts))
+    largest = _SCALAR_MAX.get(fmt)  # struct rounds a float32 beyond it to inf: refused, as a float16 is
+    if largest is not None and any(math.isfinite(p) and abs(p) > largest for p in parts):
+        raise UsageError(f"{name} = {_args.shown(value)} is beyond the {'float16' if fmt == 'e' else 'float32'} "
+                         f"scalar of {base}")
+    return struct.pack(fmt * len(parts), *parts)
 
 
 class Matrix(Owned):
@@ -418,8 +434,9 @@ class Matmul(Owned):
         self.descriptor = descriptor
         self._processes = _processes(a, b, d)
         self._core = _core.cublasmp.MatmulPlan(
-            handle, descriptor._core, m, n, ka, _scalar(alpha, compute, is_complex), a.operand(), b.operand(),
-            _scalar(beta, compute, is_complex), None if c is None else c.operand(), d.operand(), workspace,
+            handle, descriptor._core, m, n, ka, _scalar(alpha, compute, is_complex, "alpha"), a.operand(),
+            b.operand(), _scalar(beta, compute, is_complex, "beta"), None if c is None else c.operand(), d.operand(),
+            workspace,
             (a, b, c, d, descriptor), own_descriptor)
         # The bound method itself: no Python frame between the caller and the library call.
         self.execute = self._core.execute  # type: ignore[method-assign]
@@ -487,8 +504,8 @@ def gemm(handle: Handle, a: Matrix, b: Matrix, c: Matrix, *, transa: bool = Fals
         raise UsageError(f"op(A) x op(B) does not give C's {m} x {n}")
     compute = _compute_type(compute_type, a.dtype)
     is_complex = a.dtype.startswith("complex")
-    alpha_b = ctypes.create_string_buffer(_scalar(alpha, compute, is_complex), 16)
-    beta_b = ctypes.create_string_buffer(_scalar(beta, compute, is_complex), 16)
+    alpha_b = ctypes.create_string_buffer(_scalar(alpha, compute, is_complex, "alpha"), 16)
+    beta_b = ctypes.create_string_buffer(_scalar(beta, compute, is_complex, "beta"), 16)
     ta = int(CublasOperation.T if transa else CublasOperation.N)
     tb = int(CublasOperation.T if transb else CublasOperation.N)
     if stream is not None:

@@ -24,7 +24,6 @@ more), the forward output Y-slabs; R2C/D2Z input pads Z to ``2*(Z//2+1)`` reals.
 
 from __future__ import annotations
 
-import operator
 import sys
 from collections.abc import Sequence
 
@@ -113,7 +112,7 @@ def _resolve_comm(comm: Any) -> tuple[CommType, int, Any]:
     if isinstance(comm, int):
         if comm == 0:
             raise UsageError("comm address is 0 (pass None for CommType.NONE)")
-        return CommType.MPI, comm, None
+        return CommType.MPI, _args.checked(comm, "comm (an MPI_Comm address)", _args.SIZE_MAX), None
     try:
         from mpi4py import MPI
     except ImportError:
@@ -145,17 +144,14 @@ def _subformat(value: Any, name: str) -> int:
 
 
 def _ints(values: Sequence[int], name: str) -> list[int]:
-    return [_args.integer(v, f"{name}[{i}]") for i, v in enumerate(_sequence(values, name))]
+    """Corners or strides, as cuFFTMp takes them: long long."""
+    return [_args.integer(v, f"{name}[{i}]", minimum=-_args.INT64_MAX - 1, maximum=_args.INT64_MAX)
+            for i, v in enumerate(_sequence(values, name))]
 
 
 def _sequence(values: Any, name: str) -> tuple[Any, ...]:
-    """`values` (any iterable but a string) as a tuple, or TypeError naming `name`."""
-    if not isinstance(values, (str, bytes)):
-        try:
-            return tuple(values)
-        except TypeError:
-            pass
-    raise TypeError(f"{name} must be a sequence of ints, not {type(values).__name__}")
+    """`values` (any iterable but a string, of at most 64 items) as a tuple, or TypeError naming `name`."""
+    return _args.sequence(values, name, _args.MAX_NDIM)
 
 
 def _rank_size(comm: Any) -> tuple[int, int] | None:
@@ -167,17 +163,13 @@ def _rank_size(comm: Any) -> tuple[int, int] | None:
 
 def _shape(shape: Sequence[int], ndim: int) -> Shape:
     try:
-        dims = tuple(shape)
+        dims = _args.sequence(shape, "shape", _args.MAX_NDIM)
     except TypeError:
         raise TypeError(f"shape must be a sequence of {ndim} ints, not {type(shape).__name__}") from None
     if len(dims) != ndim:
         raise UsageError(f"shape must have {ndim} extents, got {len(dims)}: {dims}")
-    for n in dims:
-        if isinstance(n, bool) or not hasattr(type(n), "__index__"):
-            raise TypeError(f"shape extents must be ints, got {n!r}")
-        if n < 1:
-            raise UsageError(f"shape extents must be >= 1, got {dims}")
-    return tuple(operator.index(n) for n in dims)
+    # cufftMakePlan2d/3d and cufftMpMakePlanDecomposition take int extents.
+    return tuple(_args.integer(n, f"shape[{i}]", minimum=1, maximum=_args.INT_MAX) for i, n in enumerate(dims))
 
 
 def _ndim(values: Any, name: str) -> int:
@@ -207,7 +199,9 @@ def _box(box: Box, ndim: int, what: str) -> tuple[list[int], list[int]]:
 
 def _box_strides(lower: Sequence[int], upper: Sequence[int]) -> list[int]:
     """Row-major strides in elements of the box [lower, upper) (an empty extent counts as 1)."""
-    return list(_interop.c_strides(tuple(max(up - lo, 1) for lo, up in zip(lower, upper, strict=True))))
+    extents = tuple(max(up - lo, 1) for lo, up in zip(lower, upper, strict=True))
+    _args.product(extents, f"the box [{list(lower)}, {list(upper)})'s element count")
+    return list(_interop.c_strides(extents))
 
 
 def _boxes(input_box: Box, output_box: Box, ndim: int, input_strides: Sequence[int] | None,
@@ -579,13 +573,16 @@ class Reshape(Owned):
         """cufftMpMakeReshape (collective); see :meth:`create`."""
         if isinstance(dtype, bool):
             raise TypeError("dtype must be a dtype or an element size in bytes")
-        element_size = int(dtype) if isinstance(dtype, int) else _interop.itemsize(dtype)
+        element_size = _args.index(dtype, "element size") if isinstance(dtype, int) else _interop.itemsize(dtype)
         if element_size < 1:
             raise UsageError(f"element size must be >= 1 byte, got {element_size}")
+        _args.checked(element_size, "element size", _args.INT64_MAX)
         ndim = _ndim(input_box[0] if isinstance(input_box, (tuple, list)) and input_box else None,
                      "input_box's lower corner")
         lo_in, up_in, st_in, lo_out, up_out, st_out = _boxes(input_box, output_box, ndim, input_strides,
                                                              output_strides)
+        for what, lo, up in (("input", lo_in, up_in), ("output", lo_out, up_out)):  # what exec() copies
+            _args.product((*(u - a for a, u in zip(lo, up, strict=True)), element_size), f"the {what} box's bytes")
         comm_type, address, keep = _resolve_comm(comm)
         _check_placement(keep)
         self._core.make(element_size, lo_in, up_in, st_in, lo_out, up_out, st_out, comm_type, address, keep)
@@ -622,7 +619,7 @@ class Reshape(Owned):
         if isinstance(obj, bool):
             raise TypeError(f"{what} must be a device array or an int pointer")
         if isinstance(obj, int):
-            return obj
+            return _args.checked(obj, f"{what} (a device pointer)", _args.SIZE_MAX)
         info = _interop.device_array(obj, what, writable=writable)
         if info.nbytes < need:
             raise UsageError(f"{what} holds {info.nbytes} bytes; this PE's box needs {need}")

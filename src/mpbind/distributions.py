@@ -23,28 +23,42 @@ are ``(3, 3, 2, 2)``. :meth:`Split.blocked` splits as ScaLAPACK's ``numroc`` doe
 Conversions for the planners: :meth:`~Distribution.to_block_cyclic` (a cuBLASMp descriptor's
 arguments, :class:`BlockCyclicArgs`) for 2-D arrays, and :meth:`~Distribution.to_cufftmp` (the box
 corners and row-major strides cuFFTMp takes) for box-shaped pieces.
+
+Limits, checked when a value is made: at most ``MAX_RANKS`` (2**20) ranks, far above any job, so
+that a mistyped rank count is refused at once instead of building a per-rank tuple until memory
+runs out; at most ``MAX_NDIM`` (64) axes; extents, coordinates and a global array's element count
+within an int64, what cuBLASMp's descriptors and cuFFTMp's boxes take. A block-cyclic piece is
+listed box by box only by :meth:`~Distribution.boxes`, which refuses more than ``MAX_BOXES``
+(2**20); its :meth:`~Distribution.box`, ``local_shape`` and ``owners`` are computed.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from mpbind import _args
+from mpbind._args import INT64_MAX, MAX_NDIM, MAX_RANKS
 from mpbind.errors import UsageError
 
 __all__ = [
     "BlockCyclic", "BlockCyclicArgs", "Box", "Boxes", "Distribution", "Pencils", "Replicated", "Split", "by_columns",
-    "by_rows", "numroc",
+    "by_rows", "numroc", "MAX_BOXES", "MAX_NDIM", "MAX_RANKS",
 ]
 
 Shape = tuple[int, ...]
 Layout = Literal["col", "row"]  # cuBLASMp grid layouts: ranks numbered down columns (COL_MAJOR) or along rows
 
-# Beyond this many cells, a gap is reported by its size only, not by a point it leaves out.
+# Beyond this many cells (times boxes), a gap is reported by its size only, not by a point it leaves out.
 _GAP_SEARCH_CELLS = 1 << 18
+_GAP_SEARCH_WORK = 1 << 22
+
+#: The most boxes :meth:`Distribution.boxes` lists for one rank's block-cyclic piece.
+MAX_BOXES = 2**20
 
 
 def numroc(n: int, nb: int, iproc: int, isrc: int, nprocs: int) -> int:
@@ -66,19 +80,20 @@ def numroc(n: int, nb: int, iproc: int, isrc: int, nprocs: int) -> int:
 # --- argument checks (every rank runs them on the same values) ------------------------------------
 
 
-def _int(value: Any, name: str, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    v = int(value.__index__())
-    if v < minimum:
-        raise UsageError(f"{name} must be >= {minimum}, got {v}")
+def _int(value: Any, name: str, minimum: int = 0, maximum: int = INT64_MAX) -> int:
+    if type(value) is int and minimum <= value <= maximum:  # the common case, asked per rank: no more to do
+        return value
+    v = _args.integer(value, name, minimum=minimum)
+    if v > maximum:
+        raise UsageError(f"{name} must be <= {_args.show(maximum)}, got {_args.show(v)}")
     return v
 
 
-def _ints(values: Any, name: str, minimum: int = 0, length: int | None = None) -> tuple[int, ...]:
-    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
-        raise TypeError(f"{name} must be a sequence of ints, not {type(values).__name__}")
-    out = tuple(_int(v, f"{name}[{i}]", minimum) for i, v in enumerate(values))
+def _ints(values: Any, name: str, minimum: int = 0, length: int | None = None,
+          limit: int = MAX_NDIM) -> tuple[int, ...]:
+    """At most `limit` ints (exactly `length` when given), read no further than that."""
+    given = _args.sequence(values, name, limit if length is None else max(length, limit))
+    out = tuple(_int(v, f"{name}[{i}]", minimum) for i, v in enumerate(given))
     if length is not None and len(out) != length:
         raise UsageError(f"{name} must have {length} entries, got {len(out)}: {out}")
     return out
@@ -88,7 +103,16 @@ def _shape(shape: Any) -> Shape:
     out = _ints(shape, "shape")
     if not out:
         raise UsageError("shape must have at least one axis")
+    _args.product(out, f"shape {out}'s element count")
     return out
+
+
+def _nranks(value: Any, name: str = "nranks") -> int:
+    n = _int(value, name, 1)
+    if n > MAX_RANKS:
+        raise UsageError(f"{name} is {_args.show(n)}: a distribution takes at most MAX_RANKS = {MAX_RANKS} ranks, "
+                         "more than any job has")
+    return n
 
 
 def _axis(axis: Any, ndim: int, name: str = "axis") -> int:
@@ -151,8 +175,19 @@ class Box:
         upper = _ints(self.upper, "upper", length=len(lower))
         if any(lo > u for lo, u in zip(lower, upper, strict=True)):
             raise UsageError(f"a box needs lower <= upper on every axis, got {list(lower)} and {list(upper)}")
+        _args.product((u - lo for lo, u in zip(lower, upper, strict=True)), f"box {list(lower)}, {list(upper)}'s "
+                      "element count")
         object.__setattr__(self, "lower", lower)
         object.__setattr__(self, "upper", upper)
+
+    @classmethod
+    def _of(cls, lower: Shape, upper: Shape) -> Box:
+        """A box whose corners are a distribution's own, checked when it was made (no check again:
+        a plan over 2**20 ranks makes millions of boxes)."""
+        box = object.__new__(cls)
+        object.__setattr__(box, "lower", lower)
+        object.__setattr__(box, "upper", upper)
+        return box
 
     @property
     def shape(self) -> Shape:
@@ -177,7 +212,7 @@ class Box:
         upper = tuple(min(a, b) for a, b in zip(self.upper, other.upper, strict=True))
         if any(lo >= u for lo, u in zip(lower, upper, strict=True)):
             return None
-        return Box(lower, upper)
+        return Box._of(lower, upper)
 
     def strides(self) -> Shape:
         """Row-major strides of the box in elements (an empty extent counts as 1, as cuFFTMp expects)."""
@@ -212,9 +247,12 @@ class BlockCyclicArgs:
     layout: Layout
 
     def __post_init__(self) -> None:
-        for name, minimum in (("m", 0), ("n", 0), ("mb", 1), ("nb", 1), ("nprow", 1), ("npcol", 1)):
-            _int(getattr(self, name), name, minimum)
-        if _int(self.rsrc, "rsrc") >= self.nprow or _int(self.csrc, "csrc") >= self.npcol:
+        for name, minimum in (("m", 0), ("n", 0), ("mb", 1), ("nb", 1), ("nprow", 1), ("npcol", 1), ("rsrc", 0),
+                              ("csrc", 0)):
+            # Kept as Python ints: a NumPy integer would wrap in the products below.
+            object.__setattr__(self, name, _int(getattr(self, name), name, minimum))
+        _nranks(self.nprow * self.npcol, f"a {self.nprow} x {self.npcol} grid's process count")
+        if self.rsrc >= self.nprow or self.csrc >= self.npcol:
             raise UsageError(f"(rsrc, csrc) = ({self.rsrc}, {self.csrc}) is outside the "
                              f"{self.nprow} x {self.npcol} grid")
         if self.layout not in ("col", "row"):
@@ -281,7 +319,7 @@ class Distribution:
 
     def box(self, rank: int) -> Box:
         """`rank`'s piece as one box; UsageError when it is not one (a cyclic layout)."""
-        pieces = self.boxes(self._rank(rank))
+        pieces = self.boxes(rank)
         if len(pieces) != 1:
             raise UsageError(f"rank {rank}'s piece of {self!r} is {len(pieces)} boxes, not one")
         return pieces[0]
@@ -307,6 +345,7 @@ class Distribution:
         descriptor cannot describe it (uneven counts not of NUMROC's form, replicated, N-D)."""
         if self.ndim != 2:
             raise UsageError(f"a block-cyclic descriptor describes 2-D arrays; {self!r} is {self.ndim}-D")
+        self.check()
         return _grid_of(self.shape, [self.box(r) for r in range(self.nranks)], repr(self))
 
     def to_cufftmp(self, rank: int) -> tuple[Shape, Shape, Shape]:
@@ -338,7 +377,7 @@ class Replicated(Distribution):
 
     def __init__(self, shape: Sequence[int], nranks: int) -> None:
         object.__setattr__(self, "shape", _shape(shape))
-        object.__setattr__(self, "nranks", _int(nranks, "nranks", 1))
+        object.__setattr__(self, "nranks", _nranks(nranks))
 
     @property
     def replicated(self) -> bool:
@@ -346,7 +385,7 @@ class Replicated(Distribution):
 
     def boxes(self, rank: int) -> tuple[Box, ...]:
         self._rank(rank)
-        return (Box((0,) * self.ndim, self.shape),)
+        return (Box._of((0,) * self.ndim, self.shape),)
 
     def owners(self, index: Sequence[int]) -> tuple[int, ...]:
         self._index(index)
@@ -373,22 +412,25 @@ class Split(Distribution):
     nranks: int
     axis: int
     counts: Shape
+    _starts: Shape = field(init=False, repr=False, compare=False)  # the offsets, computed once
 
     def __init__(self, shape: Sequence[int], nranks: int, axis: int = 0, counts: Sequence[int] | None = None) -> None:
         s = _shape(shape)
-        p = _int(nranks, "nranks", 1)
+        p = _nranks(nranks)
         a = _axis(axis, len(s))
+        c = _counts(counts, s[a], p, "counts")
         object.__setattr__(self, "shape", s)
         object.__setattr__(self, "nranks", p)
         object.__setattr__(self, "axis", a)
-        object.__setattr__(self, "counts", _counts(counts, s[a], p, "counts"))
+        object.__setattr__(self, "counts", c)
+        object.__setattr__(self, "_starts", _offsets(c))  # not a field: computed once, not compared
 
     @classmethod
     def blocked(cls, shape: Sequence[int], nranks: int, axis: int = 0, block: int | None = None) -> Split:
         """The split NUMROC makes: `block` (default ``ceil(extent / nranks)``) per rank until the extent
         runs out (10 over 4 ranks: ``(3, 3, 3, 1)``). Any such split has a block-cyclic descriptor."""
         s = _shape(shape)
-        p = _int(nranks, "nranks", 1)
+        p = _nranks(nranks)
         extent = s[_axis(axis, len(s))]
         b = max(1, -(-extent // p)) if block is None else _int(block, "block", 1)
         if b * p < extent:
@@ -399,7 +441,7 @@ class Split(Distribution):
     @property
     def offsets(self) -> Shape:
         """Where each rank's piece starts along `axis` (and, last, the extent)."""
-        return _offsets(self.counts)
+        return self._starts
 
     @property
     def uniform(self) -> bool:
@@ -409,12 +451,13 @@ class Split(Distribution):
         r = self._rank(rank)
         lower = [0] * self.ndim
         upper = list(self.shape)
-        lower[self.axis], upper[self.axis] = self.offsets[r], self.offsets[r + 1]
-        return (Box(tuple(lower), tuple(upper)),)
+        lower[self.axis], upper[self.axis] = self._starts[r], self._starts[r + 1]
+        return (Box._of(tuple(lower), tuple(upper)),)
 
     def owners(self, index: Sequence[int]) -> tuple[int, ...]:
         i = self._index(index)[self.axis]
-        return tuple(r for r in range(self.nranks) if self.offsets[r] <= i < self.offsets[r + 1])
+        r = bisect.bisect_right(self._starts, i) - 1  # the last rank starting at or before i: it is not empty
+        return (r,)
 
     def check(self) -> Distribution:
         return self  # counts that add up to the extent tile it exactly once
@@ -434,6 +477,7 @@ class Pencils(Distribution):
     grid: tuple[int, int]
     axes: tuple[int, int]
     counts: tuple[Shape, Shape]
+    _starts: tuple[Shape, Shape] = field(init=False, repr=False, compare=False)  # the offsets, computed once
 
     def __init__(self, shape: Sequence[int], grid: Sequence[int], axes: Sequence[int] = (0, 1),
                  counts: Sequence[Sequence[int]] | None = None) -> None:
@@ -441,6 +485,7 @@ class Pencils(Distribution):
         if len(s) < 2:
             raise UsageError(f"pencils split two axes; shape {s} has {len(s)}")
         g = _ints(grid, "grid", 1, length=2)
+        _nranks(g[0] * g[1], f"grid {g}'s rank count")
         ax = tuple(_axis(a, len(s), f"axes[{i}]") for i, a in enumerate(_ints(axes, "axes", -len(s), length=2)))
         if ax[0] == ax[1]:
             raise UsageError(f"axes must be two different axes, got {ax}")
@@ -455,16 +500,22 @@ class Pencils(Distribution):
         object.__setattr__(self, "grid", (g[0], g[1]))
         object.__setattr__(self, "axes", (ax[0], ax[1]))
         object.__setattr__(self, "counts", c)
+        object.__setattr__(self, "_starts", (_offsets(c[0]), _offsets(c[1])))  # not a field
 
     def boxes(self, rank: int) -> tuple[Box, ...]:
         r = self._rank(rank)
         i, j = divmod(r, self.grid[1])
         lower = [0] * self.ndim
         upper = list(self.shape)
-        for axis, piece, counts in ((self.axes[0], i, self.counts[0]), (self.axes[1], j, self.counts[1])):
-            off = _offsets(counts)
+        for axis, piece, off in ((self.axes[0], i, self._starts[0]), (self.axes[1], j, self._starts[1])):
             lower[axis], upper[axis] = off[piece], off[piece + 1]
-        return (Box(tuple(lower), tuple(upper)),)
+        return (Box._of(tuple(lower), tuple(upper)),)
+
+    def owners(self, index: Sequence[int]) -> tuple[int, ...]:
+        idx = self._index(index)
+        i = bisect.bisect_right(self._starts[0], idx[self.axes[0]]) - 1
+        j = bisect.bisect_right(self._starts[1], idx[self.axes[1]]) - 1
+        return (i * self.grid[1] + j,)
 
     def check(self) -> Distribution:
         return self  # two splits that each add up tile the array exactly once
@@ -486,6 +537,7 @@ class Boxes(Distribution):
         s = _shape(shape)
         if isinstance(boxes, (str, bytes)) or not isinstance(boxes, Sequence) or not boxes:
             raise TypeError("boxes must be a non-empty sequence of (lower, upper) corners, one per rank")
+        _nranks(len(boxes), "the number of boxes (one per rank)")
         pieces = []
         for r, given in enumerate(boxes):
             lower: Sequence[int]
@@ -494,15 +546,16 @@ class Boxes(Distribution):
                 lower, upper = given.lower, given.upper
             else:
                 try:
-                    lower, upper = given
+                    lower, upper = _args.sequence(given, f"boxes[{r}]", 2, "corners")
                 except (TypeError, ValueError):
-                    raise TypeError(f"boxes[{r}] must be a (lower, upper) pair of corners, not {given!r}") from None
+                    raise TypeError(f"boxes[{r}] must be a (lower, upper) pair of corners, not "
+                                    f"{type(given).__name__}") from None
             lo = _ints(lower, f"boxes[{r}] lower", length=len(s))
             up = _ints(upper, f"boxes[{r}] upper", length=len(s))
             if any(a > b for a, b in zip(lo, up, strict=True)) or any(b > e for b, e in zip(up, s, strict=True)):
                 raise UsageError(f"rank {r}'s box Box({list(lo)}, {list(up)}) is not a box inside the shape {list(s)} "
                                  "(need 0 <= lower <= upper <= shape)")
-            pieces.append(Box(lo, up))
+            pieces.append(Box._of(lo, up))  # inside the shape: checked above
         object.__setattr__(self, "shape", s)
         object.__setattr__(self, "nranks", len(pieces))
         object.__setattr__(self, "pieces", tuple(pieces))
@@ -539,7 +592,9 @@ class BlockCyclic(Distribution):
     def __init__(self, shape: Sequence[int], grid: Sequence[int], block: Sequence[int],
                  src: Sequence[int] = (0, 0), layout: Layout = "col") -> None:
         s = _ints(shape, "shape", length=2)
+        _args.product(s, f"shape {s}'s element count")
         g = _ints(grid, "grid", 1, length=2)
+        _nranks(g[0] * g[1], f"grid {g}'s rank count")
         b = _ints(block, "block", 1, length=2)
         sr = _ints(src, "src", length=2)
         if sr[0] >= g[0] or sr[1] >= g[1]:
@@ -557,22 +612,33 @@ class BlockCyclic(Distribution):
         return BlockCyclicArgs(self.shape[0], self.shape[1], self.block[0], self.block[1], self.src[0], self.src[1],
                                self.grid[0], self.grid[1], self.layout)
 
+    def _blocks(self, axis: int, proc: int) -> range:
+        """The blocks (their numbers) along `axis` that process row/column `proc` holds: computed, not listed."""
+        extent, b, p, s = self.shape[axis], self.block[axis], self.grid[axis], self.src[axis]
+        return range((proc - s) % p, (extent + b - 1) // b, p)
+
     def _ranges(self, axis: int, proc: int) -> list[tuple[int, int]]:
         """The index ranges along `axis` that process row/column `proc` holds."""
-        extent, b, p, s = self.shape[axis], self.block[axis], self.grid[axis], self.src[axis]
-        return [(i * b, min((i + 1) * b, extent)) for i in range((extent + b - 1) // b) if (i + s) % p == proc]
+        extent, b = self.shape[axis], self.block[axis]
+        return [(i * b, min((i + 1) * b, extent)) for i in self._blocks(axis, proc)]
 
     def boxes(self, rank: int) -> tuple[Box, ...]:
         prow, pcol = self.to_block_cyclic().coords(self._rank(rank))
-        return tuple(Box((r0, c0), (r1, c1)) for r0, r1 in self._ranges(0, prow) for c0, c1 in self._ranges(1, pcol))
+        count = len(self._blocks(0, prow)) * len(self._blocks(1, pcol))
+        if count > MAX_BOXES:
+            raise UsageError(f"rank {rank}'s piece of {self!r} is {count} blocks; boxes() lists at most {MAX_BOXES} "
+                             "(local_shape() and owners() answer without listing them)")
+        return tuple(Box._of((r0, c0), (r1, c1)) for r0, r1 in self._ranges(0, prow)
+                     for c0, c1 in self._ranges(1, pcol))
 
     def box(self, rank: int) -> Box:
         prow, pcol = self.to_block_cyclic().coords(self._rank(rank))
-        rows, cols = self._ranges(0, prow), self._ranges(1, pcol)
+        rows, cols = self._blocks(0, prow), self._blocks(1, pcol)
         if len(rows) > 1 or len(cols) > 1:
             raise UsageError(f"rank {rank}'s piece of {self!r} is {len(rows)} x {len(cols)} blocks, not one box")
-        (r0, r1), (c0, c1) = rows[0] if rows else (0, 0), cols[0] if cols else (0, 0)
-        return Box((r0, c0), (r1, c1))
+        r0, r1 = self._ranges(0, prow)[0] if rows else (0, 0)
+        c0, c1 = self._ranges(1, pcol)[0] if cols else (0, 0)
+        return Box._of((r0, c0), (r1, c1))
 
     def local_shape(self, rank: int) -> Shape:
         return self.to_block_cyclic().local_shape(self._rank(rank))
@@ -609,11 +675,22 @@ def _check_tiling(shape: Shape, pieces: Sequence[tuple[int, Box]]) -> None:
     """UsageError unless the boxes (rank, box) cover `shape` exactly once."""
     whole = Box((0,) * len(shape), shape)
     live = [(r, b) for r, b in pieces if not b.empty]
-    for (r1, b1), (r2, b2) in itertools.combinations(live, 2):
-        common = b1.intersection(b2)
-        if common is not None:
-            who = f"rank {r1}" if r1 == r2 else f"ranks {r1} and {r2}"
-            raise UsageError(f"{who} overlap: {b1!r} and {b2!r} share {common!r} ({common.size} elements)")
+    # A sweep along the axis where the boxes start at the most places: each box is compared with the
+    # boxes before it that reach past its start there (in a tiling, its neighbours along the other
+    # axes), not with every other box.
+    axis = max(range(len(shape)), key=lambda a: len({b.lower[a] for _, b in live}), default=0)
+    live.sort(key=lambda rb: (rb[1].lower[axis], rb[0]))
+    open_: list[tuple[int, Box]] = []
+    for r2, b2 in live:
+        open_ = [(r, b) for r, b in open_ if b.upper[axis] > b2.lower[axis]]
+        for r1, b1 in open_:
+            common = b1.intersection(b2)
+            if common is not None:
+                first, second = sorted(((r1, b1), (r2, b2)), key=lambda rb: rb[0])
+                who = f"rank {r1}" if r1 == r2 else f"ranks {first[0]} and {second[0]}"
+                raise UsageError(f"{who} overlap: {first[1]!r} and {second[1]!r} share {common!r} "
+                                 f"({common.size} elements)")
+        open_.append((r2, b2))
     covered = sum(b.size for _, b in live)
     if covered != whole.size:
         hole = _uncovered(shape, [b for _, b in live])
@@ -625,7 +702,8 @@ def _uncovered(shape: Shape, boxes: Sequence[Box]) -> Box | None:
     """A cell (between the boxes' corners) that no box covers, when there are few enough to look."""
     cuts = [sorted({0, extent, *(b.lower[a] for b in boxes), *(b.upper[a] for b in boxes)})
             for a, extent in enumerate(shape)]
-    if math.prod(len(c) - 1 for c in cuts) > _GAP_SEARCH_CELLS:
+    cells = math.prod(len(c) - 1 for c in cuts)
+    if cells > _GAP_SEARCH_CELLS or cells * len(boxes) > _GAP_SEARCH_WORK:
         return None
     for cell in itertools.product(*(list(zip(c, c[1:], strict=False)) for c in cuts)):
         lower = tuple(lo for lo, _ in cell)
@@ -638,8 +716,7 @@ def _grid_of(shape: Shape, boxes: Sequence[Box], what: str) -> BlockCyclicArgs:
     """The block-cyclic descriptor of per-rank boxes that form a grid: rank r's box is cell (i, j) of
     a row partition x column partition, ranks numbered along rows or down columns, and each
     partition's counts of NUMROC's form (one block size, the remainder last)."""
-    p = len(boxes)
-    _check_tiling(shape, list(enumerate(boxes)))
+    p = len(boxes)  # they tile the array: the distribution's check() ran
     # P x 1 grids are numbered down the column (COL_MAJOR) and 1 x P along the row, as cuBLASMp's
     # tensor-parallel layouts are; the other layout is tried second (the same mapping for 1-D grids).
     candidates = [(nprow, p // nprow) for nprow in range(1, p + 1) if p % nprow == 0]

@@ -80,13 +80,47 @@ class DeviceView(_interop.ArrayInfo):
     dtype, device. Exports ``__cuda_array_interface__`` (strided where a real side is padded) and,
     when contiguous, DLPack. It keeps its memory's owner alive; the memory is the owner's (a plan's
     buffer is overwritten by the plan's next ``execute``). `room`: bytes of symmetric memory from
-    `ptr` on, alike on every rank (0 where it is not symmetric)."""
+    `ptr` on, alike on every rank (0 where it is not symmetric).
+
+    Made by hand, every field is checked (TypeError or UsageError naming it): `shape` a sequence of
+    at most 64 extents >= 0, `strides` one int per extent, `dtype` a known element type, and the
+    memory the view spans (its byte size within an int64) inside the address space from `ptr`.
+    A copy (``copy.copy``) is another view of the same memory."""
 
     __slots__ = ("room",)
     room: int
 
     def __init__(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: str, device: int,
                  room: int, owner: Any) -> None:
+        dims = tuple(_args.integer(n, f"shape[{i}]", minimum=0, maximum=_args.INT64_MAX)
+                     for i, n in enumerate(_args.sequence(shape, "shape", _args.MAX_NDIM, "extents")))
+        steps = tuple(_args.integer(n, f"strides[{i}]", minimum=-_args.INT64_MAX, maximum=_args.INT64_MAX)
+                      for i, n in enumerate(_args.sequence(strides, "strides", _args.MAX_NDIM)))
+        if len(steps) != len(dims):
+            raise UsageError(f"strides {steps} must give one stride per extent of shape {dims}")
+        name = _interop.dtype_name(dtype)
+        size = _interop.itemsize(name)
+        _args.product((*dims, size), f"a {name} view of shape {dims}: its byte size")
+        address = _args.integer(ptr, "ptr", minimum=0, maximum=_args.SIZE_MAX)
+        if 0 not in dims:  # the bytes it reaches, from the lowest element to the end of the highest
+            low = sum(min((n - 1) * st, 0) for n, st in zip(dims, steps, strict=True)) * size
+            high = sum(max((n - 1) * st, 0) for n, st in zip(dims, steps, strict=True)) * size + size
+            if address + low < 0:
+                raise UsageError(f"a view at {address:#x} with strides {steps} reaches below address 0")
+            _args.span(address, high, "the view")
+        self._set(address, dims, steps, name, _args.integer(device, "device", minimum=-2, maximum=_args.INT_MAX),
+                  _args.integer(room, "room", minimum=0, maximum=_args.SIZE_MAX), owner)
+
+    @classmethod
+    def _of(cls, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: str, device: int, room: int,
+            owner: Any) -> DeviceView:
+        """A view of a plan's piece, whose fields the plan computed (and checked when it was made)."""
+        self = cls.__new__(cls)
+        self._set(ptr, shape, strides, dtype, device, room, owner)
+        return self
+
+    def _set(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: str, device: int, room: int,
+             owner: Any) -> None:
         super().__init__(ptr, shape, strides, dtype, device, False, owner)
         self.room = room
 
@@ -263,7 +297,7 @@ def _decided(comm: Any, rank: int, what: str, digest: int, decide: Callable[[], 
     decision: _T | None = None
     try:
         decision = decide()
-    except (UsageError, TypeError) as exc:
+    except (UsageError, TypeError, OverflowError) as exc:
         failure = exc
     except ValueError as exc:  # a dtype name the core does not know
         failure = UsageError(f"dtype: {exc}")
@@ -353,7 +387,7 @@ class _Plan(Owned, Generic[_Spec]):
 
     def _view(self, ptr: int, side: Side, room: int, owner: Any) -> DeviceView:
         """This rank's piece `side` at `ptr` (`room` symmetric bytes from there), kept alive by `owner`."""
-        return DeviceView(ptr, side.shape, side.strides, side.dtype, self._device, room, owner)
+        return DeviceView._of(ptr, side.shape, side.strides, side.dtype, self._device, room, owner)
 
     _rank: int
     _device: int
@@ -378,13 +412,18 @@ def plan(comm: Any, shape: Sequence[int], dtype: Any, kind: Kind | None = None, 
     anything collective. NVSHMEM is initialised over `comm` when it is not yet."""
     rank, size = _where(comm)
 
+    shape_key: Any = shape
+    try:  # read once, and no further than a shape goes: a generator is read here, a huge range refused
+        shape = shape_key = _args.sequence(shape, "shape", _args.MAX_NDIM)
+    except (TypeError, UsageError):
+        shape_key = ("not a shape", type(shape).__name__)  # plan_fft raises the error, agreed by every rank
+
     def decide() -> FFTSpec:
         spec = plan_fft(shape, _interop.dtype_name(dtype), size, kind=kind, input=input, output=output,
                         algorithm=algorithm)
         _interop.stream_handle(stream)  # a bad stream is refused here, before anything collective
         return spec
 
-    shape_key = tuple(shape) if hasattr(shape, "__iter__") else shape
     digest = _args.agreement_digest(shape_key, _dtype_key(dtype), kind, repr(input), repr(output), algorithm)
     spec = _decided(comm, rank, "plan", digest, decide)
     return FFTPlan._make(comm, spec, rank, stream)

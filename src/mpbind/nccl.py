@@ -145,7 +145,9 @@ class Communicator(Owned):
 
         if isinstance(exclude_ranks, (str, bytes)) or not isinstance(exclude_ranks, Sequence):
             raise TypeError(f"exclude_ranks must be a sequence of ranks, not {type(exclude_ranks).__name__}")
-        ranks = [_args.integer(r, "exclude_ranks[]") for r in exclude_ranks]
+        # Read no further than this communicator's ranks (a mistyped range would be read to its end).
+        given = _args.sequence(exclude_ranks, "exclude_ranks", self.size, "ranks")
+        ranks = [_args.integer(r, "exclude_ranks[]", minimum=0, maximum=_MAX_INT) for r in given]
         flags = _args.integer(flags, "flags", minimum=0, maximum=_MAX_INT)
         return Communicator(self._core.shrink(ranks, _config(config), flags))
 

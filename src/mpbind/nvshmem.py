@@ -140,10 +140,11 @@ def init(unique_id: Any = None, rank: int | None = None, nranks: int | None = No
     ``UsageError``. After ``finalize()`` NVSHMEM cannot be initialised again in the process.
     """
     if device is not None:
-        device = _args.integer(device, "device", minimum=0)
+        device = _args.integer(device, "device", minimum=0, maximum=_args.INT_MAX)
     if notice_after is not None and (isinstance(notice_after, bool) or not isinstance(notice_after, (int, float))
-                                     or notice_after <= 0):
-        raise UsageError(f"notice_after must be a number of seconds > 0 or None, not {notice_after!r}")
+                                     or not 0 < notice_after <= threading.TIMEOUT_MAX):  # NaN fails both
+        raise UsageError(f"notice_after must be a number of seconds > 0 (at most threading.TIMEOUT_MAX) or None, "
+                         f"not {notice_after!r}")
     if bootstrap not in (None, "uid", "mpi"):
         raise UsageError(f"bootstrap must be 'uid' or 'mpi', not {bootstrap!r}")
     if mpi_comm is not None:
@@ -159,7 +160,7 @@ def init(unique_id: Any = None, rank: int | None = None, nranks: int | None = No
         method = "uid"
         if nranks is None or rank is None:
             raise UsageError("with unique_id=, pass this process's rank= and the job's nranks=")
-        nranks = _args.integer(nranks, "nranks", minimum=1)
+        nranks = _args.integer(nranks, "nranks", minimum=1, maximum=_args.INT_MAX)
         rank = _args.integer(rank, "rank", minimum=0, maximum=nranks - 1)
     else:
         raise UsageError("init() needs unique_id= with rank= and nranks=, or mpi_comm=")
@@ -184,11 +185,11 @@ def init(unique_id: Any = None, rank: int | None = None, nranks: int | None = No
 
             unique_id = share_unique_id("nvshmem", mpi_comm)
         elif not isinstance(unique_id, flat.UniqueId):
-            try:
-                unique_id = flat.UniqueId(bytes(unique_id))
-            except TypeError:
+            # Bytes-likes only: bytes() of an int would allocate that many bytes.
+            if not isinstance(unique_id, (bytes, bytearray, memoryview)):
                 raise TypeError(f"unique_id must be an mpbind.bindings.nvshmem.UniqueId or 128 bytes, "
-                                f"not {type(unique_id).__name__}") from None
+                                f"not {type(unique_id).__name__}")
+            unique_id = flat.UniqueId(bytes(unique_id))
         flat.set_attr_uniqueid_args(rank, nranks, unique_id, attr)
         flags = flat.InitFlags.WITH_UNIQUEID
     else:
@@ -460,21 +461,23 @@ class PeerArray(_DeviceView):
 
 def _is_index(value: Any) -> bool:
     """An int or an integer of another library (NumPy's), not a bool."""
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         return False
     try:
         operator.index(value)
-    except TypeError:
+    except Exception:  # noqa: BLE001 - an __index__ that fails, whatever it raises: not an integer
         return False
     return True
 
 
 def _shape_of(shape: int | Sequence[int]) -> tuple[int, ...]:
-    dims = (shape,) if isinstance(shape, int) else tuple(shape)
-    for d in dims:
-        if not _is_index(d) or d < 0:
-            raise UsageError(f"shape must be non-negative ints, not {shape!r}")
-    dims = tuple(operator.index(d) for d in dims)
+    try:
+        given = (shape,) if _is_index(shape) else _args.sequence(shape, "shape", _args.MAX_NDIM)
+    except TypeError:
+        given = (None,)  # refused below, as an extent that is not an int is
+    dims = tuple(operator.index(d) if _is_index(d) else -1 for d in given)
+    if any(d < 0 for d in dims):
+        raise UsageError(f"shape must be non-negative ints, not {_args.shown(shape)}")
     if math.prod(dims) == 0:
         raise UsageError(f"cannot allocate an empty symmetric array (shape {dims})")
     return dims
@@ -483,11 +486,13 @@ def _shape_of(shape: int | Sequence[int]) -> tuple[int, ...]:
 def _allocate(shape: int | Sequence[int], dtype: Any, zero: bool, alignment: int) -> SymmetricArray:
     dims = _shape_of(shape)
     name = dtype_name(dtype)
-    if not isinstance(alignment, int) or alignment < 0 or alignment & (alignment - 1):
-        raise UsageError(f"alignment must be 0 or a power of two, not {alignment!r}")
-    nbytes = math.prod(dims) * itemsize(name)
+    align = operator.index(alignment) if _is_index(alignment) else -1
+    if not 0 <= align <= 2**63 or align & (align - 1):
+        raise UsageError(f"alignment must be 0 or a power of two (at most 2**63), not {_args.shown(alignment)}")
+    # nvshmem_malloc takes a size_t; DLPack and the array interface describe the array in int64.
+    nbytes = _args.product((*dims, itemsize(name)), f"a symmetric {name} array of shape {dims}: its byte size")
     device = _device()  # also UsageError before init / after finalize
-    return SymmetricArray._new(_nv.allocate(nbytes, zero, alignment), dims, name, device)
+    return SymmetricArray._new(_nv.allocate(nbytes, zero, align), dims, name, device)
 
 
 def empty(shape: int | Sequence[int], dtype: Any = "float32", *, alignment: int = 0) -> SymmetricArray:
@@ -515,8 +520,9 @@ def register(buffer: BufferLike) -> Registration:
 def _check_pe(pe: Any, what: str, n: int | None = None) -> int:
     if n is None:
         n = int(_nv.runtime().n_pes)
-    if not _is_index(pe) or not 0 <= pe < n:
-        raise UsageError(f"{what} must be a PE number in [0, {n}), not {pe!r}")
-    return operator.index(pe)
+    number = operator.index(pe) if _is_index(pe) else -1
+    if not 0 <= number < n:
+        raise UsageError(f"{what} must be a PE number in [0, {n}), not {_args.shown(pe)}")
+    return number
 
 

@@ -54,7 +54,6 @@ import ctypes
 import gc
 import itertools
 import math
-import operator
 import threading
 import warnings
 from collections.abc import Callable, Sequence
@@ -144,12 +143,24 @@ def compile(source: str, *, name: str = "nvshmem_kernels", arch: str | None = No
         raise UsageError("source must be CUDA C++ source text")
     if not isinstance(name, str) or not name:
         raise UsageError("name must be a non-empty string")
+    if arch is not None and not isinstance(arch, str):
+        raise TypeError(f"arch must be a str such as 'sm_90', not {type(arch).__name__}")
+    # Read no further than any build has options: a mistyped range is refused, not listed.
+    macros = _args.sequence(defines, "defines", _MAX_OPTIONS, "macros")
+    for d in macros:
+        if not (isinstance(d, str) or isinstance(d, tuple) and len(d) == 2 and all(isinstance(x, str) for x in d)):
+            raise TypeError(f"defines are 'NAME', 'NAME=VALUE' or (name, value) strings, not {_args.shown(d)}")
+    dirs = [str(d) for d in _args.sequence(include_dirs, "include_dirs", _MAX_OPTIONS, "paths")]
+    links = _args.sequence(link_options, "link_options", _MAX_OPTIONS, "strings")
+    if not all(isinstance(o, str) for o in links):
+        raise TypeError("link_options must be strings")
     arch = arch if arch is not None else (_kernel_build.current_arch() or _kernel_build.DEFAULT_ARCH)
-    built = _kernel_build.build(source, name, arch, list(defines), [str(d) for d in include_dirs],
-                                list(link_options), program_options, bool(cache))
+    built = _kernel_build.build(source, name, arch, list(macros), dirs, list(links), program_options, bool(cache))
     kernels, variables = _kernel_build.kernel_symbols(built.cubin)
     return Cubin(built.cubin, name, arch, kernels, variables, built.key, built.cached, built.log)
 
+
+_MAX_OPTIONS = 4096  # defines, include directories, link options of one build
 
 # --- parameters --------------------------------------------------------------------------------
 
@@ -168,6 +179,7 @@ _C_SPELLINGS = {
 }
 _INT_RANGES = {f"{s}int{b}": ((0, 2**b - 1) if s else (-(2 ** (b - 1)), 2 ** (b - 1) - 1))
                for s in ("", "u") for b in (8, 16, 32, 64)}
+_FLOAT32_MAX = 3.4028234663852886e38
 
 Kind = Literal["value", "pointer", "symmetric"]
 
@@ -264,9 +276,9 @@ def _span(obj: Any, what: str) -> tuple[int, int, str | None, bool]:
     from mpbind.nvshmem import PeerArray, SymmetricArray
 
     if _is_int(obj):
-        address = operator.index(obj)
+        address = _args.index(obj, what)
         if not 0 <= address < 2**64:
-            raise UsageError(f"{what}: an address is in [0, 2**64), got {address}")
+            raise UsageError(f"{what}: an address is in [0, 2**64), got {_args.show(address)}")
         return address, 1, None, False
     if isinstance(obj, SymmetricArray):
         return obj.ptr, obj.nbytes, obj.dtype, True  # .ptr: UsageError once freed
@@ -278,7 +290,8 @@ def _span(obj: Any, what: str) -> tuple[int, int, str | None, bool]:
     info = array_info(obj, what)
     if info.device == -1:
         raise UsageError(f"{what}: host memory; a kernel needs device memory")
-    return info.ptr, max(info.nbytes, 1), info.dtype, False
+    address, nbytes = _args.span(info.ptr, max(info.nbytes, 1), what)  # a wrapped end would pass the heap check
+    return address, nbytes, info.dtype, False
 
 
 def _argument(param: Param, obj: Any, heap: Heap) -> Any:
@@ -289,7 +302,15 @@ def _argument(param: Param, obj: Any, heap: Heap) -> Any:
         if param.dtype.startswith("float"):
             if isinstance(obj, bool) or not isinstance(obj, (int, float)) and not hasattr(type(obj), "__float__"):
                 raise TypeError(f"{what} is a {param.dtype}, not {type(obj).__name__}")
-            return _CTYPES[param.dtype](float(obj))
+            try:
+                x = float(obj)
+            except OverflowError:
+                raise UsageError(f"{what} does not fit {param.dtype}: {_args.shown(obj)}") from None
+            except Exception as exc:  # noqa: BLE001 - the caller's __float__ failed: not a number
+                raise TypeError(f"{what} is a {param.dtype}; {type(obj).__name__}.__float__ failed: {exc}") from None
+            if param.dtype == "float32" and math.isfinite(x) and abs(x) > _FLOAT32_MAX:
+                raise UsageError(f"{what} does not fit float32: {x!r} (it would become inf)")
+            return _CTYPES[param.dtype](x)
         if param.dtype == "bool":
             if not isinstance(obj, bool):
                 raise TypeError(f"{what} is a bool, not {type(obj).__name__}")
@@ -297,9 +318,9 @@ def _argument(param: Param, obj: Any, heap: Heap) -> Any:
         if not _is_int(obj):
             raise TypeError(f"{what} is an {param.dtype}, not {type(obj).__name__}")
         lo, hi = _INT_RANGES[param.dtype]
-        v = operator.index(obj)
+        v = _args.index(obj, what)
         if not lo <= v <= hi:
-            raise UsageError(f"{what} does not fit {param.dtype} ([{lo}, {hi}]): {v}")
+            raise UsageError(f"{what} does not fit {param.dtype} ([{lo}, {hi}]): {_args.show(v)}")
         return _CTYPES[param.dtype](v)
     address, nbytes, dtype, known_symmetric = _span(obj, what)
     if param.dtype is not None and dtype is not None and dtype != param.dtype:
@@ -320,13 +341,22 @@ def prepare(params: Sequence[Param], args: Sequence[Any], heap: Heap = _runtime_
     return [_argument(p, a, heap) for p, a in zip(params, args, strict=True)]
 
 
+# CUDA's limits on every device: a grid's x, y, z; a block's x, y, z and its threads.
+_MAX_DIMS = {"grid": (2**31 - 1, 65535, 65535), "block": (1024, 1024, 64)}
+_MAX_THREADS = 1024
+
+
 def _dims(dims: Any, what: str) -> tuple[int, int, int]:
     parts = (dims,) if _is_int(dims) else tuple(dims) if isinstance(dims, (tuple, list)) else None
     if parts is None or not 1 <= len(parts) <= 3 or not all(_is_int(d) for d in parts):
-        raise TypeError(f"{what} is an int or a tuple of up to 3 ints, not {dims!r}")
-    out = tuple(operator.index(d) for d in parts) + (1,) * (3 - len(parts))
+        raise TypeError(f"{what} is an int or a tuple of up to 3 ints, not {_args.shown(dims)}")
+    out = tuple(_args.index(d, what) for d in parts) + (1,) * (3 - len(parts))
     if any(d < 1 for d in out):
-        raise UsageError(f"{what} must be positive, got {dims!r}")
+        raise UsageError(f"{what} must be positive, got {_args.shown(dims)}")
+    limits = _MAX_DIMS.get(what, _MAX_DIMS["grid"])
+    if any(d > hi for d, hi in zip(out, limits, strict=True)) or (what == "block" and math.prod(out) > _MAX_THREADS):
+        raise UsageError(f"{what} {out} is beyond CUDA's limits ({what} at most {limits}"
+                         + (f", {_MAX_THREADS} threads" if what == "block" else "") + ")")
     return out  # type: ignore[return-value]
 
 
@@ -475,8 +505,8 @@ class Library(Owned):
                 raise TypeError(f"parameters are declared with value(), pointer() or symmetric(), not {p!r}")
         if len({p.name for p in params}) != len(params):
             raise UsageError(f"parameter names repeat: {[p.name for p in params]}")
-        if n_pes is not None and (not _is_int(n_pes) or n_pes < 1):
-            raise UsageError(f"n_pes must be a positive int or None, not {n_pes!r}")
+        if n_pes is not None and (not _is_int(n_pes) or not 1 <= _args.index(n_pes, "n_pes") <= _args.INT_MAX):
+            raise UsageError(f"n_pes must be a positive int or None, not {_args.shown(n_pes)}")
         self._core.handle  # noqa: B018 - UsageError once closed
         kernel = self._core.objects.get_kernel(name)
         sizes = [size for _offset, size in kernel.arguments_info]
@@ -598,7 +628,7 @@ class Kernel:
         limit = self._grid_limits.get(key)
         if limit is None:
             limit = self._grid_limits[key] = self.max_collective_grid(block3, shared_mem)
-        grid3 = (limit, 1, 1) if _is_int(grid) and operator.index(grid) == 0 else _dims(grid, "grid")
+        grid3 = (limit, 1, 1) if _is_int(grid) and _args.index(grid, "grid") == 0 else _dims(grid, "grid")
         if limit < 1 or math.prod(grid3) > limit:
             raise UsageError(f"a collective launch of {self._name} with {math.prod(grid3)} CTAs of {block3} "
                              f"cannot have every CTA resident at once (at most {limit} on this device)")
@@ -627,9 +657,10 @@ def _stream_int(stream: Any) -> int:
 
 
 def _shared(shared_mem: Any) -> int:
-    if not _is_int(shared_mem) or operator.index(shared_mem) < 0:
-        raise UsageError(f"shared_mem is a number of bytes >= 0, not {shared_mem!r}")
-    return operator.index(shared_mem)
+    # A launch takes it as an unsigned int.
+    if not _is_int(shared_mem) or not 0 <= _args.index(shared_mem, "shared_mem") <= 2**32 - 1:
+        raise UsageError(f"shared_mem is a number of bytes in [0, 2**32 - 1], not {_args.shown(shared_mem)}")
+    return _args.index(shared_mem, "shared_mem")
 
 
 def _argv(values: Sequence[Any]) -> tuple[Any, list[Any]]:

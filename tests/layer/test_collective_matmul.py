@@ -37,7 +37,7 @@ def test_the_ring_kernel_compiles_and_links(cache: None) -> None:
 
 
 def _row(*args: object) -> list[int]:
-    code, name = collective_matmul._local_problem(*args)
+    code, name = collective_matmul._local_problem(*args, n_pes=3)
     m, k, n, dtype, method, ctas = args
     return [code, m, k, n, collective_matmul._DTYPES.index(name) if name else -1,
             collective_matmul._METHODS.index(method) if method in collective_matmul._METHODS else -1, ctas]
@@ -64,10 +64,10 @@ def test_pes_with_other_shapes_are_refused_naming_the_difference() -> None:
 
 def test_the_same_arguments_everywhere_pass() -> None:
     collective_matmul.check_agreement([_row(*GOOD)] * 4)
-    assert collective_matmul._local_problem(*GOOD) == (0, "float16")
-    assert collective_matmul._local_problem(8, 8, 8, "bfloat16", "kernel", 4) == (0, "bfloat16")
-    assert collective_matmul._local_problem(8, 8, 8, "bfloat16", "kernel", None) == (0, "bfloat16")  # the default
-    assert collective_matmul._local_problem(8, 8, 8, "bfloat16", "kernel", True)[0] == 5
+    assert collective_matmul._local_problem(*GOOD, n_pes=4) == (0, "float16")
+    assert collective_matmul._local_problem(8, 8, 8, "bfloat16", "kernel", 4, n_pes=4) == (0, "bfloat16")
+    assert collective_matmul._local_problem(8, 8, 8, "bfloat16", "kernel", None, n_pes=4) == (0, "bfloat16")
+    assert collective_matmul._local_problem(8, 8, 8, "bfloat16", "kernel", True, n_pes=4)[0] == 5
 
 
 def test_a_plan_needs_the_runtime() -> None:
