@@ -15,7 +15,7 @@ import mpbind.errors as errors
 from mpbind import _status
 from mpbind.bindings import nccl
 
-IR_PATH = Path(__file__).resolve().parents[2] / "bindings" / "ir" / "nccl.json"
+IR_PATH = Path(__file__).resolve().parents[2] / "codegen" / "ir" / "nccl.json"
 
 # Result members that are not errors.
 NOT_ERRORS = {"SUCCESS", "NUM_RESULTS"}

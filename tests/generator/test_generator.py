@@ -21,7 +21,7 @@ from mpbind.bindings import nccl
 from mpbind.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
-BINDINGS = REPO / "bindings"
+CODEGEN = REPO / "codegen"
 Generator = Callable[[str], ModuleType]
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE_GOLDEN = os.environ.get("MPBIND_UPDATE_GOLDEN") == "1"
@@ -54,7 +54,7 @@ def _functions(ir: dict[str, Any]) -> dict[str, dict[str, Any]]:
 # -- --check and the frozen IR ---------------------------------------------------------
 
 def test_check_passes_on_the_checkout(generate: ModuleType) -> None:
-    proc = subprocess.run([sys.executable, str(BINDINGS / "generate.py"), "--check"], cwd=REPO,
+    proc = subprocess.run([sys.executable, str(CODEGEN / "generate.py"), "--check"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "generated files are current" in proc.stdout
@@ -96,7 +96,7 @@ def test_seal_detects_a_one_character_edit(generator: Generator) -> None:
 
 
 def _check(root: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(root / "bindings" / "generate.py"), "--check"], cwd=root,
+    return subprocess.run([sys.executable, str(root / "codegen" / "generate.py"), "--check"], cwd=root,
                           capture_output=True, text=True, timeout=120)
 
 

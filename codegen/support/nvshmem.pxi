@@ -1,5 +1,5 @@
 # Support code of mpbind.bindings.nvshmem, written by hand; the generated nvshmem.pyx
-# includes it. bindings/specs/nvshmem.toml [inline.*] names the static inline functions
+# includes it. codegen/specs/nvshmem.toml [inline.*] names the static inline functions
 # defined here (and the signatures their stubs show).
 #
 # The headers' static inline init functions, reproduced over the host library's exported,
@@ -59,7 +59,7 @@ def init_attr(flags, attributes=None):
 
 
 # The collective launch's arguments in CUDA's conventions, for the parameter roles "kernel",
-# "dim3" and "kernel_args" (bindings/roles.py), which call the cdef _launch_* functions. A kernel
+# "dim3" and "kernel_args" (codegen/roles.py), which call the cdef _launch_* functions. A kernel
 # is what the CUDA runtime launches as `const void* func` (CUDA documents a CUkernel, the same type
 # as cudaKernel_t, as accepted there); a dim3 defaults missing extents to 1; kernelParams holds one
 # pointer per kernel parameter, to memory holding its value, read when the launch is made.

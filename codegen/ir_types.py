@@ -1,6 +1,6 @@
 """The IR as typed objects: what every emitter reads.
 
-`bindings/ir/<lib>.json` is the IR's serialised form (assembled by model.build_ir from the
+`codegen/ir/<lib>.json` is the IR's serialised form (assembled by model.build_ir from the
 parsed headers and the spec, reviewed in diffs). `Library.from_json` reads it into the frozen
 dataclasses below; a key this module does not know is an error, so the schema lives here.
 Emitters never index the JSON themselves.
@@ -385,7 +385,7 @@ class Library:
     constants: tuple[Constant, ...]
     functions: tuple[Function, ...]
     families: tuple[Family, ...]
-    support: str  # the hand-written file the Python module includes (bindings/support/<lib>.pxi), or ""
+    support: str  # the hand-written file the Python module includes (codegen/support/<lib>.pxi), or ""
     typed_attributes: Mapping[str, TypedAttribute]  # by attribute enum
     prefixes: tuple[str, ...]
     family_types: Mapping[str, str]  # family type name -> NumPy dtype name
@@ -420,7 +420,7 @@ class Library:
     @property
     def source(self) -> str:
         """What a file generated from this IR names as its source."""
-        return f"bindings/ir/{self.library}.json ({self.pretty} {self.version})"
+        return f"codegen/ir/{self.library}.json ({self.pretty} {self.version})"
 
     @property
     def bound(self) -> tuple[Function, ...]:

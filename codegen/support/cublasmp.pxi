@@ -1,7 +1,7 @@
 # Support code of mpbind.bindings.cublasmp, written by hand; the generated cublasmp.pyx
 # includes it.
 #
-# The logger callback: _convert_logger_callback (the converter bindings/specs/cublasmp.toml
+# The logger callback: _convert_logger_callback (the converter codegen/specs/cublasmp.toml
 # names for logger_set_callback's `callback`) keeps the Python callable and passes cuBLASMp a
 # C trampoline that calls it.
 

@@ -1,24 +1,24 @@
 """mpbind's binding generator.
 
-    python bindings/generate.py                 parse the pinned headers, write IR and bindings
-    python bindings/generate.py --from-ir       render the bindings from the checked-in IR only
-    python bindings/generate.py --check         fail on a stale or hand-edited generated file,
+    python codegen/generate.py                 parse the pinned headers, write IR and bindings
+    python codegen/generate.py --from-ir       render the bindings from the checked-in IR only
+    python codegen/generate.py --check         fail on a stale or hand-edited generated file,
                                                 and (where the pinned header wheel and libclang
                                                 are installed) on an IR the headers no longer match
-    python bindings/generate.py --lib nccl ...  restrict to some libraries
-    python bindings/generate.py --lib nccl --headers DIR --release 2.28.9 --out DIR
+    python codegen/generate.py --lib nccl ...  restrict to some libraries
+    python codegen/generate.py --lib nccl --headers DIR --release 2.28.9 --out DIR
                                                 the bindings of another release, from its headers in
                                                 DIR, written under --out (not into the repository)
-    python bindings/generate.py --lib cufftmp --headers DIR --release 11.4.0.6 --layouts
+    python codegen/generate.py --lib cufftmp --headers DIR --release 11.4.0.6 --layouts
                                                 record that release's struct layouts, enum values and
-                                                prototypes in bindings/layouts/<lib>.json (a release a
+                                                prototypes in codegen/layouts/<lib>.json (a release a
                                                 wheel family installs under the same bindings) and say
                                                 where they differ from the pinned ones
 
 Headers come from the pinned nvidia-* wheel installed in the running interpreter
-(versions in bindings/versions.toml, which --check also compares with pyproject.toml's pins).
+(versions in codegen/versions.toml, which --check also compares with pyproject.toml's pins).
 Which functions a release exports, and the release that first exported each, come from the
-symbol record bindings/symbols/<lib>.json (bindings/since.py).
+symbol record codegen/symbols/<lib>.json (codegen/since.py).
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def parse_lib(lib: str) -> tuple[dict[str, Any] | None, str]:
     if parsed is None:
         return None, why
     binary = Path(str(md.distribution(spec.wheel).locate_file(spec.binary)))
-    # The functions it exports, read as the symbol record reads every release (bindings/since.py).
+    # The functions it exports, read as the symbol record reads every release (codegen/since.py).
     return make_ir(spec, parsed, include, version, since.exported_functions(binary, spec.prefixes)), ""
 
 
@@ -142,12 +142,12 @@ def release_ir(lib: str, include: Path, release: str) -> tuple[dict[str, Any], l
     """The IR of another release from its headers in `include`: (IR, the spec's headers that
     release lacks, the functions the spec names that its headers do not declare).
 
-    Its exports are the record's (bindings/symbols/<lib>.json). What the spec says about
+    Its exports are the record's (codegen/symbols/<lib>.json). What the spec says about
     functions of later releases is left out, not an error, so the same spec serves both."""
     record = since.load_record(lib)
     if release not in record.exports:
-        raise SystemExit(f"{lib} {release} is not in bindings/symbols/{lib}.json "
-                         f"(python bindings/since.py update {lib} --release {release})")
+        raise SystemExit(f"{lib} {release} is not in codegen/symbols/{lib}.json "
+                         f"(python codegen/since.py update {lib} --release {release})")
     spec = Spec.load(lib)
     missing = [h for h in spec.headers if not (include / h).is_file()]
     text = "\n".join(p.read_text(errors="replace") for p in sorted(include.rglob("*.h")))
@@ -183,7 +183,7 @@ def write_release(lib: str, include: Path, release: str, out: Path) -> int:
 def write_layouts(lib: str, include: Path, release: str) -> int:
     ir, _, _ = release_ir(lib, include, release)
     record = layouts.of(Library.from_json(ir))
-    target = layouts.write(lib, release, record, f"bindings/generate.py --lib {lib} --headers DIR --release "
+    target = layouts.write(lib, release, record, f"codegen/generate.py --lib {lib} --headers DIR --release "
                                                  f"{release} --layouts")
     problems, notes = layouts.compare(load_library(lib), release, record)
     print(f"{lib} {release}: recorded in {target.relative_to(REPO)}")
@@ -209,7 +209,7 @@ def render(irs: dict[str, dict[str, Any]]) -> dict[Path, str]:
     out[SRC / "bindings" / "_common.pxd"] = seal(emit_shared.common_pxd(), "#", emit_shared.SOURCE)
     out[SRC / "bindings" / "_common.pyx"] = seal(emit_shared.common_pyx(), "#", emit_shared.SOURCE)
     every = [libs[name] for name in LIBRARIES if name in libs]
-    agg = "bindings/ir/*.json (every library as pinned)"
+    agg = "codegen/ir/*.json (every library as pinned)"
     out[SRC / "_status.py"] = seal(emit_status.status_py(every), "#", agg)
     out[SRC / "bindings" / "_coverage.py"] = seal(emit_status.coverage_py(every), "#", agg)
     for name, (body, origin) in emit_core.headers(libs).items():
@@ -223,7 +223,7 @@ def check(libs: list[str]) -> int:
     for path, text in render(irs).items():
         rel = path.relative_to(REPO)
         if not path.exists():
-            problems.append(f"{rel}: missing (run bindings/generate.py --from-ir)")
+            problems.append(f"{rel}: missing (run codegen/generate.py --from-ir)")
             continue
         on_disk = path.read_text()
         digest, body = unseal(on_disk)
@@ -237,16 +237,16 @@ def check(libs: list[str]) -> int:
     pins = versions.load()
     problems += layouts.problems({lib: Library.from_json(ir) for lib, ir in irs.items()},
                                  {lib: [w.release for w in pin.others.values()] for lib, pin in pins.items()})
-    problems += [f"bindings/ir/{lib}.json: {ir['version']}, but bindings/versions.toml pins {pins[lib].version} "
-                 "(run bindings/generate.py)" for lib, ir in irs.items() if ir["version"] != pins[lib].version]
+    problems += [f"codegen/ir/{lib}.json: {ir['version']}, but codegen/versions.toml pins {pins[lib].version} "
+                 "(run codegen/generate.py)" for lib, ir in irs.items() if ir["version"] != pins[lib].version]
     for lib in libs:
         fresh, why = parse_lib(lib)
         if fresh is None:
             print(f"note: {lib}: headers not checked: {why}")
             continue
         if dump_ir(fresh) != dump_ir(irs[lib]):
-            problems.append(f"bindings/ir/{lib}.json: does not match the pinned headers and spec "
-                            "(run bindings/generate.py)")
+            problems.append(f"codegen/ir/{lib}.json: does not match the pinned headers and spec "
+                            "(run codegen/generate.py)")
         else:
             print(f"{lib}: IR matches the pinned headers and spec")
     for p in problems:
@@ -265,7 +265,7 @@ def main() -> int:
     ap.add_argument("--release", help="the release whose headers --headers holds")
     ap.add_argument("--out", type=Path, help="where that release's IR and bindings are written")
     ap.add_argument("--layouts", action="store_true",
-                    help="record that release's layouts in bindings/layouts/ (with --headers, --release)")
+                    help="record that release's layouts in codegen/layouts/ (with --headers, --release)")
     a = ap.parse_args()
     libs = a.lib or LIBRARIES
     if a.headers or a.release or a.out or a.layouts:

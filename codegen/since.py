@@ -1,11 +1,11 @@
 """The exported functions of every release of a library, and the first release that exports each.
 
-    python bindings/since.py update [--lib nccl ...]   read the releases on the package index that
-                                                      bindings/symbols/<lib>.json does not hold yet
-    python bindings/since.py show nccl                 print the `since` table derived from the record
-    python bindings/since.py check [--lib nccl ...]    the record against the pinned wheel installed here
+    python codegen/since.py update [--lib nccl ...]   read the releases on the package index that
+                                                      codegen/symbols/<lib>.json does not hold yet
+    python codegen/since.py show nccl                 print the `since` table derived from the record
+    python codegen/since.py check [--lib nccl ...]    the record against the pinned wheel installed here
 
-The record, ``bindings/symbols/<lib>.json``, lists the releases read (oldest first, with the
+The record, ``codegen/symbols/<lib>.json``, lists the releases read (oldest first, with the
 wheel each was read from) and, per exported function whose name has one of the library's
 prefixes, the releases that export it as spans: ``"2.19.3-"`` (from 2.19.3 to the newest
 release recorded), ``"2.19.3-2.25.1"``, ``"2.19.3"`` (that release only), comma-separated
@@ -14,7 +14,7 @@ first release that exports it, ``"<=oldest"`` when already in the oldest release
 is derived offline; `update` downloads each release's wheel once, reads the dynamic symbol
 table of its shared library with ``nm -D`` and deletes the wheel.
 
-Which wheels hold a library's releases is in bindings/versions.toml (``releases_from``, in
+Which wheels hold a library's releases is in codegen/versions.toml (``releases_from``, in
 order of preference: a release published in several CUDA variants is read from the first).
 Pre-releases and post releases (a post release repackages its release) are not read.
 """
@@ -120,7 +120,7 @@ class Record:
         doc = {
             "format": RECORD_FORMAT,
             "library": self.library,
-            "written_by": "bindings/since.py update",
+            "written_by": "codegen/since.py update",
             "prefixes": self.prefixes,
             "releases": {r: self.wheels[r] for r in self.releases},
             "exports": self.spans(),
@@ -293,7 +293,7 @@ def check(lib: str) -> list[str]:
     pin = tomllib.loads((ROOT / "versions.toml").read_text())[lib]
     record = load_record(lib)
     if pin["version"] not in record.wheels:
-        return [f"{lib}: the pinned release {pin['version']} is not recorded (run bindings/since.py update)"]
+        return [f"{lib}: the pinned release {pin['version']} is not recorded (run codegen/since.py update)"]
     try:
         installed = md.version(pin["wheel"])
     except md.PackageNotFoundError:

@@ -1,12 +1,12 @@
 """Bump one library to another release in one command, then list what a human must review.
 
-    python bindings/bump.py nccl 2.33.1 [--no-install] [--index-url URL]
+    python codegen/bump.py nccl 2.33.1 [--no-install] [--index-url URL]
 
-1. sets the pin in bindings/versions.toml and rewrites pyproject.toml's pins from it;
+1. sets the pin in codegen/versions.toml and rewrites pyproject.toml's pins from it;
 2. installs the pinned wheel into this interpreter with pip (the generator reads its headers);
-3. reads the releases bindings/symbols/<lib>.json lacks from the package index (bindings/since.py),
+3. reads the releases codegen/symbols/<lib>.json lacks from the package index (codegen/since.py),
    so that every function has its `since`;
-4. regenerates the IR and the bindings (bindings/generate.py) of the library and of the libraries
+4. regenerates the IR and the bindings (codegen/generate.py) of the library and of the libraries
    whose headers include its headers;
 5. prints the review list: what changed in the IR, new functions whose parameters took the
    default role, exported functions no parsed header declares, and the old version's mentions
@@ -164,9 +164,9 @@ def review(lib: str, old_version: str, new_version: str, before: dict[str, Libra
 
     print(f"\n=== {lib} {old_version} -> {new_version}: to review ===")
     for other in after:
-        section(f"IR changes of {other} (git diff bindings/ir/{other}.json)", ir_changes(before[other], after[other]))
+        section(f"IR changes of {other} (git diff codegen/ir/{other}.json)", ir_changes(before[other], after[other]))
     spec = Spec.load(lib)
-    section(f"new functions: give their parameters' roles and the GIL in bindings/specs/{lib}.toml "
+    section(f"new functions: give their parameters' roles and the GIL in codegen/specs/{lib}.toml "
             "if the defaults are wrong, and bind them in the Pythonic layer where it covers their kind",
             default_roles(before[lib], after[lib], spec.scalar_pointers))
     section(f"exported by {lib} {new_version} but declared by no parsed header (bind them from their header, "
@@ -174,7 +174,7 @@ def review(lib: str, old_version: str, new_version: str, before: dict[str, Libra
     section(f"hand-written mentions of {old_version} (README, docs, examples, benchmarks, tests)",
             mentions(old_version))
     print("\nthen: make install && make test; the GPU suites (tests/gpu) on a machine with "
-          f"{lib} {new_version}; commit the pins, bindings/symbols, the IR and the generated files together.")
+          f"{lib} {new_version}; commit the pins, codegen/symbols, the IR and the generated files together.")
 
 
 def main() -> int:
@@ -193,7 +193,7 @@ def main() -> int:
     libs = dependents(a.lib, pins)
     before = {other: load_library(other) for other in libs}
     old_version = set_pin(a.lib, a.version)
-    print(f"{a.lib}: {old_version} -> {a.version} in bindings/versions.toml and pyproject.toml")
+    print(f"{a.lib}: {old_version} -> {a.version} in codegen/versions.toml and pyproject.toml")
     if not a.no_install:
         extra = [] if a.index_url == since.INDEX_URL else ["--index-url", a.index_url]
         run([sys.executable, "-m", "pip", "install", f"{wheel}=={a.version}", *extra])

@@ -7,7 +7,7 @@ import hashlib
 
 from ir_types import Array, Builtin, CType, EnumType, Function, Library, Pointer, walk
 
-GENERATOR = "bindings/generate.py"
+GENERATOR = "codegen/generate.py"
 I4 = "    "  # one indentation level of generated code
 SEAL_PREFIX = "sha256:"
 

@@ -1,5 +1,5 @@
 # Support code of mpbind.bindings.cufftmp, written by hand; the generated cufftmp.pyx
-# includes it. bindings/specs/cufftmp.toml [inline.*] names the static inline functions
+# includes it. codegen/specs/cufftmp.toml [inline.*] names the static inline functions
 # defined here (and the signatures their stubs show).
 #
 # cufftMp.h's inline helpers, reproduced over the exported entry points they call.

@@ -110,7 +110,7 @@ class Spec:
     python_prefixes: dict[str, str]
     family_types: dict[str, str]
     inline: dict[str, dict[str, Any]]
-    support: str  # the hand-written support file the module includes (relative to bindings/), or ""
+    support: str  # the hand-written support file the module includes (relative to codegen/), or ""
     scalar_pointers: str
     device_only_patterns: list[str]
     foreign_enums: list[str]
@@ -146,7 +146,7 @@ class Spec:
             excluded=d.get("excluded", {}),
             enums=d.get("enums", {}),
             structs=d.get("structs", {}),
-            # derived from the exports of every release (bindings/symbols/<lib>.json)
+            # derived from the exports of every release (codegen/symbols/<lib>.json)
             since=since_table(lib["name"]),
             value_types=d.get("value_types", {}),
             python_prefixes=lib.get("python_prefixes", {f"{lib['prefixes'][0]}": ""}),
@@ -403,11 +403,11 @@ def _check_support(spec: Spec, inline: list[str]) -> None:
     if not inline:
         return
     if not spec.support:
-        raise ValueError(f"{spec.name}: {inline} are defined in bindings/support/{spec.name}.pxi, which is missing")
+        raise ValueError(f"{spec.name}: {inline} are defined in codegen/support/{spec.name}.pxi, which is missing")
     text = (ROOT / spec.support).read_text()
     missing = [py for py in inline if not re.search(rf"^def {py}\(", text, re.M)]
     if missing:
-        raise ValueError(f"bindings/{spec.support} does not define {missing}")
+        raise ValueError(f"codegen/{spec.support} does not define {missing}")
 
 
 def _check_roles(ir: dict[str, Any]) -> None:

@@ -1,12 +1,12 @@
-"""The pinned library versions, bindings/versions.toml: the one source of pyproject.toml's pins.
+"""The pinned library versions, codegen/versions.toml: the one source of pyproject.toml's pins.
 
 A wheel family is the CUDA major version its wheels are built for (the `-cu13`/`-cu12` suffix of
 their names). The bindings are generated from the pinned wheels of the first family (`wheel`,
 `version`); each other family (`cu12`) pins its own wheel of the same library. The extra named
 after a family installs its four library wheels; the test extra pins those of the first family and
 the wheels their headers include. `pyproject_problems` says where pyproject.toml disagrees (run by
-``bindings/generate.py --check``); `rewrite_pyproject` and `set_version` are the edits
-``bindings/bump.py`` makes.
+``codegen/generate.py --check``); `rewrite_pyproject` and `set_version` are the edits
+``codegen/bump.py`` makes.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def load(text: str | None = None) -> dict[str, Pin]:
                   for key, v in d.items() if _FAMILY_KEY.fullmatch(key)}
         for key, w in others.items():
             if w.family != key:
-                raise ValueError(f"bindings/versions.toml: [{lib}] {key} names {w.wheel}, of family {w.family}")
+                raise ValueError(f"codegen/versions.toml: [{lib}] {key} names {w.wheel}, of family {w.family}")
         pins[lib] = Pin(lib, d["wheel"], d["version"], list(d["releases_from"]), dict(d.get("header_wheels", {})),
                         others)
     return pins
@@ -118,9 +118,9 @@ def pyproject_problems(text: str, pins: dict[str, Pin]) -> list[str]:
                 problems.append(f"pyproject.toml: extra {extra} does not pin {wheel}=={version}")
             elif have[key] != version:
                 problems.append(f"pyproject.toml: extra {extra} pins {wheel}=={have[key]}, "
-                                f"bindings/versions.toml {version}")
+                                f"codegen/versions.toml {version}")
         for key in sorted(set(have) - set(want)):
-            problems.append(f"pyproject.toml: extra {extra} pins {key}, which bindings/versions.toml does not")
+            problems.append(f"pyproject.toml: extra {extra} pins {key}, which codegen/versions.toml does not")
     return problems
 
 
@@ -136,10 +136,10 @@ def set_version(text: str, lib: str, version: str) -> str:
     """versions.toml's text with [lib] version set."""
     table = re.search(rf"^\[{re.escape(lib)}\]\n(?:(?!\[).*\n?)*", text, re.M)
     if table is None:
-        raise KeyError(f"bindings/versions.toml has no [{lib}] table")
+        raise KeyError(f"codegen/versions.toml has no [{lib}] table")
     body, n = re.subn(r'^version = "[^"]*"', f'version = "{version}"', table[0], count=1, flags=re.M)
     if n != 1:
-        raise KeyError(f"bindings/versions.toml: [{lib}] has no version")
+        raise KeyError(f"codegen/versions.toml: [{lib}] has no version")
     return text[:table.start()] + body + text[table.end():]
 
 
@@ -150,11 +150,11 @@ def spec_problems(pins: dict[str, Pin]) -> list[str]:
     for lib, pin in pins.items():
         spec = tomllib.loads((ROOT / "specs" / f"{lib}.toml").read_text())["library"]
         if spec["wheel"] != pin.wheel:
-            problems.append(f"bindings/specs/{lib}.toml: wheel {spec['wheel']}, bindings/versions.toml {pin.wheel}")
+            problems.append(f"codegen/specs/{lib}.toml: wheel {spec['wheel']}, codegen/versions.toml {pin.wheel}")
         for wheel, _ in spec.get("extra_includes", []):
             if wheel not in known:
-                problems.append(f"bindings/specs/{lib}.toml: includes headers of {wheel}, "
-                                f"which bindings/versions.toml does not pin")
+                problems.append(f"codegen/specs/{lib}.toml: includes headers of {wheel}, "
+                                f"which codegen/versions.toml does not pin")
     return problems
 
 

@@ -1,16 +1,16 @@
 """What the bindings assume of the other releases they serve: struct layouts, enum values, prototypes.
 
-The bindings are generated from the pinned headers (bindings/versions.toml `wheel`, `version`), and
+The bindings are generated from the pinned headers (codegen/versions.toml `wheel`, `version`), and
 the wheel of another family may hold another release (the cu12 extra's cuFFTMp is 11.4, the bindings'
 12.1). A function that release lacks raises FunctionNotFoundError (its `since`, from the symbol
-record); what it has must mean the same bytes. `bindings/layouts/<lib>.json` records, for each such
+record); what it has must mean the same bytes. `codegen/layouts/<lib>.json` records, for each such
 release, what of its headers the bindings rely on: every struct's size, alignment and field offsets
 (with their C types, typedefs resolved), every enum's values and every bound function's prototype.
 It is written from that release's headers by the version tooling:
 
-    python bindings/generate.py --lib cufftmp --headers DIR --release 11.4.0.6 --layouts
+    python codegen/generate.py --lib cufftmp --headers DIR --release 11.4.0.6 --layouts
 
-`problems` (run by ``bindings/generate.py --check``) compares each record with the pinned IR: a
+`problems` (run by ``codegen/generate.py --check``) compares each record with the pinned IR: a
 struct laid out differently, an enum member with another value or a function with another prototype
 would make the bindings read, write or call the wrong thing on that release, so the check fails until
 the bindings select the layout of the loaded release or refuse it. A release of a family in
@@ -135,8 +135,8 @@ def problems(pinned: dict[str, Library], releases: dict[str, list[str]]) -> list
         records = load(name)
         for release in releases.get(name, []):
             if release != lib.version and release not in records:
-                out.append(f"bindings/layouts/{name}.json: no record of {name} {release}, which a wheel family "
-                           f"installs (python bindings/generate.py --lib {name} --headers DIR --release "
+                out.append(f"codegen/layouts/{name}.json: no record of {name} {release}, which a wheel family "
+                           f"installs (python codegen/generate.py --lib {name} --headers DIR --release "
                            f"{release} --layouts)")
         for release, record in records.items():
             out += compare(lib, release, record)[0]

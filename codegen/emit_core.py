@@ -45,7 +45,7 @@ from ir_types import (
 from model import ROOT, tomllib
 
 SPEC = ROOT / "specs" / "core.toml"
-SPEC_NAME = "bindings/specs/core.toml"
+SPEC_NAME = "codegen/specs/core.toml"
 DRIVER = "cuda_driver"
 
 
@@ -371,7 +371,7 @@ def headers(libs: dict[str, Library]) -> dict[str, tuple[str, str]]:
     all_abis = abis(libs)
     for abi in all_abis:
         origin = (f"{SPEC_NAME} ({abi.pretty})" if abi.name == DRIVER else
-                  f"bindings/ir/{abi.name}.json and {SPEC_NAME} ({abi.pretty})")
+                  f"codegen/ir/{abi.name}.json and {SPEC_NAME} ({abi.pretty})")
         out[f"{abi.name}.hpp"] = (header(abi), origin)
     out["tables.hpp"] = (tables_header(sorted(a.name for a in all_abis)), SPEC_NAME)
     return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 from emit_common import I4
 
 I8 = I4 * 2
-SOURCE = "bindings/emit_shared.py (helpers shared by every library)"
+SOURCE = "codegen/emit_shared.py (helpers shared by every library)"
 
 # name -> C signature (without the name) of each helper, as the .pxd declares it.
 HELPERS = {
