@@ -1,4 +1,4 @@
-"""Render stubs/mpbind/bindings/<lib>.pyi from the IR."""
+"""Render src/mpbind/bindings/<lib>.pyi, beside the <lib>.pyx it types, from the IR."""
 
 from __future__ import annotations
 

@@ -50,7 +50,6 @@ from model import ROOT, Spec, build_ir  # noqa: E402
 
 REPO = ROOT.parent
 SRC = REPO / "src" / "mpbind"
-STUBS = REPO / "stubs" / "mpbind"
 LIBRARIES = ["nccl", "nvshmem", "cublasmp", "cufftmp"]
 
 
@@ -205,7 +204,7 @@ def render(irs: dict[str, dict[str, Any]]) -> dict[Path, str]:
         out[b / "_internal" / f"{name}.pxd"] = seal(emit_cython.internal_pxd(lib), "#", lib.source)
         out[b / "_internal" / f"{name}.pyx"] = seal(emit_cython.internal_pyx(lib), "#", lib.source)
         out[b / f"{name}.pyx"] = seal(emit_python.python_pyx(lib), "#", lib.source)
-        out[STUBS / "bindings" / f"{name}.pyi"] = seal(emit_stubs.stub(lib), "#", lib.source)
+        out[b / f"{name}.pyi"] = seal(emit_stubs.stub(lib), "#", lib.source)
     out[SRC / "bindings" / "_common.pxd"] = seal(emit_shared.common_pxd(), "#", emit_shared.SOURCE)
     out[SRC / "bindings" / "_common.pyx"] = seal(emit_shared.common_pyx(), "#", emit_shared.SOURCE)
     every = [libs[name] for name in LIBRARIES if name in libs]

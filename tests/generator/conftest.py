@@ -38,5 +38,4 @@ def tree_copy(tmp_path: Path, generator: Callable[[str], ModuleType]) -> Path:
     shutil.copytree(CODEGEN, root / "codegen", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(REPO / "src" / "mpbind", root / "src" / "mpbind",
                     ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.c", "*.cpp"))
-    shutil.copytree(REPO / "stubs", root / "stubs")
     return root

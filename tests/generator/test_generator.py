@@ -83,7 +83,7 @@ def test_every_generated_file_carries_a_valid_seal(generate: ModuleType, generat
 
 def test_seal_detects_a_one_character_edit(generator: Generator) -> None:
     emit_common = generator("emit_common")
-    text = (REPO / "stubs" / "mpbind" / "bindings" / "nccl.pyi").read_text()
+    text = (REPO / "src" / "mpbind" / "bindings" / "nccl.pyi").read_text()
     digest, body = emit_common.unseal(text)
     assert digest is not None and digest == emit_common.body_digest(body)
     # Flip one character in the middle of the body (a type name becomes another).
@@ -101,13 +101,13 @@ def _check(root: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_check_fails_on_a_hand_edited_file(tree_copy: Path) -> None:
-    pyi = tree_copy / "stubs" / "mpbind" / "bindings" / "nccl.pyi"
+    pyi = tree_copy / "src" / "mpbind" / "bindings" / "nccl.pyi"
     text = pyi.read_text()
     i = text.rindex("-> None")
     pyi.write_text(text[:i] + "-> Nonf" + text[i + len("-> None") :])
     proc = _check(tree_copy)
     assert proc.returncode == 1, proc.stdout
-    assert "stubs/mpbind/bindings/nccl.pyi: edited by hand" in proc.stdout
+    assert "src/mpbind/bindings/nccl.pyi: edited by hand" in proc.stdout
 
 
 def test_check_fails_on_a_stale_resealed_file(tree_copy: Path, generator: Generator) -> None:

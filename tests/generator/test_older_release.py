@@ -70,7 +70,7 @@ def test_what_the_old_header_lacks_is_absent_and_listed(old: Generated) -> None:
               if line.startswith("not declared: ")}
     assert {"ncclCommGrow", "ncclParamGet", "ncclAllReduceConfig"} <= listed <= set(later)
     module = (old.out / "src" / "mpbind" / "bindings" / "nccl.pyx").read_text()
-    stub = (old.out / "stubs" / "mpbind" / "bindings" / "nccl.pyi").read_text()
+    stub = (old.out / "src" / "mpbind" / "bindings" / "nccl.pyi").read_text()
     for f in later.values():
         if "python" in f:
             assert f"def {f['python']}(" not in module and f"def {f['python']}(" not in stub, f["name"]
