@@ -194,7 +194,7 @@ def _typed_attribute(lib: Library, enum_name: str, ta: TypedAttribute) -> list[s
 def _support(lib: Library) -> list[str]:
     """The include of the hand-written support file (static inline functions, converters)."""
     inline = [f.python or f.name for f in lib.bound if f.inline_body is not None]
-    text = f"Support code written by hand in codegen/{lib.support}" + (
+    text = f"Support code written by hand in {lib.support}, beside this file" + (
         f": the headers' static inline functions {', '.join(inline)}." if inline else ".")
     return [f"# {line}" for line in textwrap.wrap(text, 96)] + [f'include "{lib.support}"', "", ""]
 

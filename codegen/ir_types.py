@@ -385,7 +385,7 @@ class Library:
     constants: tuple[Constant, ...]
     functions: tuple[Function, ...]
     families: tuple[Family, ...]
-    support: str  # the hand-written file the Python module includes (codegen/support/<lib>.pxi), or ""
+    support: str  # the hand-written file the Python module includes (_support/<lib>.pxi beside it), or ""
     typed_attributes: Mapping[str, TypedAttribute]  # by attribute enum
     prefixes: tuple[str, ...]
     family_types: Mapping[str, str]  # family type name -> NumPy dtype name

@@ -25,6 +25,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent
+# The generated package; its _support/<lib>.pxi are the hand-written Cython its modules include.
+BINDINGS = ROOT.parent / "src" / "mpbind" / "bindings"
 IR_FORMAT = 1
 
 def camel_to_snake(name: str) -> str:
@@ -110,7 +112,7 @@ class Spec:
     python_prefixes: dict[str, str]
     family_types: dict[str, str]
     inline: dict[str, dict[str, Any]]
-    support: str  # the hand-written support file the module includes (relative to codegen/), or ""
+    support: str  # the hand-written support file the module includes (relative to BINDINGS), or ""
     scalar_pointers: str
     device_only_patterns: list[str]
     foreign_enums: list[str]
@@ -152,7 +154,7 @@ class Spec:
             python_prefixes=lib.get("python_prefixes", {f"{lib['prefixes'][0]}": ""}),
             family_types=d.get("families", {}).get("types", {}),
             inline=d.get("inline", {}),
-            support=f"support/{lib['name']}.pxi" if (ROOT / "support" / f"{lib['name']}.pxi").is_file() else "",
+            support=f"_support/{lib['name']}.pxi" if (BINDINGS / "_support" / f"{lib['name']}.pxi").is_file() else "",
             scalar_pointers=lib.get("scalar_pointers", "out"),
             device_only_patterns=lib.get("device_only_patterns", []),
             foreign_enums=lib.get("foreign_enums", []),
@@ -403,11 +405,12 @@ def _check_support(spec: Spec, inline: list[str]) -> None:
     if not inline:
         return
     if not spec.support:
-        raise ValueError(f"{spec.name}: {inline} are defined in codegen/support/{spec.name}.pxi, which is missing")
-    text = (ROOT / spec.support).read_text()
+        raise ValueError(f"{spec.name}: {inline} are defined in src/mpbind/bindings/_support/{spec.name}.pxi, "
+                         "which is missing")
+    text = (BINDINGS / spec.support).read_text()
     missing = [py for py in inline if not re.search(rf"^def {py}\(", text, re.M)]
     if missing:
-        raise ValueError(f"codegen/{spec.support} does not define {missing}")
+        raise ValueError(f"src/mpbind/bindings/{spec.support} does not define {missing}")
 
 
 def _check_roles(ir: dict[str, Any]) -> None:

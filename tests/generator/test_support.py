@@ -1,4 +1,4 @@
-"""Hand-written support code (codegen/support/<lib>.pxi): no Cython in the specs, an include in
+"""Hand-written support code (src/mpbind/bindings/_support/<lib>.pxi): no Cython in the specs, an include in
 the generated module, and each static inline function defined with the parameters its stub shows."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ else:  # pragma: no cover
 
 REPO = Path(__file__).resolve().parents[2]
 CODEGEN = REPO / "codegen"
+BINDINGS = REPO / "src" / "mpbind" / "bindings"  # the support files beside the modules that include them
 LIBRARIES = ["nccl", "nvshmem", "cublasmp", "cufftmp"]
 
 
@@ -47,10 +48,10 @@ def test_support_file_defines_each_inline_function_as_its_stub_shows(generate: M
     if not library.support:
         assert inline == []
         return
-    text = (CODEGEN / library.support).read_text()
+    text = (BINDINGS / library.support).read_text()
     defs = {m.group(1): m.group(0) for m in re.finditer(r"^def (\w+)\(.*\):$", text, re.M)}
     for f in inline:
-        assert f.python in defs, f"codegen/{library.support} does not define {f.python} ({f.name})"
+        assert f.python in defs, f"src/mpbind/bindings/{library.support} does not define {f.python} ({f.name})"
         got = _arguments(defs[f.python] + " ...")
         want = _arguments(f"def {f.python}{f.inline_body.signature}: ...")
         assert got == want, f"{f.python}: {defs[f.python]} does not take {f.inline_body.signature}"
@@ -59,11 +60,11 @@ def test_support_file_defines_each_inline_function_as_its_stub_shows(generate: M
 @pytest.mark.parametrize("lib", LIBRARIES)
 def test_generated_module_includes_its_support_file(generate: ModuleType, lib: str) -> None:
     library = generate.load_library(lib)
-    pyx = (REPO / "src" / "mpbind" / "bindings" / f"{lib}.pyx").read_text()
+    pyx = (BINDINGS / f"{lib}.pyx").read_text()
     includes = re.findall(r'^include "(.*)"$', pyx, re.M)
     assert includes == ([library.support] if library.support else [])
     if library.support:
-        assert (CODEGEN / library.support).is_file()
+        assert (BINDINGS / library.support).is_file()
 
 
 @pytest.mark.parametrize("lib", LIBRARIES)
@@ -77,6 +78,6 @@ def test_support_file_defines_the_helpers_its_roles_call(
               for h in getattr(roles.bind(library, f, p), "helpers", ())}
     if not needed:
         return
-    text = (CODEGEN / library.support).read_text() if library.support else ""
+    text = (BINDINGS / library.support).read_text() if library.support else ""
     defined = set(re.findall(r"^cdef [^(]*?\b(\w+)\(", text, re.M))
     assert {h: where for h, where in needed.items() if h not in defined} == {}
