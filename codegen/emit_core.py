@@ -1,4 +1,4 @@
-"""Render the C++ core's ABI headers (src/mpbind/_core/abi/*.hpp) from the typed IR (ir_types).
+"""Render the C++ core's ABI headers (src/mpbind/bindings/_core_abi/*.hpp) from the typed IR (ir_types).
 
 The core calls each library through the C entry points the generated cy<lib> module exports
 in ``__pyx_capi__``, and checks every pointer, when it looks it up, against the signature
@@ -19,7 +19,7 @@ The tables hold the functions the core calls, not every bound one: NVSHMEM alone
 entry is one capsule lookup when the core first uses the library.
 
 The CUDA driver entry points of graph capture have no IR: ``specs/core.toml`` writes their
-prototypes as Cython spells them, and they render into ``abi/cuda_driver.hpp`` the same way.
+prototypes as Cython spells them, and they render into ``_core_abi/cuda_driver.hpp`` the same way.
 """
 
 from __future__ import annotations
@@ -322,7 +322,7 @@ def header(abi: Abi) -> str:
         "#include <cstddef>",
         "#include <cstdint>",
         "",
-        '#include "../capi.hpp"',
+        '#include "mpbind/_core/capi.hpp"',
         "",
         f"namespace mpbind::abi::{abi.name} {{",
         "",

@@ -212,7 +212,7 @@ def render(irs: dict[str, dict[str, Any]]) -> dict[Path, str]:
     out[SRC / "_status.py"] = seal(emit_status.status_py(every), "#", agg)
     out[SRC / "bindings" / "_coverage.py"] = seal(emit_status.coverage_py(every), "#", agg)
     for name, (body, origin) in emit_core.headers(libs).items():
-        out[SRC / "_core" / "abi" / name] = seal(body, "//", origin)
+        out[SRC / "bindings" / "_core_abi" / name] = seal(body, "//", origin)
     return out
 
 

@@ -1,6 +1,6 @@
 """The core's function tables against the real capsules, on any machine (no GPU, no library).
 
-mpbind._core._abi.load() looks up every entry of every generated table (src/mpbind/_core/abi)
+mpbind._core._abi.load() looks up every entry of every generated table (src/mpbind/bindings/_core_abi)
 in its module's __pyx_capi__ and checks the capsule's signature, as the core does when it
 first calls a library; nothing is loaded but the Cython modules.
 """

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <string>
 
-#include "abi/tables.hpp"
+#include "mpbind/bindings/_core_abi/tables.hpp"
 #include "core.hpp"
 #include "register.hpp"
 
