@@ -366,7 +366,7 @@ def abis(libs: dict[str, Library]) -> list[Abi]:
 
 
 def headers(libs: dict[str, Library]) -> dict[str, tuple[str, str]]:
-    """File name under src/mpbind/_core/abi -> (body, what it is generated from)."""
+    """File name under src/mpbind/bindings/_core_abi -> (body, what it is generated from)."""
     out: dict[str, tuple[str, str]] = {}
     all_abis = abis(libs)
     for abi in all_abis:
