@@ -114,7 +114,7 @@ def common_pyx() -> str:
         f'{I4}raise TypeError("%s must be str or bytes, not %s" % (what, type(value).__name__))',
         "",
         "",
-        "cdef object _status = None  # mpbind._status: its ~100 classes load on the first error, not on import",
+        "cdef object _status = None  # mpbind.bindings._status: its classes load on the first error, not on import",
         "",
         "",
         "cdef int raise_library_error(str library, str function, int status, object description, object last) "
@@ -122,7 +122,7 @@ def common_pyx() -> str:
         f'{I4}"""Raise the typed error of `library` for `status` returned by `function`."""',
         f"{I4}global _status",
         f"{I4}if _status is None:",
-        f"{I8}from mpbind import _status as module",
+        f"{I8}from mpbind.bindings import _status as module",
         f"{I8}_status = module",
         f"{I4}raise _status.make_error(library, function, status, description, last)",
         "",

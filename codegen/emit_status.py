@@ -1,4 +1,4 @@
-"""Render mpbind/_status.py (error classes) and mpbind/bindings/_coverage.py from all IRs."""
+"""Render mpbind/bindings/_status.py (error classes) and mpbind/bindings/_coverage.py from all IRs."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ def status_py(libs: list[Library]) -> str:
     # isort's order: constants, then classes
     bases = sorted({lib.status.error_base for lib in libs} | {"LIBRARY_ERRORS", "LibraryError"},
                    key=lambda n: (not n.isupper(), n))
-    lines.append(f"from mpbind.errors import {', '.join(bases)}")
+    # The bases' own module, not mpbind.errors: that one re-exports these classes (no import circle).
+    lines.append(f"from mpbind._error_bases import {', '.join(bases)}")
     lines += ["", "__all__ = ["]
     classes: dict[str, list[tuple[str, str, int]]] = {}
     for lib in libs:

@@ -209,7 +209,7 @@ def render(irs: dict[str, dict[str, Any]]) -> dict[Path, str]:
     out[SRC / "bindings" / "_common.pyx"] = seal(emit_shared.common_pyx(), "#", emit_shared.SOURCE)
     every = [libs[name] for name in LIBRARIES if name in libs]
     agg = "codegen/ir/*.json (every library as pinned)"
-    out[SRC / "_status.py"] = seal(emit_status.status_py(every), "#", agg)
+    out[SRC / "bindings" / "_status.py"] = seal(emit_status.status_py(every), "#", agg)
     out[SRC / "bindings" / "_coverage.py"] = seal(emit_status.coverage_py(every), "#", agg)
     for name, (body, origin) in emit_core.headers(libs).items():
         out[SRC / "bindings" / "_core_abi" / name] = seal(body, "//", origin)

@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from mpbind import _families, _loader, _status
+from mpbind import _families, _loader
+from mpbind.bindings import _status
 from mpbind.errors import CuFFTMpError, LibraryConflictError, LibraryNotFoundError
 
 if sys.version_info >= (3, 11):
