@@ -32,11 +32,11 @@ demo: install
 	$(VPY) examples/demo.py
 
 test: install
-	$(VPY) bindings/generate.py --check
+	$(VPY) codegen/generate.py --check
 	$(VPY) -m pytest tests -m "not gpu"
 
 lint: $(VPY)
-	$(VPY) -m ruff check src/mpbind bindings tests benchmarks examples
+	$(VPY) -m ruff check src/mpbind codegen tests benchmarks examples
 
 clean:
 	rm -rf build dist .mypy_cache .ruff_cache .pytest_cache

@@ -3,7 +3,7 @@
 Tests marked ``gpu`` are skipped, with the reason, when no CUDA GPU is visible.
 Tests import the installed ``mpbind`` (pytest runs with ``--import-mode=importlib``
 and ``src/`` is never put on ``sys.path``). The pinned library versions tests expect
-come from ``bindings/versions.toml`` (the ``pins`` fixture: those the bindings are
+come from ``codegen/versions.toml`` (the ``pins`` fixture: those the bindings are
 generated from; ``installed``: those of the wheel family this environment installed),
 never from a literal.
 """
@@ -25,12 +25,12 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-VERSIONS = Path(__file__).resolve().parents[1] / "bindings" / "versions.toml"
+VERSIONS = Path(__file__).resolve().parents[1] / "codegen" / "versions.toml"
 
 
 @dataclass(frozen=True)
 class Pin:
-    """A pinned library wheel (bindings/versions.toml)."""
+    """A pinned library wheel (codegen/versions.toml)."""
 
     wheel: str
     version: str
@@ -48,7 +48,7 @@ class Pin:
 
 def _versions() -> dict[str, dict[str, Any]]:
     if not VERSIONS.is_file():
-        pytest.skip("bindings/versions.toml is not in this checkout")
+        pytest.skip("codegen/versions.toml is not in this checkout")
     return tomllib.loads(VERSIONS.read_text())
 
 

@@ -14,18 +14,26 @@
        ├─ PlacementError      processes placed on GPUs where the library cannot initialise
        └─ NVSHMEMNotInitializedError  an NVSHMEM call that needs the runtime, before init
 
-The per-status subclasses are generated into mpbind._status and re-exported here.
+The per-status subclasses are generated into mpbind.bindings._status and re-exported here on first
+use (importing this module stays cheap). They derive from MpbindError, LibraryError and the four
+library classes, which mpbind._error_bases defines and this module re-exports: the generated module
+imports those, never this one, so neither module imports the other.
 """
 
 from __future__ import annotations
 
+# Re-exported: `X as X` says so to linters and type checkers.
+from mpbind._error_bases import LIBRARY_ERRORS as LIBRARY_ERRORS
+from mpbind._error_bases import CuBLASMpError as CuBLASMpError
+from mpbind._error_bases import CuFFTMpError as CuFFTMpError
+from mpbind._error_bases import LibraryError as LibraryError
+from mpbind._error_bases import MpbindError as MpbindError
+from mpbind._error_bases import NCCLError as NCCLError
+from mpbind._error_bases import NVSHMEMError as NVSHMEMError
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (import time)
 if TYPE_CHECKING:
     from typing import Any
-
-
-class MpbindError(Exception):
-    """Base of every exception mpbind raises."""
 
 
 class LibraryNotFoundError(MpbindError, ImportError):
@@ -144,81 +152,6 @@ def _status_name(status: int) -> str:
     return f"{name} ({int(status)})" if name else str(int(status))
 
 
-class LibraryError(MpbindError, RuntimeError):
-    """A library call returned an error status.
-
-    Attributes: library, function (the C function), status (int), status_name,
-    description (the library's string for the status) and last_error (its
-    last-error message, where it has one).
-    """
-
-    library: str = ""
-    #: Set on generated per-status subclasses.
-    status_code: int | None = None
-
-    def __init__(
-        self,
-        function: str,
-        status: int,
-        status_name: str | None = None,
-        description: str | None = None,
-        last_error: str | None = None,
-        hint: str | None = None,
-    ) -> None:
-        self.function = function
-        self.status: int = int(status)
-        self.status_name = status_name
-        self.description = description
-        self.last_error = last_error
-        self.hint = hint
-        name = status_name or "unknown status"
-        msg = f"{function} failed: {name} ({self.status})"
-        if description:
-            msg += f": {description}"
-        if last_error and last_error != description:
-            msg += f" [last error: {last_error}]"
-        if hint:
-            msg += f" ({hint})"
-        super().__init__(msg)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.function, self.status, self.status_name, self.description,
-                             self.last_error, self.hint))
-
-
-class NCCLError(LibraryError):
-    """An NCCL call failed."""
-
-    library = "nccl"
-
-
-class NVSHMEMError(LibraryError):
-    """An NVSHMEM call failed."""
-
-    library = "nvshmem"
-
-
-class CuBLASMpError(LibraryError):
-    """A cuBLASMp call failed."""
-
-    library = "cublasmp"
-
-
-class CuFFTMpError(LibraryError):
-    """A cuFFTMp call failed."""
-
-    library = "cufftmp"
-
-
-LIBRARY_ERRORS: dict[str, type[LibraryError]] = {
-    "nccl": NCCLError,
-    "nvshmem": NVSHMEMError,
-    "cublasmp": CuBLASMpError,
-    "cufftmp": CuFFTMpError,
-}
-
-
-
 _BASE_NAMES = [
     "MpbindError",
     "LibraryNotFoundError",
@@ -238,13 +171,12 @@ _BASE_NAMES = [
 
 
 def __getattr__(name: str) -> Any:
-    # The per-status subclasses live in the generated mpbind._status, which
-    # imports this module; resolving them (and __all__) lazily keeps either
-    # import order valid. Dunder lookups (`from mpbind.errors import X` asks for
-    # __path__) do not load it.
+    # The per-status subclasses live in the generated mpbind.bindings._status, loaded
+    # on the first lookup of one of them (or of __all__). Dunder lookups (`from
+    # mpbind.errors import X` asks for __path__) do not load it.
     if name.startswith("__") and name != "__all__":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from mpbind import _status
+    from mpbind.bindings import _status
 
     if name == "__all__":
         return _BASE_NAMES + list(_status.__all__)
@@ -254,7 +186,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    from mpbind import _status
+    from mpbind.bindings import _status
 
     return sorted(set(globals()) | set(_status.__all__))
 

@@ -1,6 +1,6 @@
 """The core's function tables against the real capsules, on any machine (no GPU, no library).
 
-mpbind._core._abi.load() looks up every entry of every generated table (src/mpbind/_core/abi)
+mpbind._core._abi.load() looks up every entry of every generated table (src/mpbind/bindings/_core_abi)
 in its module's __pyx_capi__ and checks the capsule's signature, as the core does when it
 first calls a library; nothing is loaded but the Cython modules.
 """
@@ -16,7 +16,7 @@ import pytest
 
 from mpbind import _core
 
-SPEC = Path(__file__).resolve().parents[2] / "bindings" / "specs" / "core.toml"
+SPEC = Path(__file__).resolve().parents[2] / "codegen" / "specs" / "core.toml"
 
 _capsule_name = ctypes.pythonapi.PyCapsule_GetName
 _capsule_name.restype = ctypes.c_char_p
@@ -35,7 +35,7 @@ def test_every_entry_carries_its_capsule_signature() -> None:
 
 def test_the_tables_hold_what_the_spec_lists() -> None:
     if not SPEC.is_file():
-        pytest.skip("bindings/specs/core.toml is not in this checkout")
+        pytest.skip("codegen/specs/core.toml is not in this checkout")
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover

@@ -18,7 +18,7 @@ import pytest
 from mpbind.bindings import nvshmem
 from mpbind.errors import NVSHMEMNotInitializedError, UsageError
 
-# The conversions (module-private, in bindings/support/nvshmem.pxi; not in the stubs).
+# The conversions (module-private, in src/mpbind/bindings/_support/nvshmem.pxi; not in the stubs).
 kernel_address: Any = nvshmem._kernel_address  # type: ignore[attr-defined]
 extents: Any = nvshmem._extents  # type: ignore[attr-defined]
 argument_addresses: Any = nvshmem._argument_addresses  # type: ignore[attr-defined]

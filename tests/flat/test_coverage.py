@@ -2,7 +2,7 @@
 
 Every function the pinned library exports with one of its prefixes (its dynamic symbol table,
 ``nm -D --defined-only`` of the installed wheel's shared library, or the recorded symbol list
-``bindings/symbols/<lib>.json`` where that wheel is not installed) must appear in the report,
+``codegen/symbols/<lib>.json`` where that wheel is not installed) must appear in the report,
 bound or excluded with a reason; every function the report binds must be exported (or be a
 header's static inline function reproduced over an exported one). NCCL's header is also read
 with a regex, independently of the libclang-based generator.
@@ -41,7 +41,7 @@ Rows = dict[str, tuple[str | None, str | None]]
 
 
 def _spec(lib: str) -> dict[str, Any]:
-    path = REPO / "bindings" / "specs" / f"{lib}.toml"
+    path = REPO / "codegen" / "specs" / f"{lib}.toml"
     if not path.is_file():
         pytest.skip("the generator's specs are not in this checkout")
     spec: dict[str, Any] = tomllib.loads(path.read_text())["library"]
@@ -49,8 +49,8 @@ def _spec(lib: str) -> dict[str, Any]:
 
 
 def _recorded(lib: str, release: str) -> set[str]:
-    """The functions bindings/symbols/<lib>.json records for `release` (spans "a-b", "a-", "a")."""
-    record = json.loads((REPO / "bindings" / "symbols" / f"{lib}.json").read_text())
+    """The functions codegen/symbols/<lib>.json records for `release` (spans "a-b", "a-", "a")."""
+    record = json.loads((REPO / "codegen" / "symbols" / f"{lib}.json").read_text())
     order = sorted(record["releases"], key=lambda v: tuple(int(x) for x in v.split(".")))
     at = order.index(release)
     out = set()
@@ -253,7 +253,7 @@ def test_every_nccl_header_function_is_in_the_report(nccl_header_functions: list
 
 # -- NVSHMEM: device-only declarations and per-type families -----------------------------------
 
-IR_PATH = REPO / "bindings" / "ir" / "nvshmem.json"
+IR_PATH = REPO / "codegen" / "ir" / "nvshmem.json"
 DEVICE_SUFFIX = re.compile(r"_(?:block|warp|warpgroup)$")
 DEVICE_ONLY = "device-only (__device__): not callable from the host"
 NOT_EXPORTED = "not exported by libnvshmem_host.so.3 (header-inline or device-only)"

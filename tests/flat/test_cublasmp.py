@@ -22,7 +22,7 @@ from mpbind.bindings import cublasmp
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-IR: dict[str, Any] = json.loads((REPO / "bindings" / "ir" / "cublasmp.json").read_text())
+IR: dict[str, Any] = json.loads((REPO / "codegen" / "ir" / "cublasmp.json").read_text())
 
 
 def _dist(name: str) -> md.Distribution:

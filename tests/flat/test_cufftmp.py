@@ -22,7 +22,7 @@ from mpbind.errors import CuFFTMpError, UsageError
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-IR: dict[str, Any] = json.loads((REPO / "bindings" / "ir" / "cufftmp.json").read_text())
+IR: dict[str, Any] = json.loads((REPO / "codegen" / "ir" / "cufftmp.json").read_text())
 WHEEL: str = IR["wheel"]
 
 

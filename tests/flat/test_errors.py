@@ -12,10 +12,9 @@ from typing import Any
 import pytest
 
 import mpbind.errors as errors
-from mpbind import _status
-from mpbind.bindings import nccl
+from mpbind.bindings import _status, nccl
 
-IR_PATH = Path(__file__).resolve().parents[2] / "bindings" / "ir" / "nccl.json"
+IR_PATH = Path(__file__).resolve().parents[2] / "codegen" / "ir" / "nccl.json"
 
 # Result members that are not errors.
 NOT_ERRORS = {"SUCCESS", "NUM_RESULTS"}
@@ -220,10 +219,10 @@ def test_simple_errors_pickle(err: errors.MpbindError) -> None:
 
 
 def test_status_module_imports_on_its_own() -> None:
-    """``import mpbind._status`` in a fresh interpreter, before ``mpbind.errors``."""
+    """``import mpbind.bindings._status`` in a fresh interpreter, before ``mpbind.errors``."""
     proc = subprocess.run(
         [sys.executable, "-c",
-         "import mpbind._status as s; print(s.make_error('nccl', 'f', 4).__class__.__name__)"],
+         "import mpbind.bindings._status as s; print(s.make_error('nccl', 'f', 4).__class__.__name__)"],
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr

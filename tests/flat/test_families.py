@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from mpbind import _families, _loader, _status
+from mpbind import _families, _loader
+from mpbind.bindings import _status
 from mpbind.errors import CuFFTMpError, LibraryConflictError, LibraryNotFoundError
 
 if sys.version_info >= (3, 11):
@@ -65,7 +66,7 @@ def _run(code: str, env: dict[str, str] | None = None) -> dict[str, Any]:
 
 def test_the_loader_knows_each_familys_wheels() -> None:
     """The loader's wheel names (shipped) are versions.toml's (the pins of the extras)."""
-    doc = tomllib.loads((REPO / "bindings" / "versions.toml").read_text())
+    doc = tomllib.loads((REPO / "codegen" / "versions.toml").read_text())
     for lib in LIBRARIES:
         others = [v["wheel"] for k, v in doc[lib].items() if re.fullmatch(r"cu\d+", k)]
         assert set(_loader.LIBRARIES[lib].wheels) == {doc[lib]["wheel"], *others}, lib
@@ -144,7 +145,7 @@ def test_every_bound_function_is_exported_or_names_a_later_release(lib: str, ins
     path = _families.installed_file((pin.wheel,), _loader.LIBRARIES[lib].sonames)
     assert path is not None
     exported = _exports(path)
-    ir = json.loads((REPO / "bindings" / "ir" / f"{lib}.json").read_text())
+    ir = json.loads((REPO / "codegen" / "ir" / f"{lib}.json").read_text())
     missing = []
     for f in ir["functions"]:
         if f.get("excluded") or f.get("device_only"):
@@ -163,7 +164,7 @@ def test_the_loaded_cufftmp_resolves_every_bound_function(installed: dict[str, A
     _needs(pin)
     from mpbind.bindings._internal import cufftmp
 
-    ir = json.loads((REPO / "bindings" / "ir" / "cufftmp.json").read_text())
+    ir = json.loads((REPO / "codegen" / "ir" / "cufftmp.json").read_text())
     names = [f["inline_body"]["uses"] if f.get("inline_body") else f["name"]
              for f in ir["functions"] if not f.get("excluded")]
     assert [n for n in names if cufftmp.symbol_address(n) == 0] == []

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from mpbind import _loader, _status
+from mpbind import _loader
 from mpbind._info import gpu_count
-from mpbind.bindings import nccl
+from mpbind.bindings import _status, nccl
 from mpbind.errors import NCCLError, NCCLInvalidArgumentError, UsageError
 
 UID_BYTES = 128

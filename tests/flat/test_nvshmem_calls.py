@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mpbind import _loader, _status
+from mpbind import _loader
 from mpbind._info import gpu_count
-from mpbind.bindings import nvshmem
+from mpbind.bindings import _status, nvshmem
 from mpbind.errors import (
     LibraryError,
     NVSHMEMError,

@@ -29,7 +29,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[2]
-BINDINGS = REPO / "bindings"
+CODEGEN = REPO / "codegen"
 
 CUDA_SHIM = {
     "cuda_runtime.h": (
@@ -87,7 +87,7 @@ class Probe:
 
 
 def _spec(lib: str) -> dict[str, Any]:
-    return tomllib.loads((BINDINGS / "specs" / f"{lib}.toml").read_text())
+    return tomllib.loads((CODEGEN / "specs" / f"{lib}.toml").read_text())
 
 
 def _pinned_include(lib: str, spec: dict[str, Any], ir: dict[str, Any]) -> list[Path]:
@@ -186,7 +186,7 @@ def _visible(cc: str, flags: list[str], own: Path, src: Path) -> set[str]:
 @pytest.fixture(scope="module", params=sorted(LIBRARIES))
 def probe(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Probe:
     lib: str = request.param
-    ir: dict[str, Any] = json.loads((BINDINGS / "ir" / f"{lib}.json").read_text())
+    ir: dict[str, Any] = json.loads((CODEGEN / "ir" / f"{lib}.json").read_text())
     spec = _spec(lib)
     includes = _pinned_include(lib, spec, ir)
     tmp = tmp_path_factory.mktemp(f"probe_{lib}")

@@ -1,4 +1,4 @@
-"""The C++ core's ABI headers (src/mpbind/_core/abi/*.hpp), rendered by bindings/emit_core.py.
+"""The C++ core's ABI headers (src/mpbind/bindings/_core_abi/*.hpp), rendered by codegen/emit_core.py.
 
 Each header carries, per function the core calls, the signature Cython records in the
 function's capsule; the core refuses a pointer whose capsule says otherwise. These tests check
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-ABI = Path(__file__).resolve().parents[2] / "src" / "mpbind" / "_core" / "abi"
+ABI = Path(__file__).resolve().parents[2] / "src" / "mpbind" / "bindings" / "_core_abi"
 LIBRARIES = ["nccl", "nvshmem", "cublasmp", "cufftmp"]
 
 _capsule_name = ctypes.pythonapi.PyCapsule_GetName
@@ -86,13 +86,13 @@ def test_a_changed_signature_changes_the_rendered_header(generate: ModuleType) -
 
 def test_check_reports_the_header_stale_after_a_signature_change(tree_copy: Path, generate: ModuleType) -> None:
     root = tree_copy
-    ir_file = root / "bindings" / "ir" / "nccl.json"
+    ir_file = root / "codegen" / "ir" / "nccl.json"
     ir_file.write_text(generate.dump_ir(_with_count_as_long(generate.load_ir("nccl"))))
-    proc = subprocess.run([sys.executable, str(root / "bindings" / "generate.py"), "--check", "--lib", "nccl"],
+    proc = subprocess.run([sys.executable, str(root / "codegen" / "generate.py"), "--check", "--lib", "nccl"],
                           cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout
-    assert "error: src/mpbind/_core/abi/nccl.hpp: stale" in proc.stdout
-    assert "src/mpbind/_core/abi/cufftmp.hpp" not in proc.stdout
+    assert "error: src/mpbind/bindings/_core_abi/nccl.hpp: stale" in proc.stdout
+    assert "src/mpbind/bindings/_core_abi/cufftmp.hpp" not in proc.stdout
 
 
 def test_a_function_the_library_does_not_bind_is_refused(generate: ModuleType, emit_core: ModuleType) -> None:

@@ -21,7 +21,7 @@ from mpbind.bindings import nccl
 from mpbind.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
-BINDINGS = REPO / "bindings"
+CODEGEN = REPO / "codegen"
 Generator = Callable[[str], ModuleType]
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE_GOLDEN = os.environ.get("MPBIND_UPDATE_GOLDEN") == "1"
@@ -54,7 +54,7 @@ def _functions(ir: dict[str, Any]) -> dict[str, dict[str, Any]]:
 # -- --check and the frozen IR ---------------------------------------------------------
 
 def test_check_passes_on_the_checkout(generate: ModuleType) -> None:
-    proc = subprocess.run([sys.executable, str(BINDINGS / "generate.py"), "--check"], cwd=REPO,
+    proc = subprocess.run([sys.executable, str(CODEGEN / "generate.py"), "--check"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "generated files are current" in proc.stdout
@@ -83,7 +83,7 @@ def test_every_generated_file_carries_a_valid_seal(generate: ModuleType, generat
 
 def test_seal_detects_a_one_character_edit(generator: Generator) -> None:
     emit_common = generator("emit_common")
-    text = (REPO / "stubs" / "mpbind" / "bindings" / "nccl.pyi").read_text()
+    text = (REPO / "src" / "mpbind" / "bindings" / "nccl.pyi").read_text()
     digest, body = emit_common.unseal(text)
     assert digest is not None and digest == emit_common.body_digest(body)
     # Flip one character in the middle of the body (a type name becomes another).
@@ -96,18 +96,18 @@ def test_seal_detects_a_one_character_edit(generator: Generator) -> None:
 
 
 def _check(root: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(root / "bindings" / "generate.py"), "--check"], cwd=root,
+    return subprocess.run([sys.executable, str(root / "codegen" / "generate.py"), "--check"], cwd=root,
                           capture_output=True, text=True, timeout=120)
 
 
 def test_check_fails_on_a_hand_edited_file(tree_copy: Path) -> None:
-    pyi = tree_copy / "stubs" / "mpbind" / "bindings" / "nccl.pyi"
+    pyi = tree_copy / "src" / "mpbind" / "bindings" / "nccl.pyi"
     text = pyi.read_text()
     i = text.rindex("-> None")
     pyi.write_text(text[:i] + "-> Nonf" + text[i + len("-> None") :])
     proc = _check(tree_copy)
     assert proc.returncode == 1, proc.stdout
-    assert "stubs/mpbind/bindings/nccl.pyi: edited by hand" in proc.stdout
+    assert "src/mpbind/bindings/nccl.pyi: edited by hand" in proc.stdout
 
 
 def test_check_fails_on_a_stale_resealed_file(tree_copy: Path, generator: Generator) -> None:

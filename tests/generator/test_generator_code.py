@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-BINDINGS = Path(__file__).resolve().parents[2] / "bindings"
-SOURCES = sorted(BINDINGS.glob("*.py"))
+CODEGEN = Path(__file__).resolve().parents[2] / "codegen"
+SOURCES = sorted(CODEGEN.glob("*.py"))
 MAX_LINES = 80
 
 

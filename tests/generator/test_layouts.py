@@ -1,5 +1,5 @@
-"""The layout record (bindings/layouts/): what the bindings assume of the releases the other wheel
-families install, and its check in ``bindings/generate.py --check``."""
+"""The layout record (codegen/layouts/): what the bindings assume of the releases the other wheel
+families install, and its check in ``codegen/generate.py --check``."""
 
 from __future__ import annotations
 

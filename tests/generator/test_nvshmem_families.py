@@ -51,7 +51,7 @@ def test_golden_family_rendering(generator: Callable[[str], ModuleType], library
 def test_rendering_is_what_the_module_was_built_from(generator: Callable[[str], ModuleType], library: Any,
                                                      op: str) -> None:
     pyx = (REPO / "src" / "mpbind" / "bindings" / "nvshmem.pyx").read_text()
-    pyi = (REPO / "stubs" / "mpbind" / "bindings" / "nvshmem.pyi").read_text()
+    pyi = (REPO / "src" / "mpbind" / "bindings" / "nvshmem.pyi").read_text()
     body, stub = _render(generator, library, op).split(f"{STUB_MARKER}\n")
     table, _, function = body.partition("\n")
     assert f"\n{table}\n" in pyx

@@ -1,5 +1,5 @@
 """The NCCL bindings of an older release, generated from that release's nccl.h (a committed fixture)
-into a temporary folder: what `bindings/generate.py --headers DIR --release V --out DIR` does, and
+into a temporary folder: what `codegen/generate.py --headers DIR --release V --out DIR` does, and
 what a bump to another release relies on."""
 
 from __future__ import annotations
@@ -39,13 +39,13 @@ def old(tmp_path_factory: pytest.TempPathFactory, generator: Callable[[str], Mod
         pytest.skip("no CUDA runtime headers: nccl.h includes cuda_runtime.h")
     out = tmp_path_factory.mktemp("nccl_old")
     proc = subprocess.run(
-        [sys.executable, str(REPO / "bindings" / "generate.py"), "--lib", "nccl", "--headers", str(FIXTURE),
+        [sys.executable, str(REPO / "codegen" / "generate.py"), "--lib", "nccl", "--headers", str(FIXTURE),
          "--release", RELEASE, "--out", str(out)],
         capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    ir = json.loads((out / "bindings" / "ir" / "nccl.json").read_text())
-    pinned = json.loads((REPO / "bindings" / "ir" / "nccl.json").read_text())
+    ir = json.loads((out / "codegen" / "ir" / "nccl.json").read_text())
+    pinned = json.loads((REPO / "codegen" / "ir" / "nccl.json").read_text())
     return Generated(out, proc.stdout, ir, pinned)
 
 
@@ -70,7 +70,7 @@ def test_what_the_old_header_lacks_is_absent_and_listed(old: Generated) -> None:
               if line.startswith("not declared: ")}
     assert {"ncclCommGrow", "ncclParamGet", "ncclAllReduceConfig"} <= listed <= set(later)
     module = (old.out / "src" / "mpbind" / "bindings" / "nccl.pyx").read_text()
-    stub = (old.out / "stubs" / "mpbind" / "bindings" / "nccl.pyi").read_text()
+    stub = (old.out / "src" / "mpbind" / "bindings" / "nccl.pyi").read_text()
     for f in later.values():
         if "python" in f:
             assert f"def {f['python']}(" not in module and f"def {f['python']}(" not in stub, f["name"]

@@ -1,4 +1,4 @@
-"""Parameter roles (bindings/roles.py): one class per role, and a new role is a change to that file only."""
+"""Parameter roles (codegen/roles.py): one class per role, and a new role is a change to that file only."""
 
 from __future__ import annotations
 
@@ -38,12 +38,12 @@ size = { role = "dummy" }
 
 
 def test_a_new_role_is_one_class_in_roles_py(tree_copy: Path) -> None:
-    bindings = tree_copy / "bindings"
-    with (bindings / "roles.py").open("a") as f:
+    codegen = tree_copy / "codegen"
+    with (codegen / "roles.py").open("a") as f:
         f.write(DUMMY_ROLE)
-    with (bindings / "specs" / "nccl.toml").open("a") as f:
+    with (codegen / "specs" / "nccl.toml").open("a") as f:
         f.write(DUMMY_SPEC)
-    proc = subprocess.run([sys.executable, str(bindings / "generate.py"), "--lib", "nccl"], cwd=tree_copy,
+    proc = subprocess.run([sys.executable, str(codegen / "generate.py"), "--lib", "nccl"], cwd=tree_copy,
                           capture_output=True, text=True, timeout=300)
     if proc.returncode != 0 and "not installed" in proc.stderr:
         pytest.skip(f"the pinned NCCL headers cannot be parsed here: {proc.stderr.strip()}")
@@ -54,9 +54,9 @@ def test_a_new_role_is_one_class_in_roles_py(tree_copy: Path) -> None:
     assert "def mem_alloc(size):" in function
     assert "cdef intptr_t _dummy_size = size  # rendered by the dummy role" in function
     assert "ncclMemAlloc(&_r_ptr, <size_t>_dummy_size)" in function
-    pyi = (tree_copy / "stubs" / "mpbind" / "bindings" / "nccl.pyi").read_text()
+    pyi = (tree_copy / "src" / "mpbind" / "bindings" / "nccl.pyi").read_text()
     assert "def mem_alloc(size: DummyValue) -> int: ..." in pyi
-    ir = (bindings / "ir" / "nccl.json").read_text()
+    ir = (codegen / "ir" / "nccl.json").read_text()
     assert '"role": "dummy"' in ir
 
 

@@ -1,5 +1,5 @@
 """The `since` of every bound function is the first release exporting it, as the symbol record
-bindings/symbols/<lib>.json has it, and the record agrees with the pinned wheel installed here."""
+codegen/symbols/<lib>.json has it, and the record agrees with the pinned wheel installed here."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-BINDINGS = Path(__file__).resolve().parents[2] / "bindings"
+CODEGEN = Path(__file__).resolve().parents[2] / "codegen"
 LIBRARIES = ["nccl", "nvshmem", "cublasmp", "cufftmp"]
 
 
@@ -21,7 +21,7 @@ def since(generator: Callable[[str], ModuleType]) -> ModuleType:
 
 
 def _ir(lib: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((BINDINGS / "ir" / f"{lib}.json").read_text())
+    data: dict[str, Any] = json.loads((CODEGEN / "ir" / f"{lib}.json").read_text())
     return data
 
 
@@ -44,7 +44,7 @@ def test_the_ir_since_is_derived_from_the_record(lib: str, since: ModuleType) ->
 def test_the_record_holds_the_pinned_release(lib: str, since: ModuleType, pins: dict[str, Any]) -> None:
     text = since.record_path(lib).read_text()
     record = since.Record.loads(text)
-    assert record.dumps() == text, "the record is not as bindings/since.py writes it"
+    assert record.dumps() == text, "the record is not as codegen/since.py writes it"
     assert record.library == lib
     assert record.prefixes == since.library_config(lib)[0]
     pin = pins[lib].version

@@ -1,4 +1,4 @@
-"""Hand-written support code (bindings/support/<lib>.pxi): no Cython in the specs, an include in
+"""Hand-written support code (src/mpbind/bindings/_support/<lib>.pxi): no Cython in the specs, an include in
 the generated module, and each static inline function defined with the parameters its stub shows."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[2]
-BINDINGS = REPO / "bindings"
+CODEGEN = REPO / "codegen"
+BINDINGS = REPO / "src" / "mpbind" / "bindings"  # the support files beside the modules that include them
 LIBRARIES = ["nccl", "nvshmem", "cublasmp", "cufftmp"]
 
 
@@ -31,7 +32,7 @@ def _arguments(function: str) -> tuple[list[str], list[str]]:
 
 @pytest.mark.parametrize("lib", LIBRARIES)
 def test_the_spec_carries_no_cython_code(lib: str) -> None:
-    path = BINDINGS / "specs" / f"{lib}.toml"
+    path = CODEGEN / "specs" / f"{lib}.toml"
     if not path.is_file():
         pytest.skip("the generator is not in this checkout")
     spec = tomllib.loads(path.read_text())
@@ -50,7 +51,7 @@ def test_support_file_defines_each_inline_function_as_its_stub_shows(generate: M
     text = (BINDINGS / library.support).read_text()
     defs = {m.group(1): m.group(0) for m in re.finditer(r"^def (\w+)\(.*\):$", text, re.M)}
     for f in inline:
-        assert f.python in defs, f"bindings/{library.support} does not define {f.python} ({f.name})"
+        assert f.python in defs, f"src/mpbind/bindings/{library.support} does not define {f.python} ({f.name})"
         got = _arguments(defs[f.python] + " ...")
         want = _arguments(f"def {f.python}{f.inline_body.signature}: ...")
         assert got == want, f"{f.python}: {defs[f.python]} does not take {f.inline_body.signature}"
@@ -59,7 +60,7 @@ def test_support_file_defines_each_inline_function_as_its_stub_shows(generate: M
 @pytest.mark.parametrize("lib", LIBRARIES)
 def test_generated_module_includes_its_support_file(generate: ModuleType, lib: str) -> None:
     library = generate.load_library(lib)
-    pyx = (REPO / "src" / "mpbind" / "bindings" / f"{lib}.pyx").read_text()
+    pyx = (BINDINGS / f"{lib}.pyx").read_text()
     includes = re.findall(r'^include "(.*)"$', pyx, re.M)
     assert includes == ([library.support] if library.support else [])
     if library.support:

@@ -1,5 +1,5 @@
-"""One source of the pinned versions: bindings/versions.toml feeds pyproject.toml's pins, the IRs and
-the tests; and the edits bindings/bump.py makes from it."""
+"""One source of the pinned versions: codegen/versions.toml feeds pyproject.toml's pins, the IRs and
+the tests; and the edits codegen/bump.py makes from it."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def test_a_stale_pin_is_reported_then_rewritten(versions: ModuleType) -> None:
     # the extras of the generator's family (cu13, test) pin it
     generators = [extra for extra, (family, _) in versions.EXTRAS.items() if family is None]
     assert generators == ["cu13", "test"]
-    assert problems == [f"pyproject.toml: extra {extra} pins {wheel}==2.0.1, bindings/versions.toml {version}"
+    assert problems == [f"pyproject.toml: extra {extra} pins {wheel}==2.0.1, codegen/versions.toml {version}"
                         for extra in generators]
     assert versions.rewrite_pyproject(stale, pins) == text
     missing = text.replace(f'    "{pins["cublasmp"].wheel}=={pins["cublasmp"].version}",\n', "", 1)
@@ -59,7 +59,7 @@ def test_the_cu12_extra_pins_the_cu12_family(versions: ModuleType) -> None:
         p.others["cu12"].wheel: p.others["cu12"].version for p in pins.values()}
     stale = text.replace(f'"{cu12.wheel}=={cu12.version}"', f'"{cu12.wheel}==11.0.0"')
     assert versions.pyproject_problems(stale, pins) == [
-        f"pyproject.toml: extra cu12 pins {cu12.wheel}==11.0.0, bindings/versions.toml {cu12.version}"]
+        f"pyproject.toml: extra cu12 pins {cu12.wheel}==11.0.0, codegen/versions.toml {cu12.version}"]
     assert versions.rewrite_pyproject(stale, pins) == text
     mixed = text.replace(f'"{cu12.wheel}=={cu12.version}"', f'"{pins["cufftmp"].wheel}=={pins["cufftmp"].version}"')
     assert f"pyproject.toml: extra cu12 does not pin {cu12.wheel}=={cu12.version}" in \
@@ -81,7 +81,7 @@ def test_set_version_changes_one_library(versions: ModuleType) -> None:
 
 @pytest.mark.parametrize("lib", LIBRARIES)
 def test_each_ir_is_generated_from_its_pin(lib: str, pins: dict[str, Any]) -> None:
-    ir = json.loads((REPO / "bindings" / "ir" / f"{lib}.json").read_text())
+    ir = json.loads((REPO / "codegen" / "ir" / f"{lib}.json").read_text())
     assert (ir["wheel"], ir["version"]) == (pins[lib].wheel, pins[lib].version)
 
 
@@ -94,7 +94,7 @@ def test_generate_check_fails_on_a_stale_pin(generator: Callable[[str], ModuleTy
     stale.write_text(versions.PYPROJECT.read_text().replace(f"=={pin.version}", "==12.0.0.1"))
     monkeypatch.setattr(versions, "PYPROJECT", stale)
     assert generate.check([]) == 1
-    assert f"pins {pin.wheel}==12.0.0.1, bindings/versions.toml {pin.version}" in capsys.readouterr().out
+    assert f"pins {pin.wheel}==12.0.0.1, codegen/versions.toml {pin.version}" in capsys.readouterr().out
 
 
 def test_no_test_hard_codes_a_pinned_version(versions: ModuleType) -> None:
@@ -111,7 +111,7 @@ def test_no_test_hard_codes_a_pinned_version(versions: ModuleType) -> None:
 
 def test_bump_lists_what_changed(generator: Callable[[str], ModuleType]) -> None:
     bump, library = generator("bump"), generator("ir_types").Library
-    old = json.loads((REPO / "bindings" / "ir" / "nccl.json").read_text())
+    old = json.loads((REPO / "codegen" / "ir" / "nccl.json").read_text())
     new = json.loads(json.dumps(old))
     gone = new["functions"].pop(0)
     new["functions"][0]["since"] = "9.9.9"
@@ -144,7 +144,7 @@ def test_bump_finds_the_old_version_in_the_readme(generator: Callable[[str], Mod
 
 @pytest.mark.parametrize("tool", ["bump.py", "since.py", "generate.py"])
 def test_the_tools_document_themselves(tool: str) -> None:
-    proc = subprocess.run([sys.executable, str(REPO / "bindings" / tool), "--help"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, str(REPO / "codegen" / tool), "--help"], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert f"python bindings/{tool}" in proc.stdout
+    assert f"python codegen/{tool}" in proc.stdout

@@ -39,6 +39,7 @@ try:
 except LibraryNotFoundError as _exc:
     pytest.skip(f"the cuBLASMp library is not available: {_exc}", allow_module_level=True)
 
+from mpbind.bindings import cublasmp, nccl  # noqa: E402
 from mpbind.bindings.cublasmp import (  # noqa: E402
     CublasComputeType,
     CublasDiagType,
@@ -49,8 +50,6 @@ from mpbind.bindings.cublasmp import (  # noqa: E402
     GridLayout,
     MatmulDescriptorAttribute,
 )
-
-from mpbind.bindings import cublasmp, nccl  # noqa: E402
 
 M, N, K = 64, 48, 96  # matmul sizes: multiples of 16, as FP8 needs
 SEED = 1234

@@ -316,7 +316,7 @@ def test_reshape_refusals() -> None:
 def test_descriptor_struct_layout_matches_the_headers() -> None:
     from mpbind import fft
 
-    ir = json.loads((ROOT / "bindings" / "ir" / "cufftmp.json").read_text())
+    ir = json.loads((ROOT / "codegen" / "ir" / "cufftmp.json").read_text())
     structs = {}
 
     def walk(o: Any) -> None:

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <string>
 
-#include "abi/tables.hpp"
+#include "mpbind/bindings/_core_abi/tables.hpp"
 #include "core.hpp"
 #include "register.hpp"
 
@@ -43,7 +43,7 @@ void raise_failed(const Library& library, long long status, const char* function
 
 void register_abi(nb::module_& parent) {
     nb::module_ m = parent.def_submodule(
-        "_abi", "The core's function tables (generated from the IR into src/mpbind/_core/abi).");
+        "_abi", "The core's function tables (generated from the IR into src/mpbind/bindings/_core_abi).");
     m.def("entries", [] {
         nb::list out;
         abi::each_table([&](auto table) {

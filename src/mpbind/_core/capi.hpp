@@ -1,8 +1,8 @@
 // Calls from the core into the libraries, through the C entry points the generated cy<lib>
 // modules export in __pyx_capi__ (so there is one loader, mpbind._loader, and one dlsym table).
 //
-// The function tables themselves are generated from the IR (abi/<lib>.hpp, listed in
-// bindings/specs/core.toml): each entry knows its C prototype, the signature Cython recorded
+// The function tables themselves are generated from the IR (bindings/_core_abi/<lib>.hpp, listed in
+// codegen/specs/core.toml): each entry knows its C prototype, the signature Cython recorded
 // in its capsule, its library, whether it returns a status and whether the GIL is released
 // around it. This file holds what every table shares: the entry type, the loader, and
 // invoke/call/check.

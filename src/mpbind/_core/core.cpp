@@ -50,7 +50,7 @@ void raise_status(const char* library, int status, const char* function) {
 
 void raise_library_error(const char* library, const char* function, int status,
                          const std::string& description) {
-    nb::object err = nb::module_::import_("mpbind._status")
+    nb::object err = nb::module_::import_("mpbind.bindings._status")
                          .attr("make_error")(library, function, status, description);
     PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(err.ptr())), err.ptr());
     throw nb::python_error();

@@ -13,7 +13,7 @@
 //   pointer, size); close() drops that reference, the last one deregisters.
 // * The teardown queue: collective releases of dropped objects, which every
 //   rank drains in the same (reverse creation) order.
-// * Library calls go through the function tables of capi.hpp and abi/<lib>.hpp.
+// * Library calls go through the function tables of capi.hpp and bindings/_core_abi/<lib>.hpp.
 //
 // Locking rule: a core mutex is never waited for while holding the GIL (see
 // lock()), so a thread holding one may take the GIL to raise or warn.

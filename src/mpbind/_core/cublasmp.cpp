@@ -15,8 +15,8 @@
 #include <cstring>
 #include <tuple>
 
-#include "abi/cublasmp.hpp"
-#include "abi/cuda_driver.hpp"
+#include "mpbind/bindings/_core_abi/cublasmp.hpp"
+#include "mpbind/bindings/_core_abi/cuda_driver.hpp"
 #include "arrays.hpp"
 #include "register.hpp"
 #include "nccl.hpp"

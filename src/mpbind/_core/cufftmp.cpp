@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "abi/cufftmp.hpp"
+#include "mpbind/bindings/_core_abi/cufftmp.hpp"
 #include "arrays.hpp"
 #include "core.hpp"
 #include "nvshmem.hpp"

@@ -1,7 +1,7 @@
 // NCCL objects of the core that other parts build on (cuBLASMp grids live on a communicator).
 #pragma once
 
-#include "abi/nccl.hpp"
+#include "mpbind/bindings/_core_abi/nccl.hpp"
 #include "core.hpp"
 
 namespace mpbind::nccl {

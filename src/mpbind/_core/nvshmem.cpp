@@ -18,8 +18,8 @@
 #include <optional>
 #include <type_traits>
 
-#include "abi/cuda_driver.hpp"
-#include "abi/nvshmem.hpp"
+#include "mpbind/bindings/_core_abi/cuda_driver.hpp"
+#include "mpbind/bindings/_core_abi/nvshmem.hpp"
 #include "arrays.hpp"
 #include "core.hpp"
 #include "nvshmem.hpp"
