@@ -452,9 +452,6 @@ class Result:
     def merged(self, require: Sequence[Required] = ()) -> Merged:
         return merge(self.out, self.nprocs, self.rc, require)
 
-    def passed(self, index: int) -> set[str]:
-        return self.merged().passed(index)
-
     def expect_clean(self, require: Sequence[Required] = ()) -> Merged:
         """Fail with the failing checks' lines, or skip with the reasons when every check skipped;
         otherwise the merged report."""
