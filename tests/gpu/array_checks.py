@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from suite_report import expect
+from runner import expect
 
 # At most this share of a result's words may equal, bit for bit and place by place, the buffer's input.
 MAX_UNCHANGED = 0.05

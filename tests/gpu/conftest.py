@@ -3,7 +3,7 @@
 * NVLink multicast off, before NCCL, NVSHMEM or torch initialise anything in this process (the
   suites started under mpirun set it themselves and get it through ``-x``).
 * With ``MPBIND_NVSHMEM_PATH`` set, that NVSHMEM loaded before any test imports PyTorch.
-* The helper modules beside this file (suite_report, mpirun_suite) importable: the suites run as
+* The modules beside this file (the runner, the suites' helpers) importable: the suites run as
   scripts with this folder on their path; the pytest modules (imported with
   ``--import-mode=importlib``) get it here.
 """

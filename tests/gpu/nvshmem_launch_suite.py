@@ -4,17 +4,20 @@
 
 The kernel is PTX written here (``fill(int* out, int value)``: ``out[i] = value + i``), loaded
 with cuda.bindings' ``cuLibraryLoadData`` (context-independent, as cuda.core loads code), so the
-suite needs the driver but no compiler. It prints one line per check (tests/gpu/suite_report.py)
-and ``pe=0 passed=<p> failed=<f> skipped=<s> xfailed=<x>``; the exit status is 1 when anything
-failed. A ``CUfunction`` is passed too: CUDA documents a ``CUkernel`` (``cudaKernel_t``) as what
-the runtime launches through ``const void* func``, not a ``CUfunction``, so its failure is an
-XFAIL.
+suite needs the driver but no compiler. It reports one line per check and a summary
+(tests/gpu/runner.py). A ``CUfunction`` is passed too: CUDA documents a ``CUkernel``
+(``cudaKernel_t``) as what the runtime launches through ``const void* func``, not a ``CUfunction``,
+so its failure is an XFAIL.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import ctypes
 import os
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +27,7 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1")):
 
 import numpy as np  # noqa: E402
 from cuda.bindings import driver as cu  # noqa: E402
-from suite_report import KnownLimitation, Report, emit, expect  # noqa: E402
+from runner import Check, Checks, KnownLimitation, Report, expect, main  # noqa: E402
 
 from mpbind.bindings import nvshmem as nv  # noqa: E402
 from mpbind.errors import NVSHMEMError  # noqa: E402
@@ -168,30 +171,32 @@ def setup(launches: list[Launch]) -> str:
     return f"query_gridsize: {max_grid} blocks of {THREADS} threads"
 
 
-def run(report: Report, launch: Launch) -> None:
-    blocks = min(4, launch.max_grid)
-    kernel = launch.kernel
-    report.check("launch.cukernel", lambda: launch_with(launch, kernel, blocks, 7))
-    report.check("launch.kernel_object", lambda: launch_with(launch, KernelObject(kernel), blocks, 11))
-    report.check("launch.int_address", lambda: launch_with(launch, int(kernel), blocks, 13))
-    report.check("launch.args_array_address", lambda: launch_array_address(launch, blocks, 17))
-    report.check("launch.grid_zero", lambda: launch_grid_zero(launch))
-    report.check("launch.grid_too_large", lambda: launch_too_large(launch))
-    report.check("launch.attr", lambda: launch_attr(launch, blocks, 23))
-    report.check("launch.cufunction", lambda: launch_cufunction(launch, blocks, 29))
-    report.check("launch.free", lambda: checked(cu.cuMemFree(launch.buffer)))
+CHECKS = Checks()
 
 
-def main() -> int:
-    report = Report(0, xfail_column=True)
-    launches: list[Launch] = []
-    report.check("launch.setup", lambda: setup(launches))
+@CHECKS.cases
+def launch_checks(launches: list[Launch]) -> Iterator[Check]:
+    yield "launch.setup", lambda: setup(launches)
     if launches:
-        run(report, launches[0])
-    report.check("finalize", nv.finalize)
-    emit(report.summary())
-    return 1 if report.failed else 0
+        launch = launches[0]
+        blocks = min(4, launch.max_grid)
+        kernel = launch.kernel
+        yield "launch.cukernel", lambda: launch_with(launch, kernel, blocks, 7)
+        yield "launch.kernel_object", lambda: launch_with(launch, KernelObject(kernel), blocks, 11)
+        yield "launch.int_address", lambda: launch_with(launch, int(kernel), blocks, 13)
+        yield "launch.args_array_address", lambda: launch_array_address(launch, blocks, 17)
+        yield "launch.grid_zero", lambda: launch_grid_zero(launch)
+        yield "launch.grid_too_large", lambda: launch_too_large(launch)
+        yield "launch.attr", lambda: launch_attr(launch, blocks, 23)
+        yield "launch.cufunction", lambda: launch_cufunction(launch, blocks, 29)
+        yield "launch.free", lambda: checked(cu.cuMemFree(launch.buffer))
+    yield "finalize", nv.finalize
+
+
+@contextlib.contextmanager
+def started(args: argparse.Namespace, report: Report) -> Iterator[list[Launch]]:
+    yield []  # the set-up is the first check: the others need what it made
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main(__doc__, started, CHECKS, timeout=150.0))

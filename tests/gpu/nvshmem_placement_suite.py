@@ -12,15 +12,19 @@ that neither raises nor returns within the suite's own deadline is reported by m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
                       ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")):
     os.environ.setdefault(_name, _value)
 
 from mpi4py import MPI  # noqa: E402
-from suite_report import Report, emit, expect  # noqa: E402
+from runner import Check, Checks, Report, expect, main  # noqa: E402
 
 from mpbind import _placement  # noqa: E402
 from mpbind import nvshmem as nv  # noqa: E402
@@ -34,6 +38,22 @@ def init(args: argparse.Namespace, comm: MPI.Comm, device: int) -> nv.Runtime:
     uid = share_unique_id("nvshmem", comm)
     via = comm if args.init == "uid_via" else None
     return nv.init(uid, comm.Get_rank(), comm.Get_size(), device=device, placement_via=via, notice_after=20)
+
+
+@dataclass
+class Ctx:
+    args: argparse.Namespace
+    comm: MPI.Comm
+    report: Report
+    device: int  # this PE's GPU
+
+
+CHECKS = Checks()
+
+
+@CHECKS.cases
+def placement(c: Ctx) -> Iterator[Check]:
+    yield f"init.{c.args.init}", lambda: check(c.args, c.comm, c.report, c.device)
 
 
 def check(args: argparse.Namespace, comm: MPI.Comm, report: Report, device: int) -> str:
@@ -53,21 +73,20 @@ def check(args: argparse.Namespace, comm: MPI.Comm, report: Report, device: int)
     return note
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--gpus", required=True, help="GPU of each PE, e.g. 0,0,1")
-    parser.add_argument("--init", choices=("mpi", "uid", "uid_via"), default="mpi")
-    parser.add_argument("--expect", choices=("refused", "initialised"), required=True)
-    args = parser.parse_args()
+@contextlib.contextmanager
+def started(args: argparse.Namespace, report: Report) -> Iterator[Ctx]:
     comm = MPI.COMM_WORLD
     gpus = [int(g) for g in args.gpus.split(",")]
     if len(gpus) != comm.Get_size():
         raise SystemExit(f"--gpus names {len(gpus)} GPUs for {comm.Get_size()} processes")
-    report = Report(index=comm.Get_rank())
-    report.check(f"init.{args.init}", lambda: check(args, comm, report, gpus[comm.Get_rank()]))
-    emit(report.summary())
-    return 1 if report.failed else 0
+    yield Ctx(args, comm, report, gpus[comm.Get_rank()])
+
+
+def arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--gpus", required=True, help="GPU of each PE, e.g. 0,0,1")
+    ap.add_argument("--init", choices=("mpi", "uid", "uid_via"), default="mpi")
+    ap.add_argument("--expect", choices=("refused", "initialised"), required=True)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main(__doc__, started, CHECKS, arguments=arguments, timeout=100.0))

@@ -1,7 +1,7 @@
-"""cuBLASMp and NCCL on 2 and 4 ranks, one per GPU, under mpirun: the flat bindings
-(``cublasmp_multirank.py``) and the Pythonic layer (``layer_multirank.py``).
+"""cuBLASMp and NCCL on 2 and 4 ranks, one per GPU, under mpirun (``nccl_cublasmp_suite.py``): the
+flat bindings (``--checks flat``) and the Pythonic layer (``--checks layer``), on torch memory.
 
-Each case launches a suite (beside this file) with ``mpirun -np N`` and checks that every rank
+Each case launches the suite (beside this file) with ``mpirun -np N`` and checks that every rank
 finished, reported no failed check and passed the suite's main checks. NCCL allows one rank per
 GPU, so a case runs only where at least N GPUs are visible; on a one-GPU machine all are skipped.
 
@@ -13,15 +13,15 @@ process), which are passed on to the ranks.
 from __future__ import annotations
 
 import pytest
-from mpirun_suite import assert_clean, find_mpirun, passed, run
+from runner import find_mpirun, launch, need_gpus
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
 
-FORWARDED = ("MPBIND_CUBLASMP_PATH", "MPBIND_NCCL_PATH", "LD_PRELOAD", "CUBLASMP_SUITE_TRACEBACKS")
-# suite -> the checks every rank must have passed (name prefixes)
-SUITES = {
-    "cublasmp_multirank.py": ("matmul.allgather_gemm.", "matmul.gemm_reducescatter.", "gemm.summa."),
-    "layer_multirank.py": ("nccl.collectives", "nccl.teardown_order", "cublasmp.matmul_2d.", "cublasmp.close_order"),
+FORWARDED = ("MPBIND_CUBLASMP_PATH", "MPBIND_NCCL_PATH", "LD_PRELOAD")
+# --checks -> the checks every rank must have passed (a name ending in "." is a prefix)
+REQUIRED = {
+    "flat": ("matmul.allgather_gemm.", "matmul.gemm_reducescatter.", "gemm.summa."),
+    "layer": ("nccl.collectives", "nccl.teardown_order", "cublasmp.matmul_2d.", "cublasmp.close_order"),
 }
 
 
@@ -32,17 +32,9 @@ def mpirun() -> str:
         ("torch", "torch is not installed (the suites use torch tensors as buffers)")), library="cublasmp")
 
 
-@pytest.mark.parametrize("suite", sorted(SUITES))
+@pytest.mark.parametrize("checks", sorted(REQUIRED))
 @pytest.mark.parametrize("nprocs", [2, 4], ids=lambda n: f"np{n}")
-def test_cublasmp_multirank(mpirun: str, nprocs: int, suite: str) -> None:
-    import torch
-
-    gpus = int(torch.cuda.device_count())
-    if gpus < nprocs:
-        pytest.skip(f"needs {nprocs} GPUs (NCCL allows one rank per GPU); {gpus} visible")
-    rc, out = run(mpirun, suite, nprocs, timeout=300, forward=FORWARDED, share_gpu=False)
-    assert_clean(nprocs, rc, out, who="rank")
-    for rank in range(nprocs):
-        done = passed(out, "rank", rank)
-        for prefix in SUITES[suite]:
-            assert any(name.startswith(prefix) for name in done), f"rank {rank} passed no {prefix} check\n{out[-8000:]}"
+def test_cublasmp_multirank(mpirun: str, nprocs: int, checks: str) -> None:
+    need_gpus(nprocs, " (NCCL allows one rank per GPU)")
+    launch("nccl_cublasmp_suite.py", nprocs, "--checks", checks, timeout=300, mpirun=mpirun, forward=FORWARDED,
+           share_gpu=False).expect_clean(require=REQUIRED[checks])

@@ -1,7 +1,7 @@
 """The GPU suites on the libraries of either wheel family, with no torch in any process: NCCL and
-cuBLASMp on two GPUs, one rank per GPU (``raw_multirank.py``: device memory from cuda.bindings),
-NVSHMEM and cuFFTMp on 1, 2 and 3 PEs sharing GPU 0 (``nvshmem_mpi_suite.py``,
-``cufftmp_mpi_suite.py``: device memory viewed through CuPy).
+cuBLASMp on two GPUs, one rank per GPU (``nccl_cublasmp_suite.py --checks raw``: device memory from
+cuda.bindings), NVSHMEM and cuFFTMp on 1, 2 and 3 PEs sharing GPU 0 (``nvshmem_suite.py`` and
+``cufftmp_suite.py`` with ``--api flat``: device memory viewed through CuPy).
 
 Run this file alone (other GPU test modules import torch, which loads its own NCCL). With
 ``MPBIND_EXPECT_FAMILY=cu12`` (or ``cu13``) every library must come from that family's wheels. Wheels
@@ -14,15 +14,14 @@ import os
 import sys
 
 import pytest
-from mpirun_suite import assert_clean, find_mpirun, passed, run
+from runner import find_mpirun, launch, need_gpus
 
 from mpbind import _loader
-from mpbind._info import gpu_count
 
 pytestmark = pytest.mark.gpu
 
-LIBRARY_VARS = ("MPBIND_NCCL_PATH", "MPBIND_NVSHMEM_PATH", "MPBIND_CUBLASMP_PATH", "MPBIND_CUFFTMP_PATH",
-                "RAW_SUITE_TRACEBACKS")
+LIBRARY_VARS = ("MPBIND_NCCL_PATH", "MPBIND_NVSHMEM_PATH", "MPBIND_CUBLASMP_PATH", "MPBIND_CUFFTMP_PATH")
+# The checks every rank must have passed (a name ending in "." is a prefix).
 RAW_CHECKS = ("nccl.collectives", "nccl.layer", "matmul.allgather_gemm.", "matmul.gemm_reducescatter.",
               "gemm.summa.", "cublasmp.layer_matmul", "process.no_torch_no_cupy")
 
@@ -41,15 +40,9 @@ def test_each_library_comes_from_the_expected_family(lib: str) -> None:
 def test_nccl_and_cublasmp_on_two_gpus() -> None:
     mpirun = find_mpirun("multi-rank NCCL and cuBLASMp", (
         ("mpi4py", "mpi4py is not installed (pip install 'mpbind[mpi]')"),), library="cublasmp")
-    gpus, why = gpu_count()
-    if gpus < 2:
-        pytest.skip(f"needs 2 GPUs (NCCL allows one rank per GPU); {gpus} visible {why or ''}")
-    rc, out = run(mpirun, "raw_multirank.py", 2, timeout=300, forward=LIBRARY_VARS, share_gpu=False)
-    assert_clean(2, rc, out, who="rank")
-    for rank in range(2):
-        done = passed(out, "rank", rank)
-        for prefix in RAW_CHECKS:
-            assert any(name.startswith(prefix) for name in done), f"rank {rank} passed no {prefix} check\n{out[-8000:]}"
+    need_gpus(2, " (NCCL allows one rank per GPU)")
+    launch("nccl_cublasmp_suite.py", 2, "--checks", "raw", timeout=300, mpirun=mpirun, forward=LIBRARY_VARS,
+           share_gpu=False).expect_clean(require=RAW_CHECKS)
 
 
 def _multi_pe(what: str, library: str) -> str:
@@ -61,15 +54,12 @@ def _multi_pe(what: str, library: str) -> str:
 @pytest.mark.parametrize("nprocs", [1, 2, 3], ids=lambda n: f"np{n}")
 def test_nvshmem_on_pes_sharing_one_gpu(nprocs: int) -> None:
     mpirun = _multi_pe("multi-PE NVSHMEM", "nvshmem")
-    rc, out = run(mpirun, "nvshmem_mpi_suite.py", nprocs, "--init", "uid", timeout=180, forward=LIBRARY_VARS)
-    assert_clean(nprocs, rc, out)
+    launch("nvshmem_suite.py", nprocs, "--api", "flat", "--init", "uid", timeout=180, mpirun=mpirun,
+           forward=LIBRARY_VARS).expect_clean()
 
 
 @pytest.mark.parametrize("nprocs", [1, 2, 3], ids=lambda n: f"np{n}")
 def test_cufftmp_on_pes_sharing_one_gpu(nprocs: int) -> None:
     mpirun = _multi_pe("multi-PE cuFFTMp", "cufftmp")
-    rc, out = run(mpirun, "cufftmp_mpi_suite.py", nprocs, "--init", "nvshmem", timeout=240, forward=LIBRARY_VARS)
-    assert_clean(nprocs, rc, out)
-    for pe in range(nprocs):
-        assert any(name.startswith(("slab.", "box.")) for name in passed(out, "pe", pe)), \
-            f"pe {pe} passed no FFT check\n{out[-8000:]}"
+    launch("cufftmp_suite.py", nprocs, "--api", "flat", "--init", "nvshmem", timeout=240, mpirun=mpirun,
+           forward=LIBRARY_VARS).expect_clean(require=(("slab.", "box."),))

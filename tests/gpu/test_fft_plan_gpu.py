@@ -1,4 +1,4 @@
-"""Planned distributed FFTs and reshapes (mpbind.fft) under mpirun: ``fft_plan_mpi_suite.py``.
+"""Planned distributed FFTs and reshapes (mpbind.fft) under mpirun: ``fft_plan_suite.py``.
 
     python -m pytest tests/gpu/test_fft_plan_gpu.py -m gpu
 
@@ -10,10 +10,11 @@ The library is found as mpbind finds it everywhere (``MPBIND_CUFFTMP_PATH`` and
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
-from mpirun_suite import assert_clean, find_mpirun, passed, run
+from runner import find_mpirun, launch, need_gpus, need_mps, visible_gpus
 
 pytestmark = pytest.mark.gpu
 
@@ -32,48 +33,31 @@ def mpirun() -> str:
         ("cupy", "CuPy is not installed (the suite views device memory through it)")), library="cufftmp")
 
 
-def check(nprocs: int, rc: int, out: str) -> None:
-    assert_clean(nprocs, rc, out)
-    for pe in range(nprocs):
-        done = passed(out, "pe", pe)
-        missing = [name for name in REQUIRED if name not in done]
-        assert not missing, f"pe {pe} did not pass {missing}\n{out[-8000:]}"
-
-
 def test_one_pe(mpirun: str) -> None:
-    rc, out = run(mpirun, "fft_plan_mpi_suite.py", 1, "--one-gpu", timeout=TIMEOUT_S, forward=LIBRARY_VARS)
-    check(1, rc, out)
+    launch("fft_plan_suite.py", 1, "--one-gpu", timeout=TIMEOUT_S, mpirun=mpirun,
+           forward=LIBRARY_VARS).expect_clean(require=REQUIRED)
 
 
 def test_two_pes_on_two_gpus(mpirun: str) -> None:
-    import cupy
-
-    if cupy.cuda.runtime.getDeviceCount() < 2:
-        pytest.skip("needs two GPUs")
-    rc, out = run(mpirun, "fft_plan_mpi_suite.py", 2, timeout=TIMEOUT_S, forward=LIBRARY_VARS, share_gpu=False)
-    check(2, rc, out)
+    need_gpus(2)
+    launch("fft_plan_suite.py", 2, timeout=TIMEOUT_S, mpirun=mpirun, forward=LIBRARY_VARS,
+           share_gpu=False).expect_clean(require=REQUIRED)
 
 
 @pytest.mark.parametrize("nprocs", [3, 4, 8], ids=lambda n: f"np{n}")
 def test_pes_sharing_one_gpu(mpirun: str, nprocs: int) -> None:
-    if not os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
-        pytest.skip(f"{nprocs} PEs on one GPU need CUDA MPS (CUDA_MPS_PIPE_DIRECTORY)")
-    rc, out = run(mpirun, "fft_plan_mpi_suite.py", nprocs, "--one-gpu", timeout=TIMEOUT_S, forward=LIBRARY_VARS)
-    check(nprocs, rc, out)
+    need_mps(f"{nprocs} PEs on one GPU")
+    launch("fft_plan_suite.py", nprocs, "--one-gpu", timeout=TIMEOUT_S, mpirun=mpirun,
+           forward=LIBRARY_VARS).expect_clean(require=REQUIRED)
 
 
 def test_torch_tensors_on_two_pes(mpirun: str) -> None:
     """PyTorch imported first, tensors in and out (torch brings its own cuFFT beside cuFFTMp)."""
-    import importlib.util
-
     if importlib.util.find_spec("torch") is None:
         pytest.skip("PyTorch is not installed")
-    import cupy
-
-    two = cupy.cuda.runtime.getDeviceCount() >= 2
+    two = visible_gpus() >= 2
     if not two and not os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
         pytest.skip("needs two GPUs, or CUDA MPS for two PEs on one GPU")
     args = ("--torch",) if two else ("--torch", "--one-gpu")
-    rc, out = run(mpirun, "fft_plan_mpi_suite.py", 2, *args, timeout=TIMEOUT_S, forward=LIBRARY_VARS,
-                  share_gpu=not two)
-    assert_clean(2, rc, out)
+    launch("fft_plan_suite.py", 2, *args, timeout=TIMEOUT_S, mpirun=mpirun, forward=LIBRARY_VARS,
+           share_gpu=not two).expect_clean()

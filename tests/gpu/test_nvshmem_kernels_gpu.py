@@ -1,4 +1,5 @@
-"""Kernels that call NVSHMEM and the collective matmul, on the GPU under mpirun.
+"""Kernels that call NVSHMEM and the collective matmul, on the GPU under mpirun
+(``nvshmem_kernels_suite.py --checks kernels|collective_matmul``).
 
     python -m pytest tests/gpu/test_nvshmem_kernels_gpu.py -m gpu
 
@@ -9,10 +10,8 @@ an equal part of the SMs, as 8 ranks per GPU would on a larger machine).
 
 from __future__ import annotations
 
-import os
-
 import pytest
-from mpirun_suite import assert_clean, find_mpirun, run
+from runner import find_mpirun, launch, need_gpus, need_mps
 
 pytestmark = pytest.mark.gpu
 
@@ -25,26 +24,20 @@ def mpirun() -> str:
         ("cuda.core", "cuda-core is not installed (pip install 'mpbind[kernels]')")), library="nvshmem")
 
 
-SUITES = [("nvshmem_kernels_mpi_suite.py", ()),
-          ("collective_matmul_mpi_suite.py", ("--method", "host")),
-          ("collective_matmul_mpi_suite.py", ("--method", "kernel"))]
+CHECKS = [("--checks", "kernels"),
+          ("--checks", "collective_matmul", "--method", "host"),
+          ("--checks", "collective_matmul", "--method", "kernel")]
 IDS = ["kernels", "matmul-host", "matmul-kernel"]
 
 
-@pytest.mark.parametrize(("suite", "args"), SUITES, ids=IDS)
-def test_two_pes_on_two_gpus(mpirun: str, suite: str, args: tuple[str, ...]) -> None:
-    import torch
-
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs two GPUs")
-    rc, out = run(mpirun, suite, 2, *args, timeout=600, share_gpu=False)
-    assert_clean(2, rc, out)
+@pytest.mark.parametrize("args", CHECKS, ids=IDS)
+def test_two_pes_on_two_gpus(mpirun: str, args: tuple[str, ...]) -> None:
+    need_gpus(2)
+    launch("nvshmem_kernels_suite.py", 2, *args, timeout=600, mpirun=mpirun, share_gpu=False).expect_clean()
 
 
 @pytest.mark.parametrize("nprocs", [3, 8])
-@pytest.mark.parametrize(("suite", "args"), SUITES, ids=IDS)
-def test_pes_sharing_one_gpu(mpirun: str, suite: str, args: tuple[str, ...], nprocs: int) -> None:
-    if not os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
-        pytest.skip("PEs sharing one GPU need CUDA MPS (CUDA_MPS_PIPE_DIRECTORY)")
-    rc, out = run(mpirun, suite, nprocs, "--one-gpu", *args, timeout=600)
-    assert_clean(nprocs, rc, out)
+@pytest.mark.parametrize("args", CHECKS, ids=IDS)
+def test_pes_sharing_one_gpu(mpirun: str, args: tuple[str, ...], nprocs: int) -> None:
+    need_mps("PEs sharing one GPU")
+    launch("nvshmem_kernels_suite.py", nprocs, "--one-gpu", *args, timeout=600, mpirun=mpirun).expect_clean()

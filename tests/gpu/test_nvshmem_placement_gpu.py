@@ -6,7 +6,7 @@ Needs two GPUs and, for PEs sharing a GPU, preferably an MPS daemon."""
 from __future__ import annotations
 
 import pytest
-from mpirun_suite import assert_clean, find_mpirun, run
+from runner import find_mpirun, launch, need_gpus
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
 
@@ -14,11 +14,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
 @pytest.fixture(scope="module")
 def mpirun() -> str:
     path = find_mpirun("NVSHMEM placement", (("mpi4py", "mpi4py is not installed (pip install 'mpbind[mpi]')"),))
-    from mpbind._info import gpu_count
-
-    count, _ = gpu_count()
-    if count < 2:
-        pytest.skip(f"needs two GPUs, {count} visible")
+    need_gpus(2)
     return path
 
 
@@ -28,6 +24,5 @@ def mpirun() -> str:
                                               ("0,1", "initialised"), ("0,0,0", "initialised")])
 def test_placement(mpirun: str, gpus: str, expect: str, init: str) -> None:
     nprocs = len(gpus.split(","))
-    rc, out = run(mpirun, "nvshmem_placement_suite.py", nprocs, "--gpus", gpus, "--init", init, "--expect", expect,
-                  timeout=120)
-    assert_clean(nprocs, rc, out)
+    launch("nvshmem_placement_suite.py", nprocs, "--gpus", gpus, "--init", init, "--expect", expect, timeout=120,
+           mpirun=mpirun).expect_clean()

@@ -1,5 +1,5 @@
 """Matmuls planned from distributions (``cublasmp.plan_matmul``) on 2 and 4 ranks, one per GPU,
-under mpirun (``planned_matmul_multirank.py``): every algorithm the planner picks, checked against
+under mpirun (``planned_matmul_suite.py``): every algorithm the planner picks, checked against
 torch on the gathered operands, reused on new arrays and captured.
 
 NCCL allows one rank per GPU, so a case runs only where at least N GPUs are visible.
@@ -8,12 +8,12 @@ NCCL allows one rank per GPU, so a case runs only where at least N GPUs are visi
 from __future__ import annotations
 
 import pytest
-from mpirun_suite import assert_clean, find_mpirun, passed, run
+from runner import find_mpirun, launch, need_gpus
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
 
-FORWARDED = ("MPBIND_CUBLASMP_PATH", "MPBIND_NCCL_PATH", "LD_PRELOAD", "CUBLASMP_SUITE_TRACEBACKS")
-# The checks every rank must have passed (name prefixes): one per algorithm, reuse and capture.
+FORWARDED = ("MPBIND_CUBLASMP_PATH", "MPBIND_NCCL_PATH", "LD_PRELOAD")
+# The checks every rank must have passed (a name ending in "." is a prefix): one per algorithm, reuse and capture.
 REQUIRED = ("planned.allgather_gemm.TN.", "planned.gemm_reducescatter.TN.", "planned.gemm_allreduce.TN.",
             "planned.local.", "planned.general.rows.", "planned.general.summa.", "planned.general.uneven_ag.",
             "planned.capture.", "planned.refused_on_every_rank")
@@ -28,14 +28,6 @@ def mpirun() -> str:
 
 @pytest.mark.parametrize("nprocs", [2, 4], ids=lambda n: f"np{n}")
 def test_planned_matmul_multirank(mpirun: str, nprocs: int) -> None:
-    import torch
-
-    gpus = int(torch.cuda.device_count())
-    if gpus < nprocs:
-        pytest.skip(f"needs {nprocs} GPUs (NCCL allows one rank per GPU); {gpus} visible")
-    rc, out = run(mpirun, "planned_matmul_multirank.py", nprocs, timeout=600, forward=FORWARDED, share_gpu=False)
-    assert_clean(nprocs, rc, out, who="rank")
-    for rank in range(nprocs):
-        done = passed(out, "rank", rank)
-        for prefix in REQUIRED:
-            assert any(name.startswith(prefix) for name in done), f"rank {rank} passed no {prefix} check\n{out[-8000:]}"
+    need_gpus(nprocs, " (NCCL allows one rank per GPU)")
+    launch("planned_matmul_suite.py", nprocs, timeout=600, mpirun=mpirun, forward=FORWARDED,
+           share_gpu=False).expect_clean(require=REQUIRED)

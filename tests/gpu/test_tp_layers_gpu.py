@@ -1,4 +1,4 @@
-"""The tensor-parallel layers (``tp_layers_multirank.py``) and the MLP example (``examples/tp_mlp.py``)
+"""The tensor-parallel layers (``tp_layers_suite.py``) and the MLP example (``examples/tp_mlp.py``)
 on 2 and 4 ranks, one per GPU: under mpirun, and the example also as the demo starts it (torchrun).
 
 NCCL allows one rank per GPU, so a case runs only where at least N GPUs are visible.
@@ -7,19 +7,17 @@ NCCL allows one rank per GPU, so a case runs only where at least N GPUs are visi
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
-from kernel_suite import load_example
-from mpirun_suite import assert_clean, find_mpirun, passed, run
+from runner import EXAMPLES, find_mpirun, launch, load_example, need_gpus
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
 
-FORWARDED = ("MPBIND_CUBLASMP_PATH", "MPBIND_NCCL_PATH", "LD_PRELOAD", "CUBLASMP_SUITE_TRACEBACKS")
+FORWARDED = ("MPBIND_CUBLASMP_PATH", "MPBIND_NCCL_PATH", "LD_PRELOAD")
 REQUIRED = ("tp.settings.allgather_gemm", "tp.settings.gemm_reducescatter", "tp.bias_once.gemm_reducescatter",
             "tp.gelu_bias.allgather_gemm", "tp.uneven_workspaces")
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tp_mlp.py"
 SMALL = ("--tokens", "2048", "--hidden", "1024", "--ffn", "4096", "--iters", "3", "--warmup", "1")
+ONE_RANK_PER_GPU = " (NCCL allows one rank per GPU)"
 
 
 @pytest.fixture(scope="module")
@@ -27,14 +25,6 @@ def mpirun() -> str:
     return find_mpirun("tensor-parallel layers", (
         ("mpi4py", "mpi4py is not installed (pip install 'mpbind[mpi]')"),
         ("torch", "torch is not installed (the layers use torch tensors)")), library="cublasmp")
-
-
-def gpus(nprocs: int) -> None:
-    import torch
-
-    count = int(torch.cuda.device_count())
-    if count < nprocs:
-        pytest.skip(f"needs {nprocs} GPUs (NCCL allows one rank per GPU); {count} visible")
 
 
 def every_rank_ok(out: str, nprocs: int) -> None:
@@ -45,25 +35,22 @@ def every_rank_ok(out: str, nprocs: int) -> None:
 
 @pytest.mark.parametrize("nprocs", [2, 4], ids=lambda n: f"np{n}")
 def test_tp_layers_multirank(mpirun: str, nprocs: int) -> None:
-    gpus(nprocs)
-    rc, out = run(mpirun, "tp_layers_multirank.py", nprocs, timeout=600, forward=FORWARDED, share_gpu=False)
-    assert_clean(nprocs, rc, out, who="rank")
-    for rank in range(nprocs):
-        done = passed(out, "rank", rank)
-        for name in REQUIRED:
-            assert name in done, f"rank {rank} did not pass {name}\n{out[-8000:]}"
+    need_gpus(nprocs, ONE_RANK_PER_GPU)
+    launch("tp_layers_suite.py", nprocs, timeout=600, mpirun=mpirun, forward=FORWARDED,
+           share_gpu=False).expect_clean(require=REQUIRED)
 
 
 @pytest.mark.parametrize("nprocs", [2, 4], ids=lambda n: f"np{n}")
 def test_tp_mlp_example_under_mpirun(mpirun: str, nprocs: int) -> None:
-    gpus(nprocs)
-    rc, out = run(mpirun, str(EXAMPLE), nprocs, *SMALL, timeout=300, forward=FORWARDED, share_gpu=False)
-    assert rc == 0, out[-8000:]
-    every_rank_ok(out, nprocs)
+    need_gpus(nprocs, ONE_RANK_PER_GPU)
+    result = launch(EXAMPLES / "tp_mlp.py", nprocs, *SMALL, timeout=300, mpirun=mpirun, forward=FORWARDED,
+                    share_gpu=False)
+    assert result.rc == 0, result.out[-8000:]
+    every_rank_ok(result.out, nprocs)
 
 
 def test_tp_mlp_example_as_the_demo_starts_it(mpirun: str, capfd: pytest.CaptureFixture[str]) -> None:
-    gpus(2)
+    need_gpus(2, ONE_RANK_PER_GPU)
     rc = load_example("tp_mlp").launch(2, *SMALL)
     out = capfd.readouterr().out
     assert rc == 0, out[-8000:]

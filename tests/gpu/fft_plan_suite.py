@@ -1,6 +1,6 @@
 """Planned distributed FFTs and reshapes (``mpbind.fft``) on several PEs, checked against NumPy.
 
-    mpirun -np N python tests/gpu/fft_plan_mpi_suite.py [--one-gpu] [--timeout S] [--only PREFIX] [--torch]
+    mpirun -np N python tests/gpu/fft_plan_suite.py [--one-gpu] [--timeout S] [--only PREFIX] [--torch]
 
 One PE per GPU (PE k on GPU k % count), or every PE on GPU 0 with ``--one-gpu`` (under CUDA MPS for
 more than one PE). Every PE builds the same seeded global array and checks its own piece of every
@@ -20,21 +20,21 @@ first. Reshapes of 1-byte to 16-byte elements between slabs, pencils and boxes, 
 Refusals (execute's, and a plan that one rank refuses or passes other values to) raise on every PE.
 Lifetimes: close, use after close, a dropped plan drained.
 
-Each PE prints ``PASS/FAIL/SKIP/INFO name [pe k]`` lines and ``pe=<k> passed=<p> failed=<f>
-skipped=<s>``; exit status 1 when anything failed. Every PE makes the same library calls in the
-same order; checks run after a case's collective calls.
+Each PE reports one line per check and a summary (tests/gpu/runner.py). Every PE makes the same
+library calls in the same order; checks run after a case's collective calls.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import math
 import os
 import sys
 import warnings
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +46,7 @@ import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
 from array_checks import expect_changed, expect_close, expect_equal  # noqa: E402
 from mpi4py import MPI  # noqa: E402
-from suite_report import Report, add_timeout, expect, expect_raises, nvshmem_teardown, watched  # noqa: E402
+from runner import Check, Checks, Report, expect, expect_raises, main, nvshmem_teardown  # noqa: E402
 
 import mpbind  # noqa: E402
 from mpbind import _core, fft, nvshmem  # noqa: E402
@@ -97,6 +97,8 @@ class Ctx:
     npes: int
     device: int
     stream: Any
+    only: str | None = None  # run the checks whose name starts with this
+    torch: bool = False  # only the PyTorch-tensor cases
 
     def sync(self) -> None:
         self.stream.synchronize()
@@ -517,25 +519,32 @@ def case_lifetimes(c: Ctx) -> str:
 # --- running --------------------------------------------------------------------------------------------------
 
 
-def run_suite(c: Ctx, report: Report, only: str | None, with_torch: bool) -> None:
-    def r(name: str, fn: Callable[[], str | None]) -> None:
-        if only is None or name.startswith(only):
-            report.check(name, fn)
+CHECKS = Checks()
 
-    if with_torch:
+
+@CHECKS.cases
+def every_case(c: Ctx) -> Iterator[Check]:
+    """Every case (with --only, those whose name starts with it)."""
+    for name, thunk in all_cases(c):
+        if c.only is None or name.startswith(c.only):
+            yield name, thunk
+
+
+def all_cases(c: Ctx) -> Iterator[Check]:
+    if c.torch:
         for k in torch_cases(c.npes):
             run = case_c2c if ".c2c." in k.name else case_r2c
-            r(k.name, lambda k=k, run=run: run(c, k))
+            yield k.name, lambda k=k, run=run: run(c, k)
         return
 
-    r("refusals.execute", lambda: case_execute_refusals(c))
-    r("refusals.plan_agreement", lambda: case_plan_agreement(c))
+    yield "refusals.execute", lambda: case_execute_refusals(c)
+    yield "refusals.plan_agreement", lambda: case_plan_agreement(c)
     for k in fft_cases(c.npes):
         run = case_c2c if k.name.startswith("c2c") else case_r2c
-        r(k.name, lambda k=k, run=run: run(c, k))
+        yield k.name, lambda k=k, run=run: run(c, k)
     for k in reshape_cases(c.npes):
-        r(k.name, lambda k=k: case_reshape(c, k))
-    r("lifetimes", lambda: case_lifetimes(c))
+        yield k.name, lambda k=k: case_reshape(c, k)
+    yield "lifetimes", lambda: case_lifetimes(c)
 
 
 def one_nvshmem_copy() -> str:
@@ -561,38 +570,34 @@ def one_nvshmem_copy() -> str:
     return f"the override names the mapped copy {lib.path}"
 
 
-def run(args: argparse.Namespace, comm: Any, report: Report) -> None:
+@contextlib.contextmanager
+def started(args: argparse.Namespace, report: Report) -> Iterator[Ctx]:
+    """NVSHMEM on this PE's GPU; after the checks, nothing queued and NVSHMEM finalised."""
+    if args.torch:
+        import torch  # noqa: F401 - before anything loads cuFFTMp, as a user's program would
+    comm = MPI.COMM_WORLD
     pe = comm.Get_rank()
     device = 0 if args.one_gpu else pe % cp.cuda.runtime.getDeviceCount()
     cp.cuda.Device(device).use()
     cp.cuda.runtime.free(0)
-    c = Ctx(comm, pe, comm.Get_size(), device, cp.cuda.Stream(non_blocking=True))
+    c = Ctx(comm, pe, comm.Get_size(), device, cp.cuda.Stream(non_blocking=True), args.only, args.torch)
     if args.torch:
         report.check("torch.one_nvshmem_copy", one_nvshmem_copy)
     nvshmem.init(mpi_comm=comm, device=device)
-    report.passed += 1
-    report.line("PASS", "init.nvshmem", f"{c.npes} PE(s), device {device}")
+    report.passes("init.nvshmem", f"{c.npes} PE(s), device {device}")
     try:
-        run_suite(c, report, args.only, args.torch)
+        yield c
     finally:
         nvshmem_teardown(report, comm, c.sync, nvshmem.finalize)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--one-gpu", action="store_true", help="every PE on GPU 0")
-    add_timeout(ap, 540.0)
     ap.add_argument("--only", default=None, help="run the checks whose name starts with this")
     ap.add_argument("--torch", action="store_true",
                     help="only the PyTorch-tensor cases, with torch imported first (as a user's program does): "
                          "torch brings its own cuFFT into the process beside cuFFTMp")
-    args = ap.parse_args()
-    if args.torch:
-        import torch  # noqa: F401 - before anything loads cuFFTMp
-    comm = MPI.COMM_WORLD
-    report = Report(comm.Get_rank(), tracebacks="FFT_SUITE_TRACEBACKS")
-    return watched(report, args.timeout, lambda: run(args, comm, report), elapsed=True)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(__doc__, started, CHECKS, arguments=arguments, timeout=540.0))

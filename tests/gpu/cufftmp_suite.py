@@ -1,19 +1,14 @@
-"""Multi-PE checks of the flat cuFFTMp bindings, every result compared with NumPy.
+"""Multi-PE checks of cuFFTMp through the flat bindings (``--api flat``, ``mpbind.bindings.cufftmp``)
+and through the Pythonic layer (``--api layer``, ``mpbind.cufftmp``), every result compared with NumPy.
 
-    mpirun -np N python tests/gpu/cufftmp_mpi_suite.py [--init nvshmem|library] [--timeout S]
+    mpirun -np N python tests/gpu/cufftmp_suite.py [--api flat|layer] [--init nvshmem|library] [--timeout S]
 
 All PEs share GPU 0 and build the same seeded global array; each checks its own part of the
 distributed result against ``numpy.fft`` on the global array, and checks that the buffer the
-library wrote no longer holds its input (a distributed FFT that hands its input back unchanged
-is the failure to look for). Each PE prints one line per check
-
-    PASS name [pe k]            the check held (a note may follow a colon)
-    FAIL name [pe k]: reason    it did not
-    SKIP name [pe k]: reason    the loaded library refused the setup (its error says why)
-    INFO name [pe k]: text      a recorded fact, not a check
-
-and closes with ``pe=<k> passed=<p> failed=<f> skipped=<s>``; the exit status is 1 when
-anything failed.
+library wrote no longer holds its input (a distributed FFT that hands its input back unchanged is
+the failure to look for). Each PE reports one line per check and a summary (tests/gpu/runner.py).
+Library calls are made by every PE in the same order, and assertions run after a case's collective
+calls, so a failed check does not leave other PEs waiting.
 
 Layouts (cuFFTMp's built-in slabs, row-major, global shape X x Y x Z):
 
@@ -26,20 +21,24 @@ Layouts (cuFFTMp's built-in slabs, row-major, global shape X x Y x Z):
   elements; forward goes from the input box to the output box, inverse back.
 * ``cufftXtMemcpy`` copies the local part between host and device without redistributing.
 
-NVSHMEM is initialised once, before any cuFFTMp call: by this script through MPI
-(``--init nvshmem``, the default), or by cuFFTMp itself (``--init library``), which
-initialises it when the first plan is made with ``CommType.MPI`` and finalises it when that
-plan is destroyed; a plan made first is then kept for the whole run. Symmetric buffers (for
-``cufftExec*`` on raw pointers and for the reshape API) come from ``nvshmem.malloc``.
+NVSHMEM is initialised once, before any cuFFTMp call: through MPI with the flat NVSHMEM bindings
+(``--init nvshmem``, the default, and always for the layer), or, for the flat checks, by cuFFTMp
+itself (``--init library``), which initialises it when the first plan is made with
+``CommType.MPI`` and finalises it when that plan is destroyed; a plan made first is then kept for
+the whole run. Symmetric buffers (for ``cufftExec*``/``Plan.exec`` on raw pointers and for the
+reshape API) come from the flat ``nvshmem.malloc``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import os
 import sys
+import warnings
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -52,29 +51,44 @@ import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
 from array_checks import expect_changed, expect_close, expect_equal  # noqa: E402
 from mpi4py import MPI  # noqa: E402
-from suite_report import Report, Skip, add_timeout, expect, watched  # noqa: E402
+from runner import (  # noqa: E402
+    Check,
+    Checks,
+    Report,
+    Skip,
+    expect,
+    expect_raises,
+    main,
+    nvshmem_status,
+    nvshmem_teardown,
+)
 
+from mpbind import _core, cufftmp  # noqa: E402
 from mpbind.bindings import cufftmp as cf  # noqa: E402
 from mpbind.bindings import nvshmem as nv  # noqa: E402
-from mpbind.errors import CuFFTMpError  # noqa: E402
+from mpbind.errors import CuFFTMpError, UsageError  # noqa: E402
 
 T = TypeVar("T")
 Verify = Callable[[], str | None]
 Box = tuple[list[int], list[int], list[int]]  # lower, upper, strides (elements)
 
 DEVICE = 0
-SEED = 20240917
-RTOL = {"single": 1e-4, "double": 1e-10}  # relative to the largest magnitude expected
+FLAT_SEED = 20240917
+LAYER_SEED = 20250211
+# Relative to the largest magnitude expected, by precision or dtype.
+RTOL = {"single": 1e-4, "double": 1e-10, "complex64": 1e-4, "complex128": 1e-10, "float32": 1e-4, "float64": 1e-10}
 
 
-# --- device memory through CuPy ---------------------------------------------------------------
+# --- what both APIs' checks share -----------------------------------------------------------------------
 
 
-def view(addr: int, count: int, dtype: Any) -> Any:
-    """A CuPy array over `count` elements of device memory at `addr` (not owned)."""
+def view(addr: int, shape: int | tuple[int, ...], dtype: Any) -> Any:
+    """A CuPy array of `shape` (or `shape` elements) over device memory at `addr` (not owned)."""
     dt = np.dtype(dtype)
-    mem = cp.cuda.UnownedMemory(addr, count * dt.itemsize, None, DEVICE)
-    return cp.ndarray((count,), dt, cp.cuda.MemoryPointer(mem, 0))
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    count = int(np.prod(dims))
+    mem = cp.cuda.UnownedMemory(addr, max(count, 1) * dt.itemsize, None, DEVICE)
+    return cp.ndarray(dims, dt, cp.cuda.MemoryPointer(mem, 0))
 
 
 def write(addr: int, values: np.ndarray) -> None:
@@ -84,6 +98,85 @@ def write(addr: int, values: np.ndarray) -> None:
 def read(addr: int, count: int, dtype: Any) -> np.ndarray:
     result: np.ndarray = view(addr, count, dtype).get()
     return result
+
+
+def split(n: int, parts: int, k: int) -> tuple[int, int]:
+    """cuFFTMp's slab split: the first n % parts parts get one more."""
+    base, extra = divmod(n, parts)
+    start = k * base + min(k, extra)
+    return start, start + base + (1 if k < extra else 0)
+
+
+def seeded(name: str, shape: tuple[int, ...], dtype: Any, seed: int) -> np.ndarray:
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    dt = np.dtype(dtype)
+    if dt.kind == "c":
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dt)
+    return rng.standard_normal(shape).astype(dt)
+
+
+@dataclass
+class Ctx:
+    comm: Any
+    pe: int
+    npes: int
+    stream: Any
+
+    @property
+    def s(self) -> int:
+        return int(self.stream.ptr)
+
+    def sync(self) -> None:
+        self.stream.synchronize()
+        cp.cuda.runtime.deviceSynchronize()
+
+    def ready(self) -> None:
+        """Every PE's buffers are written before any PE starts a distributed operation."""
+        self.sync()
+        self.comm.Barrier()
+
+    def malloc(self, nbytes: int) -> int:
+        """nvshmem.malloc of the largest size any PE asks for (a collective, symmetric call)."""
+        nbytes = int(self.comm.allreduce(max(nbytes, 1), op=MPI.MAX))
+        addr = nv.malloc(nbytes)
+        expect(addr != 0, f"nvshmem.malloc({nbytes}) returned NULL")
+        return addr
+
+    def symmetric(self, nbytes: int, dtype: Any, shape: tuple[int, ...]) -> tuple[int, Any]:
+        """A symmetric buffer (:meth:`malloc`) and a CuPy view of ``shape``."""
+        addr = self.malloc(nbytes)
+        return addr, view(addr, shape, dtype)
+
+    def free(self, addr: int) -> None:
+        self.sync()
+        self.comm.Barrier()
+        nv.free(addr)
+
+    def setup(self, fn: Callable[[], T]) -> T:
+        """Run a collective setup step on every PE and agree on its outcome, so that all PEs
+        skip together when the library refuses it (a CuFFTMpError) and fail together otherwise."""
+        result: T | None = None
+        error: Exception | None = None
+        try:
+            result = fn()
+        except Exception as exc:  # judged below, once every PE has answered
+            error = exc
+        outcome = None if error is None else (isinstance(error, CuFFTMpError), f"{type(error).__name__}: {error}")
+        outcomes = self.comm.allgather(outcome)
+        if error is not None and not isinstance(error, CuFFTMpError):
+            raise error
+        for pe, other in enumerate(outcomes):
+            if other is not None:
+                refused, text = other
+                if refused:
+                    raise Skip(f"the loaded cuFFTMp refused the setup on pe {pe}: {text}")
+                raise AssertionError(f"setup failed on pe {pe}: {text}")
+        return cast(T, result)
+
+
+# --- the flat bindings: plans and descriptors as handles, raw pointers ------------------------------------
+
+FLAT = Checks()
 
 
 def host_buffer(nbytes: int, values: np.ndarray | None = None) -> np.ndarray:
@@ -100,16 +193,6 @@ def from_host(buf: np.ndarray, shape: tuple[int, ...], dtype: Any) -> np.ndarray
     count = int(np.prod(shape))
     values: np.ndarray = buf[:count * np.dtype(dtype).itemsize].view(dtype).reshape(shape).copy()
     return values
-
-
-# --- layouts ----------------------------------------------------------------------------------
-
-
-def split(n: int, parts: int, k: int) -> tuple[int, int]:
-    """cuFFTMp's slab split: the first n % parts parts get one more."""
-    base, extra = divmod(n, parts)
-    start = k * base + min(k, extra)
-    return start, start + base + (1 if k < extra else 0)
 
 
 def make_box(lower: list[int], upper: list[int]) -> Box:
@@ -187,12 +270,7 @@ class Spec:
         return nz if self.kind == "c2c" else nz // 2 + 1
 
     def global_input(self, name: str) -> np.ndarray:
-        rng = np.random.default_rng([SEED, zlib.crc32(name.encode())])
-        if self.kind == "c2c":
-            values = rng.standard_normal(self.shape) + 1j * rng.standard_normal(self.shape)
-        else:
-            values = rng.standard_normal(self.shape)
-        return values.astype(self.input_dtype)
+        return seeded(name, self.shape, self.input_dtype, FLAT_SEED)
 
     def forward_ref(self, g: np.ndarray) -> np.ndarray:
         if self.kind == "c2c":
@@ -225,51 +303,6 @@ class Spec:
             (cf.exec_c2r if self.precision == "single" else cf.exec_z2d)(plan, idata, odata)
 
 
-# --- context and resources --------------------------------------------------------------------
-
-
-@dataclass
-class Ctx:
-    comm: Any
-    pe: int
-    npes: int
-    stream: Any
-
-    @property
-    def s(self) -> int:
-        return int(self.stream.ptr)
-
-    def sync(self) -> None:
-        self.stream.synchronize()
-        cp.cuda.runtime.deviceSynchronize()
-
-    def ready(self) -> None:
-        """Every PE's buffers are written before any PE starts a distributed operation."""
-        self.sync()
-        self.comm.Barrier()
-
-    def setup(self, fn: Callable[[], T]) -> T:
-        """Run a collective setup step on every PE and agree on its outcome, so that all PEs
-        skip together when the library refuses it (a CuFFTMpError) and fail together otherwise."""
-        result: T | None = None
-        error: Exception | None = None
-        try:
-            result = fn()
-        except Exception as exc:  # judged below, once every PE has answered
-            error = exc
-        outcome = None if error is None else (isinstance(error, CuFFTMpError), f"{type(error).__name__}: {error}")
-        outcomes = self.comm.allgather(outcome)
-        if error is not None and not isinstance(error, CuFFTMpError):
-            raise error
-        for pe, other in enumerate(outcomes):
-            if other is not None:
-                refused, text = other
-                if refused:
-                    raise Skip(f"the loaded cuFFTMp refused the setup on pe {pe}: {text}")
-                raise AssertionError(f"setup failed on pe {pe}: {text}")
-        return cast(T, result)
-
-
 class Resources:
     """What one case allocated, released collectively (in the order the samples use) before any
     of the case's assertions run, so that no PE is left waiting in a collective free."""
@@ -293,10 +326,7 @@ class Resources:
         return desc
 
     def symmetric(self, nbytes: int) -> int:
-        """nvshmem.malloc of the largest size any PE asks for (a collective, symmetric call)."""
-        nbytes = int(self.c.comm.allreduce(max(nbytes, 1), op=MPI.MAX))
-        addr = nv.malloc(nbytes)
-        expect(addr != 0, f"nvshmem.malloc({nbytes}) returned NULL")
+        addr = self.c.malloc(nbytes)
         self.buffers.append(addr)
         return addr
 
@@ -593,9 +623,8 @@ def case_box(c: Ctx, name: str, spec: Spec, how: str) -> str | None:
 def case_reshape(c: Ctx, name: str, shape: tuple[int, int, int], dtype: Any, boxes: tuple[Box, Box]) -> str | None:
     """mp_make_reshape + mp_exec_reshape_async between two box layouts, checked element by element."""
     dt = np.dtype(dtype)
-    rng = np.random.default_rng([SEED, zlib.crc32(name.encode())])
     if dt.kind == "c":
-        g = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dt)
+        g = seeded(name, shape, dt, FLAT_SEED)
     else:  # distinct values: each element names its global position
         g = np.arange(int(np.prod(shape)), dtype=dt).reshape(shape)
     in_box, out_box = boxes
@@ -643,56 +672,37 @@ def xslab_to_yslab(c: Ctx, shape: tuple[int, int, int]) -> tuple[Box, Box]:
     return make_box([x0, 0, 0], [x1, ny, nz]), make_box([0, y0, 0], [nx, y1, nz])
 
 
-# --- the run ----------------------------------------------------------------------------------
-
-
-def select_device() -> None:
-    cp.cuda.Device(DEVICE).use()
-    cp.cuda.runtime.free(0)  # create the primary context before NVSHMEM looks for it
-
-
-def status_name(value: int) -> str:
-    try:
-        return f"{nv.InitStatus(value).name}({value})"
-    except ValueError:
-        return str(value)
-
-
-def run_suite(c: Ctx, report: Report) -> None:
-    r = report.check
-
-    def slab(name: str, spec: Spec, how: str) -> None:
-        r(name, lambda: case_slab_descriptor(c, name, spec, how))
-
+@FLAT.cases
+def flat_cases(c: Ctx) -> Iterator[Check]:
     c2c = Spec("c2c", "single", (16, 12, 8))
     z2z = Spec("c2c", "double", (12, 16, 8))
-    slab("slab.c2c.descriptor", c2c, "mp_make_plan3d")
-    slab("slab.z2z.descriptor", z2z, "attach")
-    slab("slab.r2c_c2r.descriptor", Spec("r2c", "single", (16, 12, 8)), "attach")
-    slab("slab.d2z_z2d.descriptor", Spec("r2c", "double", (8, 12, 16)), "mp_make_plan3d")
-    slab("slab.c2c.comm_none", Spec("c2c", "single", (8, 8, 4)), "comm_none")
-    r("slab.c2c.exec_nvshmem", lambda: case_slab_raw(c, "slab.c2c.exec_nvshmem", Spec("c2c", "single", (16, 16, 16))))
-    r("slab.d2z_z2d.exec_nvshmem",
-      lambda: case_slab_raw(c, "slab.d2z_z2d.exec_nvshmem", Spec("r2c", "double", (12, 8, 16))))
+    for name, spec, how in (("slab.c2c.descriptor", c2c, "mp_make_plan3d"), ("slab.z2z.descriptor", z2z, "attach"),
+                            ("slab.r2c_c2r.descriptor", Spec("r2c", "single", (16, 12, 8)), "attach"),
+                            ("slab.d2z_z2d.descriptor", Spec("r2c", "double", (8, 12, 16)), "mp_make_plan3d"),
+                            ("slab.c2c.comm_none", Spec("c2c", "single", (8, 8, 4)), "comm_none")):
+        yield name, lambda name=name, spec=spec, how=how: case_slab_descriptor(c, name, spec, how)
+    yield "slab.c2c.exec_nvshmem", \
+        lambda: case_slab_raw(c, "slab.c2c.exec_nvshmem", Spec("c2c", "single", (16, 16, 16)))
+    yield "slab.d2z_z2d.exec_nvshmem", \
+        lambda: case_slab_raw(c, "slab.d2z_z2d.exec_nvshmem", Spec("r2c", "double", (12, 8, 16)))
 
-    r("box.c2c.set_distribution", lambda: case_box(c, "box.c2c.set_distribution", c2c, "set_distribution"))
-    r("box.z2z.make_plan_decomposition",
-      lambda: case_box(c, "box.z2z.make_plan_decomposition", z2z, "make_plan_decomposition"))
+    yield "box.c2c.set_distribution", lambda: case_box(c, "box.c2c.set_distribution", c2c, "set_distribution")
+    yield "box.z2z.make_plan_decomposition", \
+        lambda: case_box(c, "box.z2z.make_plan_decomposition", z2z, "make_plan_decomposition")
 
     shape = (16, 12, 8)
-    r("reshape.xslab_to_yslab.complex64",
-      lambda: case_reshape(c, "reshape.xslab_to_yslab.complex64", shape, np.complex64, xslab_to_yslab(c, shape)))
-    r("reshape.pencils.int32",
-      lambda: case_reshape(c, "reshape.pencils.int32", shape, np.int32, pencil_boxes(c, shape)))
+    yield "reshape.xslab_to_yslab.complex64", \
+        lambda: case_reshape(c, "reshape.xslab_to_yslab.complex64", shape, np.complex64, xslab_to_yslab(c, shape))
+    yield "reshape.pencils.int32", \
+        lambda: case_reshape(c, "reshape.pencils.int32", shape, np.int32, pencil_boxes(c, shape))
 
 
-def init_nvshmem(args: argparse.Namespace, c: Ctx, report: Report, resources: Resources) -> None:
-    if args.init == "nvshmem":
+def init_flat(init: str, c: Ctx, report: Report, resources: Resources) -> None:
+    if init == "nvshmem":
         attr = nv.InitAttr()
         nv.set_attr_mpi_comm_args(c.comm, attr)
         nv.init_attr(nv.InitFlags.WITH_MPI_COMM, attr)
-        report.passed += 1
-        report.line("PASS", "init.nvshmem_with_mpi_comm")
+        report.passes("init.nvshmem_with_mpi_comm")
         return
     # cuFFTMp initialises NVSHMEM when a plan is made with CommType.MPI and finalises it when
     # that plan is destroyed: keep the first plan for the whole run.
@@ -702,46 +712,331 @@ def init_nvshmem(args: argparse.Namespace, c: Ctx, report: Report, resources: Re
     cf.make_plan3d(plan, 8, 8, 4, cf.Type.C2C)
     after = int(nv.init_status())
     expect(after in (nv.InitStatus.IS_INITIALIZED, nv.InitStatus.LIMITED_MPG, nv.InitStatus.FULL_MPG),
-           f"init_status() after the first plan = {status_name(after)} (before: {status_name(before)})")
-    report.passed += 1
-    report.line("PASS", "init.by_cufftmp_plan", f"init_status {status_name(before)} -> {status_name(after)}")
+           f"init_status() after the first plan = {nvshmem_status(after)} (before: {nvshmem_status(before)})")
+    report.passes("init.by_cufftmp_plan", f"init_status {nvshmem_status(before)} -> {nvshmem_status(after)}")
     # The flat bindings' init check asks the library, so a runtime cuFFTMp initialised counts.
     report.check("init.flat_calls_after_cufftmp_init",
                  lambda: expect(nv.team_my_pe(nv.Team.WORLD) == c.pe, "team_my_pe(WORLD) != this PE"))
 
 
-def run(args: argparse.Namespace, comm: Any, report: Report) -> None:
-    select_device()
+# --- the Pythonic layer: Plan, Descriptor and Reshape objects ----------------------------------------------
+
+LAYER = Checks()
+
+
+def case_plan_lifecycle(c: Ctx) -> str:
+    shape = (8, 8, 4)
+    plan = cufftmp.Plan.create_3d(c.comm, shape, cufftmp.Type.C2C, stream=c.stream)
+    facts = (plan.fft_type, plan.shape, plan.work_size, plan.local_shapes(cufftmp.FORWARD), repr(plan),
+             plan.closed, plan.handle)
+    plan.close()
+    closed_after = plan.closed
+    plan.close()  # idempotent
+    with cufftmp.Plan() as unattached:  # never attached: a local release
+        expect(unattached.fft_type is None, f"an unmade plan has fft_type {unattached.fft_type}")
+    expect(unattached.closed, "the with-block did not close the plan")
+    fft_type, got_shape, work, local, text, was_closed, handle = facts
+    x0, x1 = split(8, c.npes, c.pe)
+    y0, y1 = split(8, c.npes, c.pe)
+    expect(fft_type == cufftmp.Type.C2C, f"fft_type {fft_type}")
+    expect(got_shape == shape, f"shape {got_shape}")
+    expect(isinstance(work, int) and work >= 0, f"work_size {work!r}")
+    expect(local == ((x1 - x0, 8, 4), (8, y1 - y0, 4)), f"local_shapes {local}")
+    expect("C2C" in text and "comm=MPI" in text, f"repr {text}")
+    expect(not was_closed and closed_after, "closed before/after close()")
+    expect(isinstance(handle, int), f"handle {handle!r}")
+    for what, fn in (("handle", lambda: plan.handle), ("exec", lambda: plan.exec(1, direction=cufftmp.FORWARD)),
+                     ("malloc", lambda: plan.malloc()), ("set_stream", lambda: plan.set_stream(None)),
+                     ("local_shapes", lambda: plan.local_shapes(cufftmp.FORWARD))):
+        msg = expect_raises(UsageError, fn, f"{what} after close")
+        expect("closed" in msg, f"{what} after close: {msg}")
+    return f"work size {work} bytes, {text}"
+
+
+def case_slab_exec(c: Ctx, name: str, fft_type: cufftmp.Type, dtype: Any, shape: tuple[int, int, int]) -> str:
+    """Plan.create_3d + Plan.exec in place on an NVSHMEM buffer viewed by CuPy, forward then inverse."""
+    nx, ny, nz = shape
+    g = seeded(name, shape, dtype, LAYER_SEED)
+    x0, x1 = split(nx, c.npes, c.pe)
+    y0, y1 = split(ny, c.npes, c.pe)
+    local_in = np.ascontiguousarray(g[x0:x1])
+    want_fwd = np.fft.fftn(g.astype(np.complex128))[:, y0:y1]
+    want_back = local_in.astype(np.complex128) * g.size
+    in_shape, out_shape = (x1 - x0, ny, nz), (nx, y1 - y0, nz)
+    count = max(int(np.prod(in_shape)), int(np.prod(out_shape)))
+    plan = cufftmp.Plan.create_3d(c.comm, shape, fft_type, stream=c.stream)
+    addr, buf = c.symmetric(count * np.dtype(dtype).itemsize, dtype, (count,))
+    errors: list[str] = []
+    try:
+        local = plan.local_shapes(cufftmp.FORWARD)
+        # Refused before any library call, on this PE only (no collective is entered).
+        wrong_dtype = np.float32 if np.dtype(dtype) == np.complex64 else np.complex64
+        errors.append(expect_raises(UsageError, lambda: plan.exec(view(addr, (count,), wrong_dtype),
+                                                                  direction=cufftmp.FORWARD), "wrong dtype"))
+        errors.append(expect_raises(UsageError, lambda: plan.exec(buf[:1], direction=cufftmp.FORWARD),
+                                    "too small"))
+        errors.append(expect_raises(UsageError, lambda: plan.exec(buf), "no direction for C2C"))
+        errors.append(expect_raises(UsageError, lambda: plan.exec(buf, direction=0), "direction 0"))
+        buf[:local_in.size] = cp.asarray(local_in.ravel())
+        c.ready()
+        plan.exec(buf, direction=cufftmp.FORWARD)
+        # cuFFTMp queued NVSHMEM collectives on the plan's stream: the next host-side one waits for them
+        fenced = c.stream.ptr in _core._testing.fence_streams()
+        c.sync()
+        fwd = cp.asnumpy(buf[:int(np.prod(out_shape))]).reshape(out_shape)
+        fwd_as_input = cp.asnumpy(buf[:local_in.size]).reshape(in_shape)
+        c.ready()
+        plan.exec(buf, direction=cufftmp.INVERSE)
+        c.sync()
+        back = cp.asnumpy(buf[:local_in.size]).reshape(in_shape)
+    finally:
+        c.free(addr)
+        plan.close()
+    expect(fenced, "the exec's stream is not in the collective fence")
+    expect(not _core._testing.fence_streams(), "closing the plan did not wait for the fence")
+    expect(local == (in_shape, out_shape), f"local_shapes {local}")
+    expect_changed(local_in, fwd, "forward output")
+    err_fwd = expect_close(fwd, want_fwd, RTOL[np.dtype(dtype).name], f"forward, Y-slab {y0}:{y1}")
+    expect_changed(fwd_as_input, back, "inverse output")
+    err_back = expect_close(back, want_back, RTOL[np.dtype(dtype).name], "inverse of forward (x X*Y*Z)")
+    return (f"{fft_type.name} {nx}x{ny}x{nz} on {c.npes} PE(s); rel. err forward {err_fwd:.1e}, "
+            f"round trip {err_back:.1e}; refused: {len(errors)} bad calls")
+
+
+def layer_slab_descriptor(c: Ctx, name: str, fft_type: cufftmp.Type, dtype: Any,
+                          shape: tuple[int, int, int]) -> str:
+    """Step-by-step Plan + Descriptor: copy_from_host, exec_descriptor forward/inverse, copy_to_host."""
+    nx, ny, nz = shape
+    g = seeded(name, shape, dtype, LAYER_SEED)
+    x0, x1 = split(nx, c.npes, c.pe)
+    y0, y1 = split(ny, c.npes, c.pe)
+    local_in = np.ascontiguousarray(g[x0:x1])
+    want_fwd = np.fft.fftn(g.astype(np.complex128))[:, y0:y1]
+    want_back = local_in.astype(np.complex128) * g.size
+    out_shape = (nx, y1 - y0, nz)
+    plan = cufftmp.Plan()
+    plan.attach_comm(c.comm)
+    plan.set_stream(c.stream)
+    work = plan.make_plan_3d(nx, ny, nz, fft_type)
+    desc = plan.malloc(cufftmp.SubFormat.XT_FORMAT_INPLACE)
+    try:
+        nbytes = desc.nbytes
+        host = np.zeros(nbytes, np.uint8)
+        host[:local_in.nbytes] = local_in.view(np.uint8).ravel()
+        too_small = expect_raises(UsageError, lambda: desc.copy_from_host(host[:1]), "small host buffer")
+        desc.copy_from_host(host)
+        c.sync()
+        on_device = cp.asnumpy(view(desc.data, local_in.shape, dtype))
+        c.ready()
+        plan.exec_descriptor(desc, direction=cufftmp.FORWARD)
+        c.sync()
+        fmt_fwd = desc.subformat
+        fwd = desc.copy_to_host()[:int(np.prod(out_shape)) * np.dtype(dtype).itemsize].view(dtype).reshape(out_shape)
+        c.ready()
+        plan.exec_descriptor(desc, desc, cufftmp.INVERSE)
+        c.sync()
+        out = np.empty(nbytes, np.uint8)
+        back = desc.copy_to_host(out)[:local_in.nbytes].view(dtype).reshape(local_in.shape)
+    finally:
+        c.ready()
+        plan.close()  # frees the descriptor first
+    expect(desc.closed, "closing the plan did not free its descriptor")
+    expect_raises(UsageError, lambda: desc.data, "descriptor data after close")
+    expect_raises(UsageError, lambda: desc.copy_to_host(), "descriptor copy after close")
+    expect(nbytes >= max(local_in.nbytes, int(np.prod(out_shape)) * np.dtype(dtype).itemsize),
+           f"descriptor part of {nbytes} bytes")
+    expect("bytes" in too_small, too_small)
+    expect_equal(on_device, local_in, "copy_from_host (the local X-slab)")
+    expect_changed(local_in, fwd, "forward output")
+    err_fwd = expect_close(fwd, want_fwd, RTOL[np.dtype(dtype).name], f"forward, Y-slab {y0}:{y1}")
+    err_back = expect_close(back, want_back, RTOL[np.dtype(dtype).name], "inverse of forward (x X*Y*Z)")
+    return (f"{fft_type.name} {nx}x{ny}x{nz} on {c.npes} PE(s), work {work} B, subformat after forward "
+            f"{getattr(fmt_fwd, 'name', fmt_fwd)}; rel. err forward {err_fwd:.1e}, round trip {err_back:.1e}")
+
+
+def layer_reshape(c: Ctx, name: str, dtype: Any, shape: tuple[int, int, int]) -> str:
+    """Reshape.create X-slabs -> Y-slabs, exec on CuPy views of NVSHMEM buffers, element by element."""
+    nx, ny, nz = shape
+    dt = np.dtype(dtype)
+    g = (np.arange(int(np.prod(shape))).reshape(shape) if dt.kind in "iu"
+         else seeded(name, shape, dt, LAYER_SEED)).astype(dt)
+    x0, x1 = split(nx, c.npes, c.pe)
+    y0, y1 = split(ny, c.npes, c.pe)
+    in_box = ([x0, 0, 0], [x1, ny, nz])
+    out_box = ([0, y0, 0], [nx, y1, nz])
+    local_in = np.ascontiguousarray(g[x0:x1])
+    want = g[:, y0:y1]
+    reshape = cufftmp.Reshape.create(c.comm, dt, in_box, out_box)
+    work_bytes = reshape.workspace_size
+    src_addr, src = c.symmetric(local_in.nbytes, dt, local_in.shape)
+    dst_addr, dst = c.symmetric(want.nbytes, dt, want.shape)
+    any_work = int(c.comm.allreduce(work_bytes, op=MPI.MAX))
+    work_addr, work = c.symmetric(any_work, np.uint8, (any_work,)) if any_work else (0, None)
+    try:
+        src[...] = cp.asarray(local_in)
+        dst[...] = cp.asarray(np.full(want.shape, -7, dt))
+        refused = expect_raises(UsageError, lambda: reshape.exec(dst[:0], src, work, c.stream), "small output")
+        c.ready()
+        reshape.exec(dst, src, work, stream=c.stream)
+        c.sync()
+        got = cp.asnumpy(dst)
+        src_after = cp.asnumpy(src)
+    finally:
+        c.ready()
+        if work_addr:
+            nv.free(work_addr)
+        nv.free(dst_addr)
+        nv.free(src_addr)
+        reshape.close()
+    reshape.close()
+    expect(reshape.closed, "reshape not closed")
+    expect_raises(UsageError, lambda: reshape.workspace_size, "workspace_size after close")
+    expect_raises(UsageError, lambda: reshape.exec(1, 1, 0), "exec after close")
+    expect("bytes" in refused, refused)
+    expect_equal(got, want, f"reshape output box {out_box}")
+    expect_equal(src_after, local_in, "reshape input left as it was")
+    return f"{dt.name} {nx}x{ny}x{nz} on {c.npes} PE(s), workspace {work_bytes} bytes"
+
+
+def case_dropped_plan(c: Ctx) -> str:
+    """A Plan (and a Descriptor) dropped unclosed: ResourceWarning, queued, released by drain()."""
+    before = _core.queued()
+    plan = cufftmp.Plan.create_3d(c.comm, (8, 8, 4), cufftmp.Type.C2C, stream=c.stream)
+    desc = plan.malloc()
+    plan_serial, desc_serial = plan.serial, desc.serial
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del desc, plan
+        gc.collect()
+    queued = _core.queued()
+    c.sync()
+    c.comm.Barrier()
+    ran = _core.drain()
+    after = _core.queued()
+    kinds = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    expect(before == [], f"queue not empty before: {before}")
+    # Dropped together: the descriptor (newer) and its plan both wait, and drain() runs both.
+    expect(("cufftmp.Plan", plan_serial) in queued, f"queued {queued} lacks the plan {plan_serial}")
+    expect(("cufftmp.Descriptor", desc_serial) in queued, f"queued {queued} lacks the descriptor {desc_serial}")
+    expect(any("cufftmp.Plan" in k for k in kinds), f"no ResourceWarning for the plan: {kinds}")
+    expect(ran == 2, f"drain() ran {ran} releases, expected 2")
+    expect(after == [], f"queue after drain: {after}")
+    return f"queued {queued}, drain ran {ran}"
+
+
+def case_refusals(c: Ctx) -> str:
+    """Misuse refused with UsageError/TypeError before the library (no collective entered)."""
+    notes = []
+    notes.append(expect_raises(UsageError, lambda: cufftmp.Plan.create_3d(c.comm, (8, 0, 4), cufftmp.Type.C2C),
+                               "zero extent"))
+    notes.append(expect_raises(UsageError, lambda: cufftmp.Plan.create_3d(c.comm, (8, 8, 4), 7), "unknown type"))
+    notes.append(expect_raises(TypeError, lambda: cufftmp.Plan.create_3d("world", (8, 8, 4), cufftmp.Type.C2C),
+                               "bad communicator"))
+    plan = cufftmp.Plan()  # no communicator: released locally by close()
+    try:
+        notes.append(expect_raises(UsageError, lambda: plan.exec(1, direction=cufftmp.FORWARD), "unmade exec"))
+        notes.append(expect_raises(UsageError, lambda: plan.malloc(), "unmade malloc"))
+        notes.append(expect_raises(UsageError, lambda: plan.set_distribution([0, 0], [1, 1, 1], [0, 0, 0],
+                                                                             [1, 1, 1]), "ragged box"))
+        notes.append(expect_raises(UsageError, lambda: plan.set_subformat_default(9, 0), "bad subformat"))
+    finally:
+        plan.close()
+    return f"{len(notes)} refusals"
+
+
+def case_r2c_plans(c: Ctx) -> str:
+    """R2C and C2R plans (Plan.create_3d) through exec: FORWARD-only / INVERSE-only, in place."""
+    shape = (8, 12, 8)
+    nx, ny, nz = shape
+    g = seeded("r2c", shape, np.float32, LAYER_SEED)
+    x0, x1 = split(nx, c.npes, c.pe)
+    y0, y1 = split(ny, c.npes, c.pe)
+    nzp, nzc = 2 * (nz // 2 + 1), nz // 2 + 1
+    padded = np.zeros((x1 - x0, ny, nzp), np.float32)
+    padded[..., :nz] = g[x0:x1]
+    want_fwd = np.fft.rfftn(g.astype(np.float64))[:, y0:y1]
+    fwd_plan = cufftmp.Plan.create_3d(c.comm, shape, cufftmp.Type.R2C, stream=c.stream)
+    inv_plan = cufftmp.Plan.create_3d(c.comm, shape, cufftmp.Type.C2R, stream=c.stream)
+    count_real = max(padded.size, 2 * nx * (y1 - y0) * nzc)
+    addr, real = c.symmetric(count_real * 4, np.float32, (count_real,))
+    try:
+        wrong = expect_raises(UsageError, lambda: fwd_plan.exec(real, direction=cufftmp.INVERSE), "R2C inverse")
+        expect(fwd_plan.local_shapes(cufftmp.FORWARD) == (padded.shape, (nx, y1 - y0, nzc)),
+               f"R2C local_shapes {fwd_plan.local_shapes(cufftmp.FORWARD)}")
+        real[:padded.size] = cp.asarray(padded.ravel())
+        c.ready()
+        fwd_plan.exec(real)  # direction implied
+        c.sync()
+        fwd = cp.asnumpy(view(addr, (nx, y1 - y0, nzc), np.complex64))
+        c.ready()
+        inv_plan.exec(view(addr, (count_real // 2,), np.complex64))
+        c.sync()
+        back = cp.asnumpy(real[:padded.size]).reshape(padded.shape)[..., :nz]
+    finally:
+        c.free(addr)
+        inv_plan.close()
+        fwd_plan.close()
+    expect("FORWARD" in wrong, wrong)
+    err_fwd = expect_close(fwd, want_fwd, 1e-4, "R2C forward")
+    err_back = expect_close(back, g[x0:x1].astype(np.float64) * g.size, 1e-4, "C2R of R2C (x X*Y*Z)")
+    return f"R2C/C2R {nx}x{ny}x{nz}; rel. err forward {err_fwd:.1e}, round trip {err_back:.1e}"
+
+
+@LAYER.cases
+def layer_cases(c: Ctx) -> Iterator[Check]:
+    yield "plan.lifecycle", lambda: case_plan_lifecycle(c)
+    yield "plan.refusals", lambda: case_refusals(c)
+    yield "slab.c2c.exec", lambda: case_slab_exec(c, "slab.c2c.exec", cufftmp.Type.C2C, np.complex64, (16, 12, 8))
+    yield "slab.z2z.exec", lambda: case_slab_exec(c, "slab.z2z.exec", cufftmp.Type.Z2Z, np.complex128, (12, 16, 8))
+    yield "slab.r2c_c2r.exec", lambda: case_r2c_plans(c)
+    yield "slab.c2c.descriptor", \
+        lambda: layer_slab_descriptor(c, "slab.c2c.descriptor", cufftmp.Type.C2C, np.complex64, (16, 12, 8))
+    yield "reshape.xslab_to_yslab.complex64", lambda: layer_reshape(c, "reshape.c64", np.complex64, (16, 12, 8))
+    yield "reshape.xslab_to_yslab.int32", lambda: layer_reshape(c, "reshape.i32", np.int32, (12, 16, 4))
+    yield "teardown.dropped_plan_drained", lambda: case_dropped_plan(c)
+
+
+# --- the run ----------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def started(args: argparse.Namespace, report: Report) -> Iterator[Ctx]:
+    """NVSHMEM initialised (by this script through MPI, or by cuFFTMp's first plan); after the
+    checks, NVSHMEM finalised (the layer also checks that nothing was left queued), or that first
+    plan destroyed."""
+    comm = MPI.COMM_WORLD
+    cp.cuda.Device(DEVICE).use()
+    cp.cuda.runtime.free(0)  # create the primary context before NVSHMEM looks for it
     stream = cp.cuda.Stream(non_blocking=True)
     c = Ctx(comm=comm, pe=comm.Get_rank(), npes=comm.Get_size(), stream=stream)
     keeper = Resources(c)
-    init_nvshmem(args, c, report, keeper)
+    init_flat("nvshmem" if args.api == "layer" else args.init, c, report, keeper)
     report.info("versions", f"cuFFTMp {cf.get_version()} (bindings for {cf.VERSION}), NVSHMEM "
                 + ".".join(map(str, nv.vendor_get_version_info())))
-    report.info("init_status", status_name(int(nv.init_status())))
+    report.info("init_status", nvshmem_status(int(nv.init_status())))
     try:
-        run_suite(c, report)
+        yield c
     finally:
-        c.sync()
-        comm.Barrier()
-        if args.init == "library":
-            errors = keeper.release()
-            report.check("teardown.destroy_first_plan", lambda: expect(not errors, "; ".join(errors)))
+        if args.api == "layer":
+            nvshmem_teardown(report, comm, c.sync, nv.finalize)
         else:
-            report.check("teardown.nvshmem_finalize", nv.finalize)
-        report.info("init_status_after_teardown", status_name(int(nv.init_status())))
+            c.sync()
+            comm.Barrier()
+            if args.init == "library":
+                errors = keeper.release()
+                report.check("teardown.destroy_first_plan", lambda: expect(not errors, "; ".join(errors)))
+            else:
+                report.check("teardown.nvshmem_finalize", nv.finalize)
+            report.info("init_status_after_teardown", nvshmem_status(int(nv.init_status())))
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--api", choices=("flat", "layer"), default="flat",
+                    help="the flat bindings (mpbind.bindings.cufftmp) or the layer (mpbind.cufftmp)")
     ap.add_argument("--init", choices=("nvshmem", "library"), default="nvshmem",
-                    help="initialise NVSHMEM here through MPI, or let cuFFTMp do it")
-    add_timeout(ap, 150.0)
-    args = ap.parse_args()
-    comm = MPI.COMM_WORLD
-    report = Report(comm.Get_rank(), tracebacks="CUFFTMP_SUITE_TRACEBACKS")
-    return watched(report, args.timeout, lambda: run(args, comm, report), elapsed=True)
+                    help="flat: initialise NVSHMEM here through MPI, or let cuFFTMp do it")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(__doc__, started, lambda args: LAYER if args.api == "layer" else FLAT, arguments=arguments,
+                  timeout=150.0))

@@ -1,7 +1,7 @@
 """The tensor-parallel layers as the MLP example and the benchmarks run them, on 2 or 4 ranks, one
 GPU each, every result compared with torch on the whole (seeded, the same on every rank) operands:
 
-    mpirun -np N python tests/gpu/tp_layers_multirank.py
+    mpirun -np N python tests/gpu/tp_layers_suite.py
 
 In torch's row-major terms (weights as ``Linear`` keeps them, out x in), P ranks, M tokens:
 all-gather+GEMM ``all_gather(x) @ w.T`` (x: M/P tokens, w: N/P output features) and
@@ -13,15 +13,18 @@ SMs for communication x the type partial products travel in); a bias on GEMM+red
 once, not once per rank; GELU and bias fused into all-gather+GEMM; FP8 (e4m3, per-tensor scales,
 bf16 out) on both layers against ``torch._scaled_mm`` on the whole operands; uneven splits (general
 plans whose workspace sizes differ between ranks) planned one after another, growing the shared
-workspace, without a hang. Output follows ``cublasmp_multirank.py``.
+workspace, without a hang. Each rank reports one line per check and a summary (``rank k``;
+tests/gpu/runner.py).
 """
 
 from __future__ import annotations
 
-import faulthandler
+import argparse
+import contextlib
 import functools
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
@@ -30,9 +33,8 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from mpi4py import MPI  # noqa: E402
 from rank_per_gpu import rank_per_gpu  # noqa: E402
-from suite_report import Report, Skip  # noqa: E402
+from runner import Check, Checks, Report, Skip, main  # noqa: E402
 
 from mpbind import cublasmp, nccl  # noqa: E402
 from mpbind import distributions as dist  # noqa: E402
@@ -196,21 +198,25 @@ def uneven_plans_one_after_another(ctx: Ctx) -> str:
     return "; ".join(notes)
 
 
-def main() -> int:
-    faulthandler.enable()
-    report = Report(MPI.COMM_WORLD.Get_rank(), who="rank", tracebacks="CUBLASMP_SUITE_TRACEBACKS")
-    with rank_per_gpu(report) as (world, comm, stream, handle):
-        ctx = Ctx(comm, handle)
-        check_ = report.check
-        check_("tp.settings.allgather_gemm", functools.partial(settings_give_the_right_result, ctx, "ag"))
-        check_("tp.settings.gemm_reducescatter", functools.partial(settings_give_the_right_result, ctx, "rs"))
-        check_("tp.bias_once.gemm_reducescatter", functools.partial(bias_on_reduce_scatter_is_added_once, ctx))
-        check_("tp.gelu_bias.allgather_gemm", functools.partial(gelu_bias_on_allgather, ctx))
-        check_("tp.fp8.allgather_gemm", functools.partial(fp8_against_scaled_mm, ctx, "ag"))
-        check_("tp.fp8.gemm_reducescatter", functools.partial(fp8_against_scaled_mm, ctx, "rs"))
-        check_("tp.uneven_workspaces", functools.partial(uneven_plans_one_after_another, ctx))
-    return 1 if report.failed else 0
+CHECKS = Checks()
+
+
+@CHECKS.cases
+def checks(ctx: Ctx) -> Iterator[Check]:
+    yield "tp.settings.allgather_gemm", functools.partial(settings_give_the_right_result, ctx, "ag")
+    yield "tp.settings.gemm_reducescatter", functools.partial(settings_give_the_right_result, ctx, "rs")
+    yield "tp.bias_once.gemm_reducescatter", functools.partial(bias_on_reduce_scatter_is_added_once, ctx)
+    yield "tp.gelu_bias.allgather_gemm", functools.partial(gelu_bias_on_allgather, ctx)
+    yield "tp.fp8.allgather_gemm", functools.partial(fp8_against_scaled_mm, ctx, "ag")
+    yield "tp.fp8.gemm_reducescatter", functools.partial(fp8_against_scaled_mm, ctx, "rs")
+    yield "tp.uneven_workspaces", functools.partial(uneven_plans_one_after_another, ctx)
+
+
+@contextlib.contextmanager
+def started(args: argparse.Namespace, report: Report) -> Iterator[Ctx]:
+    with rank_per_gpu() as (_, comm, _, handle):
+        yield Ctx(comm, handle)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(__doc__, started, CHECKS, timeout=540.0, who="rank"))

@@ -1,13 +1,13 @@
 """Matmuls planned from distributions (``cublasmp.plan_matmul``) on 2 or 4 ranks, one GPU each,
 every result compared with torch on the gathered operands.
 
-    mpirun -np N python tests/gpu/planned_matmul_multirank.py
+    mpirun -np N python tests/gpu/planned_matmul_suite.py
 
 All ranks build the same seeded global matrices, hand the plan their local pieces as the
 distributions say (column-major device tensors), gather D over MPI and compare it with
 ``op(A) op(B)`` of the gathered global operands in float64 (then alpha, beta C and the epilogue).
-Each check also asserts the algorithm the plan chose. Output lines and the summary follow
-``cublasmp_multirank.py`` (``PASS name [rank k]``, ..., ``rank=<k> passed=<p> failed=<f> skipped=<s>``).
+Each check also asserts the algorithm the plan chose. Each rank reports one line per check and a
+summary (``rank k``; tests/gpu/runner.py).
 
 Covered: AllGather+GEMM, GEMM+ReduceScatter, GEMM+AllReduce, local and general plans (SUMMA on a
 shared grid, 1-D layouts with no tensor-parallel pattern, uneven splits), bf16/fp32/fp64 and FP8,
@@ -18,10 +18,12 @@ local array on one rank, block scaling on a GPU below sm_100) without a hang.
 
 from __future__ import annotations
 
-import faulthandler
+import argparse
+import contextlib
 import functools
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
@@ -30,9 +32,8 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from mpi4py import MPI  # noqa: E402
 from rank_per_gpu import rank_per_gpu  # noqa: E402
-from suite_report import Report, Skip  # noqa: E402
+from runner import Check, Checks, Report, Skip, main  # noqa: E402
 
 from mpbind import cublasmp, nccl  # noqa: E402
 from mpbind import distributions as dist  # noqa: E402
@@ -333,62 +334,63 @@ def block_scaling_below_sm100(ctx: Ctx) -> str:
     raise AssertionError("MXFP8 was planned below sm_100")
 
 
-def main() -> int:
-    faulthandler.enable()
-    report = Report(MPI.COMM_WORLD.Get_rank(), who="rank", tracebacks="CUBLASMP_SUITE_TRACEBACKS")
-    with rank_per_gpu(report) as (world, comm, stream, handle):
-        checks(report, Ctx(world, comm, handle, stream))
-    return 1 if report.failed else 0
+CHECKS = Checks()
 
 
-def checks(report: Report, ctx: Ctx) -> None:
-    check = report.check
+@CHECKS.cases
+def checks(ctx: Ctx) -> Iterator[Check]:
     for t in ("bf16", "fp32"):
-        check(f"planned.allgather_gemm.TN.{t}", functools.partial(planned_matmul, ctx, "ag", t, "allgather_gemm",
-                                                                  transa=True))
-        check(f"planned.gemm_reducescatter.TN.{t}",
-              functools.partial(planned_matmul, ctx, "rs", t, "gemm_reducescatter", transa=True))
-        check(f"planned.gemm_allreduce.TN.{t}",
-              functools.partial(planned_matmul, ctx, "ar", t, "gemm_allreduce", transa=True))
-    check("planned.allgather_gemm.NN.fp16", functools.partial(planned_matmul, ctx, "ag", "fp16", "allgather_gemm"))
-    check("planned.gemm_reducescatter.NN.fp32",
-          functools.partial(planned_matmul, ctx, "rs", "fp32", "gemm_reducescatter"))
-    check("planned.allgather_gemm.replicated_a.bf16",
-          functools.partial(planned_matmul, ctx, "ag_rep_a", "bf16", "allgather_gemm"))
-    check("planned.local.fp64", functools.partial(planned_matmul, ctx, "local", "fp64", "local"))
-    check("planned.general.rows.fp64", functools.partial(planned_matmul, ctx, "rows", "fp64", "general"))
-    check("planned.general.summa.fp64", functools.partial(planned_matmul, ctx, "bc", "fp64", "general",
-                                                          sizes=(100, 72, 84)))
-    check("planned.general.uneven_ag.bf16", functools.partial(planned_matmul, ctx, "ag", "bf16", "general",
-                                                              transa=True, uneven=True))
-    check("planned.general.uneven_rs.fp32", functools.partial(planned_matmul, ctx, "rs", "fp32", "general",
-                                                              transa=True, uneven=True))
-    check("planned.gemm_allreduce.uneven.refused", functools.partial(uneven_allreduce_refused, ctx))
-    check("planned.c_beta.gemm_reducescatter.fp64",
-          functools.partial(planned_matmul, ctx, "rs", "fp64", "gemm_reducescatter", transa=True, with_c=True))
-    check("planned.c_beta.allgather_gemm.fp32",
-          functools.partial(planned_matmul, ctx, "ag", "fp32", "allgather_gemm", transa=True, with_c=True))
-    check("planned.epilogue.gelu_bias.allgather_gemm.bf16",
-          functools.partial(planned_matmul, ctx, "ag", "bf16", "allgather_gemm", transa=True,
-                            epilogue="gelu_bias"))
-    check("planned.epilogue.relu_bias.gemm_reducescatter.fp32",
-          functools.partial(planned_matmul, ctx, "rs", "fp32", "gemm_reducescatter", transa=True,
-                            epilogue="relu_bias"))
+        yield (f"planned.allgather_gemm.TN.{t}", functools.partial(planned_matmul, ctx, "ag", t, "allgather_gemm",
+                                                                   transa=True))
+        yield (f"planned.gemm_reducescatter.TN.{t}",
+               functools.partial(planned_matmul, ctx, "rs", t, "gemm_reducescatter", transa=True))
+        yield (f"planned.gemm_allreduce.TN.{t}",
+               functools.partial(planned_matmul, ctx, "ar", t, "gemm_allreduce", transa=True))
+    yield ("planned.allgather_gemm.NN.fp16", functools.partial(planned_matmul, ctx, "ag", "fp16", "allgather_gemm"))
+    yield ("planned.gemm_reducescatter.NN.fp32",
+           functools.partial(planned_matmul, ctx, "rs", "fp32", "gemm_reducescatter"))
+    yield ("planned.allgather_gemm.replicated_a.bf16",
+           functools.partial(planned_matmul, ctx, "ag_rep_a", "bf16", "allgather_gemm"))
+    yield ("planned.local.fp64", functools.partial(planned_matmul, ctx, "local", "fp64", "local"))
+    yield ("planned.general.rows.fp64", functools.partial(planned_matmul, ctx, "rows", "fp64", "general"))
+    yield ("planned.general.summa.fp64", functools.partial(planned_matmul, ctx, "bc", "fp64", "general",
+                                                           sizes=(100, 72, 84)))
+    yield ("planned.general.uneven_ag.bf16", functools.partial(planned_matmul, ctx, "ag", "bf16", "general",
+                                                               transa=True, uneven=True))
+    yield ("planned.general.uneven_rs.fp32", functools.partial(planned_matmul, ctx, "rs", "fp32", "general",
+                                                               transa=True, uneven=True))
+    yield ("planned.gemm_allreduce.uneven.refused", functools.partial(uneven_allreduce_refused, ctx))
+    yield ("planned.c_beta.gemm_reducescatter.fp64",
+           functools.partial(planned_matmul, ctx, "rs", "fp64", "gemm_reducescatter", transa=True, with_c=True))
+    yield ("planned.c_beta.allgather_gemm.fp32",
+           functools.partial(planned_matmul, ctx, "ag", "fp32", "allgather_gemm", transa=True, with_c=True))
+    yield ("planned.epilogue.gelu_bias.allgather_gemm.bf16",
+           functools.partial(planned_matmul, ctx, "ag", "bf16", "allgather_gemm", transa=True,
+                             epilogue="gelu_bias"))
+    yield ("planned.epilogue.relu_bias.gemm_reducescatter.fp32",
+           functools.partial(planned_matmul, ctx, "rs", "fp32", "gemm_reducescatter", transa=True,
+                             epilogue="relu_bias"))
     no_overlap = cublasmp.MatmulAlgoType.NO_OVERLAP
-    check("planned.capture.allgather_gemm.no_overlap.bf16",
-          functools.partial(captured, ctx, "ag", "bf16", "allgather_gemm", transa=True, algo_type=no_overlap))
-    check("planned.capture.gemm_reducescatter.no_overlap.fp32",
-          functools.partial(captured, ctx, "rs", "fp32", "gemm_reducescatter", transa=True, algo_type=no_overlap))
-    check("planned.capture.gemm_allreduce.fp32",
-          functools.partial(captured, ctx, "ar", "fp32", "gemm_allreduce", transa=True))
+    yield ("planned.capture.allgather_gemm.no_overlap.bf16",
+           functools.partial(captured, ctx, "ag", "bf16", "allgather_gemm", transa=True, algo_type=no_overlap))
+    yield ("planned.capture.gemm_reducescatter.no_overlap.fp32",
+           functools.partial(captured, ctx, "rs", "fp32", "gemm_reducescatter", transa=True, algo_type=no_overlap))
+    yield ("planned.capture.gemm_allreduce.fp32",
+           functools.partial(captured, ctx, "ar", "fp32", "gemm_allreduce", transa=True))
     for layout, expected in (("ag", "allgather_gemm"), ("rs", "gemm_reducescatter")):
-        check(f"planned.capture.{expected}.refused",
-              functools.partial(overlapped_capture_refused, ctx, layout, expected))
-    check("planned.capture.general.fp64", functools.partial(captured, ctx, "rows", "fp64", "general"))
-    check("planned.fp8.allgather_gemm", functools.partial(fp8, ctx))
-    check("planned.refused_on_every_rank", functools.partial(refused_everywhere, ctx))
-    check("planned.block_scaling_below_sm100", functools.partial(block_scaling_below_sm100, ctx))
+        yield (f"planned.capture.{expected}.refused",
+               functools.partial(overlapped_capture_refused, ctx, layout, expected))
+    yield ("planned.capture.general.fp64", functools.partial(captured, ctx, "rows", "fp64", "general"))
+    yield ("planned.fp8.allgather_gemm", functools.partial(fp8, ctx))
+    yield ("planned.refused_on_every_rank", functools.partial(refused_everywhere, ctx))
+    yield ("planned.block_scaling_below_sm100", functools.partial(block_scaling_below_sm100, ctx))
+
+
+@contextlib.contextmanager
+def started(args: argparse.Namespace, report: Report) -> Iterator[Ctx]:
+    with rank_per_gpu() as (world, comm, stream, handle):
+        yield Ctx(world, comm, handle, stream)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(__doc__, started, CHECKS, timeout=540.0, who="rank"))
