@@ -41,6 +41,11 @@ void raise_type(const std::string& message) {
     throw nb::python_error();
 }
 
+void raise_overflow(const std::string& message) {
+    PyErr_SetString(PyExc_OverflowError, message.c_str());
+    throw nb::python_error();
+}
+
 void raise_status(const char* library, int status, const char* function) {
     std::string module = std::string("mpbind.bindings.") + library;
     nb::module_::import_(module.c_str()).attr("_raise_status")(status, function);

@@ -43,6 +43,7 @@ namespace mpbind {
 [[noreturn]] void raise_usage(const std::string& message);
 [[noreturn]] void raise_type(const std::string& message);
 [[noreturn]] void raise_mpbind(const std::string& message);  // MpbindError (e.g. a CUDA driver failure)
+[[noreturn]] void raise_overflow(const std::string& message);  // OverflowError: a size beyond 64 bits
 // Raises the generated per-status error of `library` (via mpbind.bindings.<library>._raise_status).
 [[noreturn]] void raise_status(const char* library, int status, const char* function);
 // Raises the error of `status` from `function` with our own description
