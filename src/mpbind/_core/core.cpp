@@ -46,6 +46,21 @@ void raise_overflow(const std::string& message) {
     throw nb::python_error();
 }
 
+void refuse_wrapping_range(uintptr_t ptr, size_t size) {
+    raise_usage("cannot register " + std::to_string(size) + " bytes at " + std::to_string(ptr) +
+                ": the range passes the end of the address space (2**64)");
+}
+
+namespace detail {
+
+void raise_arithmetic_overflow(const char* what, const char* op, const std::string& a, const std::string& b,
+                               bool is_signed) {
+    raise_overflow(std::string(what) + " overflows: " + a + " " + op + " " + b + " does not fit in " +
+                   (is_signed ? "a signed 64-bit integer (at most 2**63 - 1)" : "64 bits (at most 2**64 - 1)"));
+}
+
+}  // namespace detail
+
 void raise_status(const char* library, int status, const char* function) {
     std::string module = std::string("mpbind.bindings.") + library;
     nb::module_::import_(module.c_str()).attr("_raise_status")(status, function);
