@@ -267,9 +267,26 @@ private:
 inline constexpr const char* kEnterSig = "def __enter__(self) -> typing_extensions.Self";
 inline constexpr const char* kExitSig = "def __exit__(self, *args: object) -> None";
 
-// __enter__/__exit__/close/closed/serial on a bound Ref class.
+// copy.copy, copy.deepcopy and pickle of an object that owns a library resource: TypeError. A copy
+// would share the resource, so closing either would release it under the other; the object itself
+// is what to pass around (the layer's Owned facades refuse the same way).
+[[noreturn]] void refuse_copy(nb::handle self, const char* how);
+template <class C>
+void refuse_copies(C& cls) {
+    cls.def("__copy__", [](nb::handle self) { refuse_copy(self, "copy"); },
+            nb::sig("def __copy__(self) -> typing.NoReturn"))
+        .def("__deepcopy__", [](nb::handle self, nb::handle) { refuse_copy(self, "copy"); },
+             nb::sig("def __deepcopy__(self, memo: object) -> typing.NoReturn"))
+        .def("__reduce_ex__", [](nb::handle self, nb::handle) { refuse_copy(self, "pickle"); },
+             nb::sig("def __reduce_ex__(self, protocol: object) -> typing.NoReturn"))
+        .def("__reduce__", [](nb::handle self) { refuse_copy(self, "pickle"); },
+             nb::sig("def __reduce__(self) -> typing.NoReturn"));
+}
+
+// __enter__/__exit__/close/closed/serial on a bound Ref class, which refuses copies.
 template <class R, class... Extra>
 void bind_lifetime(nb::class_<R, Extra...>& cls, const char* close_doc) {
+    refuse_copies(cls);
     cls.def("close", [](R& r) { r.close(); }, close_doc)
         .def_prop_ro("closed", [](R& r) { return r.closed(); }, "True once released.")
         .def_prop_ro("serial", [](R& r) { return r.state()->serial(); },

@@ -71,6 +71,7 @@ void register_shared(nb::module_& m) {
         m, "Registration",
         "A reference on a buffer registration. Registering the same (owner, pointer, size) "
         "again returns another reference; the last one closed deregisters.");
+    refuse_copies(reg);
     reg.def("close", &RegistrationRef::close,
             "Drop this reference; the last one deregisters the buffer (collectively where the "
             "library requires it).")
