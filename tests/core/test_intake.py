@@ -409,3 +409,24 @@ class CupyLike:
     def __init__(self, shape: tuple[int, ...], strides: tuple[int, ...], ptr: int = 0x2000) -> None:
         self.shape, self.strides, self.dtype = shape, strides, np.dtype(np.float32)
         self.data = self.MemoryPointer(ptr, 1)
+
+
+# --- what the core exports (SymmetricArray.__dlpack__ and the like, through dlpack_view) -----------------
+
+
+def test_exported_views_follow_the_same_rules() -> None:
+    owner = object()
+    assert _core.dlpack_view(0x1000, [2, 3], 2, 32, 0, owner) is not None
+    assert _core.dlpack_view(TOP - 1, [0, 2**40], 2, 32, 0, owner) is not None  # empty: addresses nothing
+    with pytest.raises(OverflowError, match="dlpack_view: extent 9223372036854775808 does not fit"):
+        _core.dlpack_view(0x1000, [2**63], 1, 8, 0, owner)
+    with pytest.raises(OverflowError, match="dlpack_view: shape .* holds more than 2"):
+        _core.dlpack_view(0x1000, [2**62, 4], 1, 8, 0, owner)
+    with pytest.raises(UsageError, match="dlpack_view: 65 dimensions"):
+        _core.dlpack_view(0x1000, [1] * 65, 2, 32, 0, owner)
+    with pytest.raises(UsageError, match="dlpack_view: shape .* reaches outside"):
+        _core.dlpack_view(TOP - 8, [4], 2, 32, 0, owner)
+    with pytest.raises(UsageError, match="dlpack_view: unsupported DLPack dtype"):
+        _core.dlpack_view(0x1000, [4], 2, 7, 0, owner)
+    with pytest.raises(UsageError, match="dlpack_view: device -4"):
+        _core.dlpack_view(0x1000, [4], 2, 32, -4, owner)

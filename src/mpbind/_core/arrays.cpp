@@ -1134,6 +1134,31 @@ Array device_array(nb::handle obj, const Want& want) {
     return a;
 }
 
+void check_export(uintptr_t ptr, const std::vector<size_t>& shape, uint8_t code, uint8_t bits, int device,
+                  const char* what) {
+    Array a;
+    a.dtype = from_dlpack(code, bits, 1);
+    if (a.dtype == Dtype::kInvalid) {
+        raise_usage(std::string(what) + ": unsupported DLPack dtype (code=" + std::to_string(code) + ", bits=" +
+                    std::to_string(bits) + ")");
+    }
+    if (shape.size() > kMaxNdim) {
+        raise_usage(std::string(what) + ": " + std::to_string(shape.size()) + " dimensions; mpbind takes arrays of at "
+                    "most " + std::to_string(kMaxNdim));
+    }
+    a.shape.resize_for_overwrite(shape.size());
+    for (size_t i = 0; i < shape.size(); ++i) {
+        if (shape[i] > static_cast<size_t>(INT64_MAX)) {
+            raise_overflow(std::string(what) + ": extent " + std::to_string(shape[i]) + " does not fit in 2**63 - 1");
+        }
+        a.shape[i] = static_cast<int64_t>(shape[i]);
+    }
+    a.ptr = ptr;
+    a.device = device;
+    a.source = Source::kInterface;  // a device ordinal is checked as a foreign one's
+    validate(a, what);
+}
+
 std::string repr_of(nb::handle obj) {
     PyObject* r = PyObject_Repr(obj.ptr());
     if (r == nullptr) {

@@ -175,6 +175,11 @@ Array device_array(nb::handle obj, const Want& want);
 // `source` forces one path (tests and the coercion benchmark compare paths on the same object).
 Array describe_via(nb::handle obj, const char* what, Source source);
 
+// The same rules for a C-order array the core exports over `ptr` (mpbind._core.dlpack_view):
+// UsageError/OverflowError naming `what` when `shape` of (DLPack code, bits) from `ptr` breaks one.
+void check_export(uintptr_t ptr, const std::vector<size_t>& shape, uint8_t code, uint8_t bits, int device,
+                  const char* what);
+
 // Streams are read by mpbind::stream_handle (core.hpp), defined in arrays.cpp with the arrays.
 
 // For messages: repr_of(obj) and type(obj).__name__.
