@@ -65,13 +65,15 @@ class Exported:
     """An array that exports DLPack capsules over a tensor description of the test's choosing.
 
     ``legacy``: unversioned capsules; ``old_protocol``: ``__dlpack__()`` takes no keyword (as before
-    the array API's max_version); ``strides=None`` leaves DLTensor.strides NULL (DLPack < 1.2)."""
+    the array API's max_version); ``strides=None`` leaves DLTensor.strides NULL (DLPack < 1.2).
+    Lies a hostile producer tells: ``ndim`` claims another number of dimensions than the shape
+    array holds; ``null_shape`` leaves DLTensor.shape NULL."""
 
     def __init__(self, shape: Sequence[int], code: int = 2, bits: int = 32, lanes: int = 1, *,
                  strides: Sequence[int] | None = (), data: int = 0x7F0000001000,
                  device: tuple[int, int] = (KDL_CUDA, 0),
                  flags: int = 0, byte_offset: int = 0, legacy: bool = False, old_protocol: bool = False,
-                 version: int = 1) -> None:
+                 version: int = 1, ndim: int | None = None, null_shape: bool = False) -> None:
         if strides == ():
             acc, computed = 1, []
             for extent in reversed(shape):
@@ -80,8 +82,8 @@ class Exported:
             strides = tuple(reversed(computed))
         self._shape = _ints(shape)
         self._strides = None if strides is None else _ints(strides)
-        tensor = DLTensor(data, DLDevice(*device), len(shape), DLDataType(code, bits, lanes),
-                          ctypes.cast(self._shape, ctypes.POINTER(ctypes.c_int64)),
+        tensor = DLTensor(data, DLDevice(*device), len(shape) if ndim is None else ndim, DLDataType(code, bits, lanes),
+                          None if null_shape else ctypes.cast(self._shape, ctypes.POINTER(ctypes.c_int64)),
                           None if self._strides is None else ctypes.cast(self._strides, ctypes.POINTER(ctypes.c_int64)),
                           byte_offset)
         self.legacy, self.old_protocol, self.device = legacy, old_protocol, device
@@ -107,9 +109,11 @@ class ExchangeTensor:
     calls = 0
 
     def __init__(self, shape: Sequence[int], code: int = 2, bits: int = 32, *, device: tuple[int, int] = (KDL_CUDA, 0),
-                 fail: bool = False) -> None:
-        self.exported = Exported(shape, code, bits, device=device)
-        self.fail = fail
+                 fail: bool = False, fill_nothing: bool = False, **tensor: Any) -> None:
+        """``tensor``: Exported's other keywords (strides, data, byte_offset and the lies ndim,
+        null_shape); ``fill_nothing``: report success without filling the DLTensor."""
+        self.exported = Exported(shape, code, bits, device=device, **tensor)
+        self.fail, self.fill_nothing = fail, fill_nothing
 
 
 def _fill(obj: int, out: Any) -> int:
@@ -117,7 +121,8 @@ def _fill(obj: int, out: Any) -> int:
     ExchangeTensor.calls += 1
     if tensor.fail:  # (an exception set here would not survive ctypes' return from the callback)
         return -1
-    out[0] = tensor.exported.tensor
+    if not tensor.fill_nothing:
+        out[0] = tensor.exported.tensor
     return 0
 
 

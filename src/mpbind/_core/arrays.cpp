@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -202,9 +203,35 @@ nb::object call_method(nb::handle obj, PyObject* name) {
     return nb::steal(out);
 }
 
+// The text of an exception for a message ("KeyError: 'x'"); never raises (its __str__ may).
+std::string exception_text(const nb::python_error& err) {
+    const char* type = reinterpret_cast<PyTypeObject*>(err.type().ptr())->tp_name;  // "module.Name": the name
+    const char* dot = std::strrchr(type, '.');
+    std::string out = dot ? dot + 1 : type;
+    PyObject* text = PyObject_Str(err.value().ptr());
+    if (text == nullptr) {
+        PyErr_Clear();
+        return out;
+    }
+    nb::object keep = nb::steal(text);
+    const char* s = PyUnicode_AsUTF8(text);
+    if (s == nullptr) {
+        PyErr_Clear();
+        return out;
+    }
+    return *s ? out + ": " + s : out;
+}
+
+// An int a producer gave (an extent, a stride, a count): TypeError naming it unless an int (or an
+// object with __index__), OverflowError beyond 64 bits. KeyboardInterrupt and the like pass through.
 long long to_long(nb::handle v, const char* what, const char* field) {
-    long long out = PyLong_AsLongLong(v.ptr());
+    int overflow = 0;
+    long long out = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+    if (overflow != 0) {
+        raise_overflow(std::string(what) + ": " + field + " value " + repr_of(v) + " does not fit in 64 bits");
+    }
     if (out == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) throw nb::python_error();
         PyErr_Clear();
         raise_type(std::string(what) + ": " + field + " must be an int, not " + typename_of(v));
     }
@@ -255,62 +282,94 @@ uintptr_t address_field(nb::handle v, const char* what, const char* field) {
     return out;
 }
 
+std::string hex(uint64_t v) {
+    char buf[24];
+    std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+    return buf;
+}
+
 std::string format_dims(const Dims& d) {
     std::string out = "(";
     for (size_t i = 0; i < d.size(); ++i) out += (i ? ", " : "") + std::to_string(d[i]);
     return out + (d.size() == 1 ? ",)" : ")");
 }
 
+// Compact row-major strides (in elements) of a shape validate() has bounded: no product overflows.
 void set_c_strides(Array& a) {
     a.strides.resize_for_overwrite(a.shape.size());
+    const int64_t* shape = a.shape.data();
+    int64_t* strides = a.strides.data();
     int64_t acc = 1;
     for (size_t i = a.shape.size(); i-- > 0;) {
-        a.strides[i] = acc;
-        acc *= a.shape[i] > 0 ? a.shape[i] : 1;
+        strides[i] = acc;
+        acc *= shape[i] > 0 ? shape[i] : 1;
     }
 }
 
-void finish(Array& a) {
-    int64_t n = 1;
-    for (size_t i = 0; i < a.shape.size(); ++i) n *= a.shape[i];
-    a.size = n;
-    a.contiguous = c_contiguous(a.shape, a.strides);
+// The items of `seq`, a shape or strides, as a tuple of at most kMaxNdim items. A tuple is taken as
+// it is; a list is copied (an item's __index__ could change the list while it is read); another
+// sequence is iterated for at most kMaxNdim + 1 items, so that nothing a producer claims is
+// allocated for before it is bounded. TypeError when not a sequence.
+nb::object bounded_items(nb::handle seq, const char* what, const char* field) {
+    PyObject* o = seq.ptr();
+    auto too_many = [&](const std::string& n) {
+        raise_usage(std::string(what) + ": its " + field + " has " + n + " entries; mpbind takes arrays of at most " +
+                    std::to_string(kMaxNdim) + " dimensions");
+    };
+    if (PyTuple_Check(o)) {
+        if (static_cast<size_t>(PyTuple_GET_SIZE(o)) > kMaxNdim) too_many(std::to_string(PyTuple_GET_SIZE(o)));
+        return nb::borrow(seq);
+    }
+    if (PyList_Check(o)) {
+        if (static_cast<size_t>(PyList_GET_SIZE(o)) > kMaxNdim) too_many(std::to_string(PyList_GET_SIZE(o)));
+        nb::object t = nb::steal(PyList_AsTuple(o));
+        if (!t.is_valid()) throw nb::python_error();
+        return t;
+    }
+    if (!PySequence_Check(o) || PyUnicode_Check(o) || PyBytes_Check(o)) {
+        raise_type(std::string(what) + ": its " + field + " must be a sequence of ints, not " + typename_of(seq));
+    }
+    nb::object it = nb::steal(PyObject_GetIter(o));
+    if (!it.is_valid()) throw nb::python_error();
+    std::array<nb::object, kMaxNdim> items;
+    size_t n = 0;
+    for (;;) {
+        nb::object item = nb::steal(PyIter_Next(it.ptr()));
+        if (!item.is_valid()) {
+            if (PyErr_Occurred()) throw nb::python_error();
+            break;
+        }
+        if (n == kMaxNdim) too_many("more than " + std::to_string(kMaxNdim));
+        items[n++] = std::move(item);
+    }
+    nb::object t = nb::steal(PyTuple_New(static_cast<Py_ssize_t>(n)));
+    if (!t.is_valid()) throw nb::python_error();
+    for (size_t i = 0; i < n; ++i) PyTuple_SET_ITEM(t.ptr(), static_cast<Py_ssize_t>(i), items[i].release().ptr());
+    return t;
 }
 
-// Shape from a tuple (or any sequence) of ints.
+// Shape from a sequence of ints (validate() checks the extents).
 void read_shape(nb::handle seq, Array& a, const char* what) {
-    PyObject* fast = PySequence_Fast(seq.ptr(), "shape must be a sequence");
-    if (fast == nullptr) {
-        PyErr_Clear();
-        raise_type(std::string(what) + ": its shape must be a sequence of ints, not " + typename_of(seq));
-    }
-    nb::object keep = nb::steal(fast);
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-    a.shape.resize_for_overwrite(static_cast<size_t>(n));
-    for (Py_ssize_t i = 0; i < n; ++i) {
-        long long v = to_long(PySequence_Fast_GET_ITEM(fast, i), what, "shape");
-        if (v < 0) raise_usage(std::string(what) + ": negative extent " + std::to_string(v) + " in its shape");
-        a.shape[static_cast<size_t>(i)] = v;
-    }
+    nb::object items = bounded_items(seq, what, "shape");
+    PyObject* t = items.ptr();
+    size_t n = static_cast<size_t>(PyTuple_GET_SIZE(t));
+    a.shape.resize_for_overwrite(n);
+    for (size_t i = 0; i < n; ++i) a.shape[i] = to_long(PyTuple_GET_ITEM(t, static_cast<Py_ssize_t>(i)), what, "shape");
 }
 
 // Strides from a sequence of ints, each `unit` bytes per element step (1: already in elements), for
 // an array whose shape is read.
 void read_strides(nb::handle seq, Array& a, const char* what, int64_t unit) {
-    PyObject* fast = PySequence_Fast(seq.ptr(), "strides must be a sequence");
-    if (fast == nullptr) {
-        PyErr_Clear();
-        raise_type(std::string(what) + ": its strides must be a sequence of ints, not " + typename_of(seq));
-    }
-    nb::object keep = nb::steal(fast);
-    size_t n = static_cast<size_t>(PySequence_Fast_GET_SIZE(fast));
+    nb::object items = bounded_items(seq, what, "strides");
+    PyObject* t = items.ptr();
+    size_t n = static_cast<size_t>(PyTuple_GET_SIZE(t));
     if (n != a.shape.size()) {
         raise_usage(std::string(what) + ": " + std::to_string(a.shape.size()) + " extents but " + std::to_string(n) +
                     " strides");
     }
     a.strides.resize_for_overwrite(n);
     for (size_t i = 0; i < n; ++i) {
-        a.strides[i] = to_long(PySequence_Fast_GET_ITEM(fast, static_cast<Py_ssize_t>(i)), what, "strides");
+        a.strides[i] = to_long(PyTuple_GET_ITEM(t, static_cast<Py_ssize_t>(i)), what, "strides");
     }
     for (size_t i = 0; i < n; ++i) {
         if (a.strides[i] % unit) {
@@ -319,6 +378,84 @@ void read_strides(nb::handle seq, Array& a, const char* what, int64_t unit) {
         }
     }
     for (size_t i = 0; i < n; ++i) a.strides[i] /= unit;
+}
+
+// --- the intake rules: every description passes them, whatever its source -------------------------
+//
+// A reader fills ptr, dtype, shape, device, readonly and source, and strides unless the array is C
+// order (strides left empty); it bounds ndim before it reads or allocates for the extents.
+// validate() then checks, in this order, with no allocation on success:
+//   1. every extent >= 0 (UsageError);
+//   2. the product of the nonzero extents, and that times the itemsize, fit in 2**63 - 1 (OverflowError):
+//      size and nbytes() never overflow, nor do C strides;
+//   3. unless the array is empty, the bytes its elements cover, from its lowest to its highest addressed
+//      element given its strides, lie in [0, 2**64) from its pointer: each (extent - 1) x stride, their
+//      sums and the byte offsets computed without overflow (UsageError otherwise);
+//   4. a foreign array's device is a CUDA ordinal >= 0 or -1 (host) (UsageError);
+// and sets size, the C strides when none were given, and contiguity.
+
+[[noreturn]] void raise_span(const Array& a, const char* what) {
+    raise_usage(std::string(what) + ": shape " + format_dims(a.shape) + " with strides " + format_dims(a.strides) +
+                " elements of " + name(a.dtype) + " from address " + hex(a.ptr) +
+                " reaches outside [0, 2**64)");
+}
+
+[[noreturn]] void raise_negative_extent(const Array& a, const char* what) {
+    const int64_t* e = std::find_if(a.shape.data(), a.shape.data() + a.shape.size(), [](int64_t x) { return x < 0; });
+    raise_usage(std::string(what) + ": negative extent " + std::to_string(*e) + " in its shape " + format_dims(a.shape));
+}
+
+// One pass over the extents (from the last) for an array with given strides and no zero extent: rule 3,
+// and C contiguity (extents of 1 ignore their stride; every other stride is the product of the extents
+// after it, which fits: it is at most the element count).
+bool check_span(const Array& a, const char* what) {
+    const int64_t* shape = a.shape.data();
+    const int64_t* strides = a.strides.data();
+    int64_t lo = 0, hi = 0, expected = 1;  // element offsets of the lowest and the highest element
+    bool contiguous = true, bad = false;
+    for (size_t i = a.shape.size(); i-- > 0;) {
+        int64_t e = shape[i], reach = 0;
+        contiguous &= e == 1 || strides[i] == expected;
+        expected *= e;
+        bad |= __builtin_mul_overflow(e - 1, strides[i], &reach);
+        int64_t down = reach < 0 ? reach : 0;
+        bad |= __builtin_add_overflow(lo, down, &lo) | __builtin_add_overflow(hi, reach - down, &hi);
+    }
+    int64_t below = 0, end = 0;  // bytes below ptr; bytes from ptr to the end of the highest element
+    bad |= __builtin_mul_overflow(lo, a.itemsize(), &below) | __builtin_add_overflow(hi, int64_t{1}, &end);
+    bad |= __builtin_mul_overflow(end, a.itemsize(), &end);
+    uint64_t under = 0 - static_cast<uint64_t>(below);  // |below|, also for -2**63
+    if (bad || a.ptr < under || static_cast<uint64_t>(end) > UINTPTR_MAX - a.ptr) raise_span(a, what);
+    return contiguous;
+}
+
+void validate(Array& a, const char* what) {
+    const size_t nd = a.shape.size();
+    const int64_t* shape = a.shape.data();
+    int64_t nonzero = 1, nbytes = 0;  // nonzero: the product of the nonzero extents
+    bool empty = false, negative = false, overflow = false;
+    for (size_t i = 0; i < nd; ++i) {
+        int64_t e = shape[i];
+        negative |= e < 0;
+        empty |= e == 0;
+        overflow |= __builtin_mul_overflow(nonzero, e == 0 ? 1 : e, &nonzero);
+    }
+    if (negative) raise_negative_extent(a, what);
+    if (overflow || __builtin_mul_overflow(nonzero, a.itemsize(), &nbytes)) {
+        raise_overflow(std::string(what) + ": shape " + format_dims(a.shape) + " of " + name(a.dtype) +
+                       " holds more than 2**63 - 1 bytes");
+    }
+    a.size = empty ? 0 : nonzero;
+    if (a.strides.size() != nd) {  // C order: the span is [ptr, ptr + nbytes)
+        set_c_strides(a);
+        if (!empty && static_cast<uint64_t>(nbytes) > UINTPTR_MAX - a.ptr) raise_span(a, what);
+        a.contiguous = true;
+    } else {
+        a.contiguous = empty || check_span(a, what);  // an empty array addresses nothing, and is contiguous
+    }
+    if (a.device < -1 && a.source != Source::kTuple && a.source != Source::kBuffer) {
+        raise_usage(std::string(what) + ": device " + std::to_string(a.device) + " is not a CUDA device ordinal");
+    }
 }
 
 // --- DLPack ------------------------------------------------------------------------------------
@@ -361,17 +498,27 @@ void from_dltensor(const nb::dlpack::dltensor& t, uint64_t flags, Array& a, cons
         raise_usage(std::string(what) + ": unsupported DLPack dtype (code=" + std::to_string(t.dtype.code) +
                     ", bits=" + std::to_string(t.dtype.bits) + ", lanes=" + std::to_string(t.dtype.lanes) + ")");
     }
-    if (t.ndim < 0) raise_usage(std::string(what) + ": DLPack tensor with ndim " + std::to_string(t.ndim));
-    a.ptr = reinterpret_cast<uintptr_t>(t.data) + t.byte_offset;
-    a.shape.resize_for_overwrite(static_cast<size_t>(t.ndim));
-    for (int32_t i = 0; i < t.ndim; ++i) a.shape[i] = t.shape[i];
-    if (t.strides == nullptr) {  // before DLPack 1.2: compact row-major
-        set_c_strides(a);
-    } else {
-        a.strides.resize_for_overwrite(static_cast<size_t>(t.ndim));
-        for (int32_t i = 0; i < t.ndim; ++i) a.strides[i] = t.strides[i];
+    // Bounded before anything is read or allocated for the extents.
+    if (t.ndim < 0 || static_cast<size_t>(t.ndim) > kMaxNdim) {
+        raise_usage(std::string(what) + ": DLPack tensor with ndim " + std::to_string(t.ndim) +
+                    " (mpbind takes 0 to " + std::to_string(kMaxNdim) + " dimensions)");
     }
-    finish(a);
+    if (t.ndim > 0 && t.shape == nullptr) {
+        raise_usage(std::string(what) + ": DLPack tensor of ndim " + std::to_string(t.ndim) + " with a NULL shape");
+    }
+    uintptr_t data = reinterpret_cast<uintptr_t>(t.data);
+    if (t.byte_offset > UINTPTR_MAX - data) {
+        raise_usage(std::string(what) + ": DLPack data " + hex(data) + " + byte_offset " +
+                    std::to_string(t.byte_offset) + " is past 2**64");
+    }
+    a.ptr = data + t.byte_offset;
+    const auto nd = static_cast<size_t>(t.ndim);
+    a.shape.resize_for_overwrite(nd);
+    for (size_t i = 0; i < nd; ++i) a.shape[i] = t.shape[i];
+    if (t.strides != nullptr) {  // NULL before DLPack 1.2: compact row-major (validate() sets them)
+        a.strides.resize_for_overwrite(nd);
+        for (size_t i = 0; i < nd; ++i) a.strides[i] = t.strides[i];
+    }
     a.device = (t.device.device_type == kDLCUDA || t.device.device_type == kDLCUDAManaged) ? t.device.device_id : -1;
     a.readonly = (flags & kFlagReadOnly) != 0;
 }
@@ -385,7 +532,7 @@ void from_dltensor(const nb::dlpack::dltensor& t, uint64_t flags, Array& a, cons
     nb::python_error err;  // takes the pending exception
     if (!err.matches(PyExc_Exception)) throw err;  // KeyboardInterrupt and the like pass through
     raise_usage(std::string(what) + ": cannot import " + typename_of(obj) + " through " + how + ": " +
-                std::string(nb::str(err.value()).c_str()));
+                exception_text(err));
 }
 
 const ExchangeApi* exchange_api(PyTypeObject* type) {
@@ -393,14 +540,17 @@ const ExchangeApi* exchange_api(PyTypeObject* type) {
     if (!capsule.is_valid()) return nullptr;
     if (!PyCapsule_IsValid(capsule.ptr(), "dlpack_exchange_api")) return nullptr;
     auto* header = static_cast<ExchangeApiHeader*>(PyCapsule_GetPointer(capsule.ptr(), "dlpack_exchange_api"));
-    while (header != nullptr && header->version.major > 1) header = header->prev_api;  // a newer ABI first
+    // A newer ABI first; a producer's chain is followed a bounded number of steps (it could loop).
+    for (int steps = 0; header != nullptr && header->version.major > 1 && steps < 16; ++steps) {
+        header = header->prev_api;
+    }
     if (header == nullptr || header->version.major != 1) return nullptr;
     auto* api = reinterpret_cast<const ExchangeApi*>(header);
     return api->dltensor_from_py_object_no_sync != nullptr ? api : nullptr;
 }
 
 void via_exchange(nb::handle obj, const ExchangeApi* api, Array& a, const char* what) {
-    nb::dlpack::dltensor t;
+    nb::dlpack::dltensor t{};  // what a producer leaves unset reads as nothing usable, not as stack garbage
     if (api->dltensor_from_py_object_no_sync(obj.ptr(), &t) != 0) raise_export_failed(obj, what, "DLPack");
     from_dltensor(t, 0, a, what);  // the exchange has no read-only flag: frameworks with it write anywhere
     a.source = Source::kExchange;
@@ -509,16 +659,16 @@ bool from_interface(nb::handle obj, nb::handle cai, Array& a, const char* what) 
         raise_usage(std::string(what) + ": __cuda_array_interface__['data'][0] must be an address >= 0");
     }
     int ro = PyObject_IsTrue(PyTuple_GET_ITEM(data, 1));
-    if (ro < 0) throw nb::python_error();
+    if (ro < 0) {
+        nb::python_error err;
+        if (!err.matches(PyExc_Exception)) throw err;
+        raise_usage(std::string(what) + ": __cuda_array_interface__['data'][1] (read-only) is not a truth value: " +
+                    exception_text(err));
+    }
     a.readonly = ro != 0;
     PyObject* strides = PyDict_GetItemWithError(cai.ptr(), n.strides);
     if (strides == nullptr && PyErr_Occurred()) throw nb::python_error();
-    if (strides == nullptr || strides == Py_None) {
-        set_c_strides(a);
-    } else {
-        read_strides(strides, a, what, a.itemsize());
-    }
-    finish(a);
+    if (strides != nullptr && strides != Py_None) read_strides(strides, a, what, a.itemsize());  // else C order
     a.device = (a.ptr == 0 && a.shape.size() == 0) ? -1 : interface_device(obj);
     a.source = Source::kInterface;
     return true;
@@ -575,7 +725,6 @@ void via_torch(nb::handle obj, Array& a, const char* what) {
     a.dtype = dtype_attr(obj, what);
     read_shape(attr(obj, n.shape), a, what);
     read_strides(call_method(obj, n.stride), a, what, 1);
-    finish(a);
     a.ptr = address_field(call_method(obj, n.data_ptr), what, "data_ptr()");
     a.device = int_field(call_method(obj, n.get_device), what, "get_device()");  // -1 on the CPU
     a.source = Source::kTorch;
@@ -586,7 +735,6 @@ void via_cupy(nb::handle obj, Array& a, const char* what) {
     a.dtype = dtype_attr(obj, what);
     read_shape(attr(obj, n.shape), a, what);
     read_strides(attr(obj, n.strides), a, what, a.itemsize());
-    finish(a);
     nb::object memptr = attr(obj, n.data);
     a.ptr = address_field(attr(memptr, n.ptr), what, "data.ptr");
     a.device = int_field(attr(memptr, n.device_id), what, "data.device_id");
@@ -690,34 +838,47 @@ void keep_description(nb::handle obj, const OurSlots& s, const Array& a) {
     Py_XSETREF(*slot, capsule);
 }
 
+// A SymmetricArray's or PeerArray's shape, dtype and device from its slots (C order).
 void from_view(nb::handle obj, const OurSlots& s, Array& a, const char* what) {
     read_shape(s.shape.get(obj), a, what);
-    set_c_strides(a);
-    finish(a);
     nb::object dt = s.dtype.get(obj);
     const Dtype* known = dtype_cache().find(dt.ptr());
     a.dtype = known ? *known : dtype_of(dt);
     a.device = int_field(s.device.get(obj), what, "_device");
 }
 
+// A view of our own holds no more than its allocation: its slots are writable from Python.
+void within_allocation(const Array& a, size_t allocated, const char* what) {
+    if (static_cast<uint64_t>(a.nbytes()) > allocated) {
+        raise_usage(std::string(what) + ": shape " + format_dims(a.shape) + " of " + name(a.dtype) + " holds " +
+                    std::to_string(a.nbytes()) + " bytes, more than its symmetric allocation's " +
+                    std::to_string(allocated));
+    }
+}
+
 void via_symmetric(nb::handle obj, const OurSlots& s, Array& a, const char* what) {
     auto [base, nbytes] = nvshmem::allocation_of(s.core.get(obj));  // UsageError once freed
-    (void)nbytes;
     if (const Described* d = kept_description(obj, s)) {
-        a = d->array;
+        a = d->array;  // validated when made
     } else {
         from_view(obj, s, a, what);
         a.source = Source::kSymmetric;
+        a.ptr = base;
+        validate(a, what);
         keep_description(obj, s, a);
     }
+    within_allocation(a, nbytes, what);  // also for a kept one: _core may have been replaced since
     a.ptr = a.symmetric = base;
 }
 
 void via_peer(nb::handle obj, const OurSlots& s, Array& a, const char* what) {
-    nvshmem::allocation_of(s.core.get(s.base.get(obj)));  // UsageError once its array is freed
+    auto [base, nbytes] = nvshmem::allocation_of(s.core.get(s.base.get(obj)));  // UsageError once freed
+    (void)base;
     from_view(obj, s, a, what);
     a.ptr = address_field(s.address.get(obj), what, "_address");
     a.source = Source::kPeer;
+    validate(a, what);
+    within_allocation(a, nbytes, what);  // the peer's copy is as large as this PE's
 }
 
 void via_buffer(nb::handle obj, Array& a) {
@@ -726,8 +887,6 @@ void via_buffer(nb::handle obj, Array& a) {
     a.dtype = Dtype::kUInt8;
     a.shape.resize_for_overwrite(1);
     a.shape[0] = static_cast<int64_t>(b.nbytes);
-    set_c_strides(a);
-    finish(a);
     a.device = b.device;
     a.source = Source::kBuffer;
 }
@@ -743,18 +902,12 @@ void via_tuple(nb::handle obj, Array& a, const char* what) {
     if (!as_address(ptr, p)) {
         raise_usage(std::string(what) + ": ptr must be an address in [0, 2**64), got " + repr_of(ptr));
     }
-    long long c = PyLong_AsLongLong(count);
-    if (c == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        raise_usage(std::string(what) + ": count " + repr_of(count) + " is out of range");
-    }
+    long long c = to_long(count, what, "count");
     if (c < 0) raise_usage(std::string(what) + ": count must be >= 0, got " + std::to_string(c));
     a.dtype = dtype_of(PyTuple_GET_ITEM(obj.ptr(), 2));
     a.ptr = p;
     a.shape.resize_for_overwrite(1);
     a.shape[0] = c;
-    set_c_strides(a);
-    finish(a);
     a.device = -2;  // taken on trust
     a.source = Source::kTuple;
 }
@@ -840,11 +993,12 @@ const Path& path_of(PyTypeObject* type, Path& scratch) {
     return scratch;
 }
 
+// The reader of `p`, then the intake rules (validate()) on what it read.
 void run(nb::handle obj, const Path& p, Array& a, const char* what) {
     switch (p.source) {
         case Source::kTuple: via_tuple(obj, a, what); break;
-        case Source::kSymmetric: via_symmetric(obj, p.slots, a, what); break;
-        case Source::kPeer: via_peer(obj, p.slots, a, what); break;
+        case Source::kSymmetric: via_symmetric(obj, p.slots, a, what); return;  // validated when described
+        case Source::kPeer: via_peer(obj, p.slots, a, what); return;           // validated there
         case Source::kBuffer: via_buffer(obj, a); break;
         case Source::kExchange: via_exchange(obj, p.exchange, a, what); break;
         case Source::kTorch: via_torch(obj, a, what); break;
@@ -852,6 +1006,7 @@ void run(nb::handle obj, const Path& p, Array& a, const char* what) {
         case Source::kInterface: via_interface(obj, a, what); break;
         case Source::kDlpack: via_dlpack(obj, a, what); break;
     }
+    validate(a, what);
 }
 
 }  // namespace
@@ -866,8 +1021,8 @@ Dtype dtype_of(nb::handle dtype) {
     if (PyUnicode_Check(dtype.ptr())) {
         Py_ssize_t len = 0;
         const char* s = PyUnicode_AsUTF8AndSize(dtype.ptr(), &len);
-        if (s == nullptr) throw nb::python_error();
-        Dtype d = by_name(std::string_view(s, static_cast<size_t>(len)));
+        if (s == nullptr) PyErr_Clear();  // lone surrogates: no name of ours
+        Dtype d = s ? by_name(std::string_view(s, static_cast<size_t>(len))) : Dtype::kInvalid;
         if (d == Dtype::kInvalid) {
             raise_usage("unsupported dtype " + repr_of(dtype) + " (supported: " + supported_names() + ")");
         }
@@ -886,19 +1041,30 @@ Dtype dtype_of(nb::handle dtype) {
             if (!e.matches(PyExc_Exception)) throw;
         }
     }
-    if (name.empty() && is_type) {
-        auto* t = reinterpret_cast<PyTypeObject*>(dtype.ptr());
-        name = t == &PyFloat_Type ? "float64" : t == &PyLong_Type ? "int64" : t == &PyComplex_Type ? "complex128"
-               : t == &PyBool_Type ? "bool" : nb::cast<std::string>(dtype.attr("__name__"));
-    }
-    if (name.empty()) {
-        nb::object str_name = optional_attr(dtype, names().name);  // dtype objects of other array libraries
-        if (str_name.is_valid() && PyUnicode_Check(str_name.ptr())) {
-            name = nb::cast<std::string>(str_name);
-        } else {
-            std::string s = nb::cast<std::string>(nb::str(dtype));  // torch.float32, jnp dtypes
-            name = s.substr(s.rfind('.') + 1);
+    // Other objects name themselves through Python code (a property, __str__), which may raise: an
+    // object that cannot say its name is not a dtype (KeyboardInterrupt and the like pass through).
+    try {
+        if (name.empty() && is_type) {
+            auto* t = reinterpret_cast<PyTypeObject*>(dtype.ptr());
+            name = t == &PyFloat_Type ? "float64" : t == &PyLong_Type ? "int64" : t == &PyComplex_Type ? "complex128"
+                   : t == &PyBool_Type ? "bool" : nb::cast<std::string>(nb::str(dtype.attr("__name__")));
         }
+        if (name.empty()) {
+            nb::object str_name = optional_attr(dtype, names().name);  // dtype objects of other array libraries
+            if (str_name.is_valid() && PyUnicode_Check(str_name.ptr())) {
+                name = nb::cast<std::string>(str_name);
+            } else {
+                std::string s = nb::cast<std::string>(nb::str(dtype));  // torch.float32, jnp dtypes
+                name = s.substr(s.rfind('.') + 1);
+            }
+        }
+    } catch (nb::python_error& e) {
+        if (!e.matches(PyExc_Exception)) throw;
+        raise_usage("unsupported dtype: a " + typename_of(dtype) + " that cannot give its name (" +
+                    exception_text(e) + "; supported: " + supported_names() + ")");
+    } catch (nb::cast_error&) {
+        raise_usage("unsupported dtype: a " + typename_of(dtype) + " whose name is not text (supported: " +
+                    supported_names() + ")");
     }
     Dtype d = by_name(name);
     if (d == Dtype::kInvalid) {
@@ -926,18 +1092,6 @@ const char* source_name(Source s) {
 void Dims::resize_for_overwrite(size_t n) {
     if (n > kInline) heap_.resize(n);
     n_ = n;
-}
-
-bool c_contiguous(const Dims& shape, const Dims& strides) {
-    for (size_t i = 0; i < shape.size(); ++i) {
-        if (shape[i] == 0) return true;
-    }
-    int64_t expected = 1;
-    for (size_t i = shape.size(); i-- > 0;) {
-        if (shape[i] != 1 && strides[i] != expected) return false;
-        expected *= shape[i];
-    }
-    return true;
 }
 
 Array describe(nb::handle obj, const char* what, bool tuples) {
@@ -978,6 +1132,31 @@ Array device_array(nb::handle obj, const Want& want) {
     }
     if (want.writable && a.readonly) raise_usage(std::string(want.what) + " is read-only");
     return a;
+}
+
+void check_export(uintptr_t ptr, const std::vector<size_t>& shape, uint8_t code, uint8_t bits, int device,
+                  const char* what) {
+    Array a;
+    a.dtype = from_dlpack(code, bits, 1);
+    if (a.dtype == Dtype::kInvalid) {
+        raise_usage(std::string(what) + ": unsupported DLPack dtype (code=" + std::to_string(code) + ", bits=" +
+                    std::to_string(bits) + ")");
+    }
+    if (shape.size() > kMaxNdim) {
+        raise_usage(std::string(what) + ": " + std::to_string(shape.size()) + " dimensions; mpbind takes arrays of at "
+                    "most " + std::to_string(kMaxNdim));
+    }
+    a.shape.resize_for_overwrite(shape.size());
+    for (size_t i = 0; i < shape.size(); ++i) {
+        if (shape[i] > static_cast<size_t>(INT64_MAX)) {
+            raise_overflow(std::string(what) + ": extent " + std::to_string(shape[i]) + " does not fit in 2**63 - 1");
+        }
+        a.shape[i] = static_cast<int64_t>(shape[i]);
+    }
+    a.ptr = ptr;
+    a.device = device;
+    a.source = Source::kInterface;  // a device ordinal is checked as a foreign one's
+    validate(a, what);
 }
 
 std::string repr_of(nb::handle obj) {
@@ -1065,30 +1244,72 @@ uintptr_t stream_value(nb::handle v, const char* from) {
     return h;
 }
 
+// A stream object whose protocol raised (a property, __cuda_stream__()): UsageError naming `stream`
+// and what raised. KeyboardInterrupt and the like pass through.
+[[noreturn]] void raise_stream_failed(nb::handle obj, const char* how) {
+    nb::python_error err;  // takes the pending exception
+    if (!err.matches(PyExc_Exception)) throw err;
+    raise_usage(std::string("stream: ") + how + " of " + arrays::typename_of(obj) + " raised " +
+                arrays::exception_text(err));
+}
+
+// getattr(obj, name), its failure reported as the stream's.
+nb::object stream_attr(nb::handle obj, PyObject* name, const char* how) {
+    PyObject* out = PyObject_GetAttr(obj.ptr(), name);
+    if (out == nullptr) raise_stream_failed(obj, how);
+    return nb::steal(out);
+}
+
+// The handle __cuda_stream__() gives: (version 0, cudaStream_t), the CUDA stream protocol.
+uintptr_t stream_protocol(nb::handle obj, nb::handle method) {
+    nb::object info = nb::steal(PyObject_CallNoArgs(method.ptr()));
+    if (!info.is_valid()) raise_stream_failed(obj, "__cuda_stream__()");
+    if (!PyTuple_Check(info.ptr()) || PyTuple_GET_SIZE(info.ptr()) != 2) {
+        raise_type("stream: __cuda_stream__() of " + arrays::typename_of(obj) +
+                   " must return a (version, handle) tuple, not " + arrays::repr_of(info));
+    }
+    PyObject* version = PyTuple_GET_ITEM(info.ptr(), 0);
+    static PyObject* const zero = PyLong_FromLong(0);  // CPython's cached 0: what producers return
+    if (version != zero && (!PyLong_Check(version) || PyBool_Check(version) || PyLong_AsLong(version) != 0)) {
+        PyErr_Clear();  // (a version beyond a C long)
+        raise_usage("stream: __cuda_stream__() of " + arrays::typename_of(obj) + " gives protocol version " +
+                    arrays::repr_of(version) + "; mpbind reads version 0");
+    }
+    return stream_value(PyTuple_GET_ITEM(info.ptr(), 1), "__cuda_stream__()[1]");
+}
+
+// getattr(obj, name) when present (the instance's own attributes), its failure reported as the stream's.
+nb::object optional_stream_attr(nb::handle obj, PyObject* name, const char* how) {
+    try {
+        return arrays::optional_attr(obj, name);
+    } catch (nb::python_error& e) {
+        e.restore();
+        raise_stream_failed(obj, how);
+    }
+}
+
 }  // namespace
 
 uintptr_t stream_handle(nb::handle obj) {
     if (obj.is_none()) return 0;
     if (PyLong_Check(obj.ptr()) && !PyBool_Check(obj.ptr())) return stream_value(obj, "an int stream");
     const auto& n = arrays::names();
-    auto protocol = [&](nb::handle method) {
-        nb::object info = nb::steal(PyObject_CallNoArgs(method.ptr()));
-        if (!info.is_valid()) throw nb::python_error();
-        if (!PyTuple_Check(info.ptr()) || PyTuple_GET_SIZE(info.ptr()) != 2) {
-            raise_type("__cuda_stream__() must return a (version, handle) tuple");
-        }
-        return stream_value(PyTuple_GET_ITEM(info.ptr(), 1), "__cuda_stream__()[1]");
-    };
     switch (stream_via(Py_TYPE(obj.ptr()))) {
-        case StreamVia::kProtocol: return protocol(arrays::attr(obj, n.cuda_stream_protocol));
-        case StreamVia::kCudaStream: return stream_value(arrays::attr(obj, n.cuda_stream), ".cuda_stream");
-        case StreamVia::kPtr: return stream_value(arrays::attr(obj, n.ptr), ".ptr");
+        case StreamVia::kProtocol:
+            return stream_protocol(obj, stream_attr(obj, n.cuda_stream_protocol, "__cuda_stream__"));
+        case StreamVia::kCudaStream:
+            return stream_value(stream_attr(obj, n.cuda_stream, ".cuda_stream"), ".cuda_stream");
+        case StreamVia::kPtr: return stream_value(stream_attr(obj, n.ptr, ".ptr"), ".ptr");
         case StreamVia::kNone: break;
     }
     // Attributes of the instance alone (not of its type): looked up each time.
-    if (nb::object m = arrays::optional_attr(obj, n.cuda_stream_protocol); m.is_valid()) return protocol(m);
-    if (nb::object v = arrays::optional_attr(obj, n.cuda_stream); v.is_valid()) return stream_value(v, ".cuda_stream");
-    if (nb::object v = arrays::optional_attr(obj, n.ptr); v.is_valid()) return stream_value(v, ".ptr");
+    if (nb::object m = optional_stream_attr(obj, n.cuda_stream_protocol, "__cuda_stream__"); m.is_valid()) {
+        return stream_protocol(obj, m);
+    }
+    if (nb::object v = optional_stream_attr(obj, n.cuda_stream, ".cuda_stream"); v.is_valid()) {
+        return stream_value(v, ".cuda_stream");
+    }
+    if (nb::object v = optional_stream_attr(obj, n.ptr, ".ptr"); v.is_valid()) return stream_value(v, ".ptr");
     raise_type("stream must be an int, None, or an object with __cuda_stream__, .cuda_stream or .ptr, not " +
                arrays::typename_of(obj));
 }
@@ -1192,10 +1413,11 @@ void register_arrays(nb::module_& m) {
         });
         Array shaped;
         arrays::read_shape(shape, shaped, "array");
+        shaped.dtype = arrays::dtype_of(dtype);
+        shaped.ptr = nvshmem::allocation_of(core).first;
         out["strides"] = per_call([&] {
             Array a = shaped;
-            arrays::set_c_strides(a);
-            arrays::finish(a);
+            arrays::validate(a, "array");
             sink ^= static_cast<uintptr_t>(a.size);
         });
         out["dtype"] = per_call([&] { sink ^= static_cast<uintptr_t>(arrays::dtype_of(dtype)); });
@@ -1208,8 +1430,8 @@ void register_arrays(nb::module_& m) {
         return out;
     }, nb::arg("array"), nb::arg("n"),
        "Nanoseconds per step of describing a SymmetricArray in C++ (n times each): the type's path, the slot reads, "
-       "the allocation, the shape, strides and size, the dtype, the device (the steps of a first description), "
-       "finding the description kept since, and the whole description.");
+       "the allocation, the shape, the intake checks (size, strides, span), the dtype, the device (the steps of a "
+       "first description), finding the description kept since, and the whole description.");
     testing.def("stream_ns", [](nb::handle stream, size_t n) {
         uintptr_t sink = 0;
         double ns = ns_per_call(n, [&] { sink ^= stream_handle(stream); });

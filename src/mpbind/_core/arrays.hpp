@@ -10,6 +10,20 @@
 //   anything else through __cuda_array_interface__ (v2/v3), falling back to __dlpack__ (versioned
 //     capsules) when the interface is missing, raises (float8 tensors) or names no element type.
 // Nothing here calls a library: refusals are UsageError/TypeError naming the argument.
+//
+// One intake: every path above ends in the same checks (validate() in arrays.cpp), so that nothing a
+// caller hands in makes the core compute a wrong size or address:
+//   * ndim is bounded (0 to kMaxNdim) by each reader before it reads or allocates for the extents: a
+//     DLPack tensor's ndim, the length of a shape or strides sequence (a DLPack NULL shape with
+//     ndim > 0 is refused too); a DLPack data + byte_offset must not pass 2**64;
+//   * every extent >= 0 (UsageError); extents, strides and counts are ints within 64 bits (TypeError,
+//     OverflowError);
+//   * the element count and the byte size fit in 2**63 - 1 (OverflowError);
+//   * the bytes the elements cover, from the lowest to the highest addressed element given the
+//     strides, lie in [0, 2**64) (UsageError); an empty array addresses nothing;
+//   * a device ordinal is >= 0, or -1 for host memory (UsageError);
+//   * our own views hold no more than their symmetric allocation (UsageError).
+// An Array that describe() returns therefore never overflows in size, nbytes(), ptr + nbytes().
 
 #pragma once
 
@@ -24,6 +38,9 @@
 namespace mpbind::arrays {
 
 namespace nb = nanobind;
+
+// Arrays of more dimensions are refused (NumPy 2's limit: every real array passes).
+constexpr size_t kMaxNdim = 64;
 
 // The element types the layer names ("float32", "bfloat16", ...).
 enum class Dtype : uint8_t {
@@ -121,12 +138,15 @@ private:
     size_t n_ = 0;
 };
 
+// What describe() returns satisfies the intake rules above.
 struct Array {
     uintptr_t ptr = 0;
     int64_t size = 0;  // elements
     Dtype dtype = Dtype::kInvalid;
     int device = -1;   // CUDA device ordinal; -1: host memory; -2: not known (a Buffer of unknown device)
-    bool contiguous = true;  // C order; an array with a zero-size extent always is
+    // C order: any zero-size extent makes an array contiguous, extents of 1 ignore their stride, every
+    // other stride is the product of the extents after it.
+    bool contiguous = true;
     bool readonly = false;
     Source source = Source::kTuple;
     Dims shape, strides;  // strides in elements
@@ -135,10 +155,6 @@ struct Array {
     int64_t itemsize() const { return info(dtype).itemsize; }
     int64_t nbytes() const { return size * itemsize(); }
 };
-
-// The C-contiguity rule: any zero-size extent makes an array contiguous, extents of 1 ignore their
-// stride, every other stride is the product of the extents after it.
-bool c_contiguous(const Dims& shape, const Dims& strides);
 
 // `obj` described, with no requirement on device or layout. `what` names it in messages ("sendbuf");
 // `tuples`: a (ptr, count, dtype) tuple is accepted. TypeError for what is not an array.
@@ -158,6 +174,11 @@ Array device_array(nb::handle obj, const Want& want);
 
 // `source` forces one path (tests and the coercion benchmark compare paths on the same object).
 Array describe_via(nb::handle obj, const char* what, Source source);
+
+// The same rules for a C-order array the core exports over `ptr` (mpbind._core.dlpack_view):
+// UsageError/OverflowError naming `what` when `shape` of (DLPack code, bits) from `ptr` breaks one.
+void check_export(uintptr_t ptr, const std::vector<size_t>& shape, uint8_t code, uint8_t bits, int device,
+                  const char* what);
 
 // Streams are read by mpbind::stream_handle (core.hpp), defined in arrays.cpp with the arrays.
 

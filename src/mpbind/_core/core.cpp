@@ -41,6 +41,44 @@ void raise_type(const std::string& message) {
     throw nb::python_error();
 }
 
+void raise_overflow(const std::string& message) {
+    PyErr_SetString(PyExc_OverflowError, message.c_str());
+    throw nb::python_error();
+}
+
+void refuse_copy(nb::handle self, const char* how) {
+    // The class as the lifetime table names kinds: "nccl.Communicator" (module mpbind._core.nccl).
+    std::string name = Py_TYPE(self.ptr())->tp_name;
+    nb::object module = nb::steal(PyObject_GetAttrString(reinterpret_cast<PyObject*>(Py_TYPE(self.ptr())),
+                                                         "__module__"));
+    const char* m = module.is_valid() && PyUnicode_Check(module.ptr()) ? PyUnicode_AsUTF8(module.ptr()) : nullptr;
+    PyErr_Clear();
+    const std::string prefix = "mpbind._core.";
+    if (m != nullptr && std::strncmp(m, prefix.c_str(), prefix.size()) == 0) name = m + prefix.size() + ("." + name);
+    if (std::strcmp(how, "pickle") == 0) {
+        raise_type("cannot pickle " + name + ": it owns a library resource of this process, which cannot be "
+                   "saved or sent to another");
+    }
+    raise_type("cannot " + std::string(how) + " " + name + ": it owns a library resource, which close() releases "
+               "once; pass the object itself (a copy would share the resource, and closing either would release "
+               "it under the other)");
+}
+
+void refuse_wrapping_range(uintptr_t ptr, size_t size) {
+    raise_usage("cannot register " + std::to_string(size) + " bytes at " + std::to_string(ptr) +
+                ": the range passes the end of the address space (2**64)");
+}
+
+namespace detail {
+
+void raise_arithmetic_overflow(const char* what, const char* op, const std::string& a, const std::string& b,
+                               bool is_signed) {
+    raise_overflow(std::string(what) + " overflows: " + a + " " + op + " " + b + " does not fit in " +
+                   (is_signed ? "a signed 64-bit integer (at most 2**63 - 1)" : "64 bits (at most 2**64 - 1)"));
+}
+
+}  // namespace detail
+
 void raise_status(const char* library, int status, const char* function) {
     std::string module = std::string("mpbind.bindings.") + library;
     nb::module_::import_(module.c_str()).attr("_raise_status")(status, function);

@@ -29,6 +29,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -43,6 +44,7 @@ namespace mpbind {
 [[noreturn]] void raise_usage(const std::string& message);
 [[noreturn]] void raise_type(const std::string& message);
 [[noreturn]] void raise_mpbind(const std::string& message);  // MpbindError (e.g. a CUDA driver failure)
+[[noreturn]] void raise_overflow(const std::string& message);  // OverflowError: a size beyond 64 bits
 // Raises the generated per-status error of `library` (via mpbind.bindings.<library>._raise_status).
 [[noreturn]] void raise_status(const char* library, int status, const char* function);
 // Raises the error of `status` from `function` with our own description
@@ -50,6 +52,42 @@ namespace mpbind {
 [[noreturn]] void raise_library_error(const char* library, const char* function, int status,
                                       const std::string& description);
 void warn_resource(const std::string& message);
+
+// ---------------------------------------------------------------------------
+// Checked size arithmetic: every size or address the core computes from a caller's values
+// ---------------------------------------------------------------------------
+
+// a * b and a + b over 64-bit integers (int64_t, uint64_t, long long, size_t): OverflowError naming
+// `what` ("sendbuf's byte size") instead of a wrapped result. Inline: one flag test when they fit.
+namespace detail {
+[[noreturn]] void raise_arithmetic_overflow(const char* what, const char* op, const std::string& a,
+                                            const std::string& b, bool is_signed);
+template <class T>
+[[noreturn]] void overflowed(const char* what, const char* op, T a, T b) {
+    static_assert(std::is_integral_v<T> && sizeof(T) == 8, "checked arithmetic takes 64-bit integers");
+    raise_arithmetic_overflow(what, op, std::to_string(a), std::to_string(b), std::is_signed_v<T>);
+}
+}  // namespace detail
+
+template <class T>
+inline T checked_mul(T a, T b, const char* what) {
+    T out;
+    if (__builtin_mul_overflow(a, b, &out)) detail::overflowed(what, "*", a, b);
+    return out;
+}
+
+template <class T>
+inline T checked_add(T a, T b, const char* what) {
+    T out;
+    if (__builtin_add_overflow(a, b, &out)) detail::overflowed(what, "+", a, b);
+    return out;
+}
+
+// Whether [ptr, ptr + nbytes) lies in [base, base + size), computed without forming an end address
+// (which could wrap past 2**64 and make a far range look inside).
+inline bool span_within(uintptr_t ptr, uint64_t nbytes, uintptr_t base, uint64_t size) {
+    return ptr >= base && ptr - base <= size && nbytes <= size - (ptr - base);
+}
 
 // Nanoseconds per call of `step` over `n` calls: the timing loop of the test hooks that measure
 // the core's own costs (_testing.*_ns).
@@ -229,9 +267,26 @@ private:
 inline constexpr const char* kEnterSig = "def __enter__(self) -> typing_extensions.Self";
 inline constexpr const char* kExitSig = "def __exit__(self, *args: object) -> None";
 
-// __enter__/__exit__/close/closed/serial on a bound Ref class.
+// copy.copy, copy.deepcopy and pickle of an object that owns a library resource: TypeError. A copy
+// would share the resource, so closing either would release it under the other; the object itself
+// is what to pass around (the layer's Owned facades refuse the same way).
+[[noreturn]] void refuse_copy(nb::handle self, const char* how);
+template <class C>
+void refuse_copies(C& cls) {
+    cls.def("__copy__", [](nb::handle self) { refuse_copy(self, "copy"); },
+            nb::sig("def __copy__(self) -> typing.NoReturn"))
+        .def("__deepcopy__", [](nb::handle self, nb::handle) { refuse_copy(self, "copy"); },
+             nb::sig("def __deepcopy__(self, memo: object) -> typing.NoReturn"))
+        .def("__reduce_ex__", [](nb::handle self, nb::handle) { refuse_copy(self, "pickle"); },
+             nb::sig("def __reduce_ex__(self, protocol: object) -> typing.NoReturn"))
+        .def("__reduce__", [](nb::handle self) { refuse_copy(self, "pickle"); },
+             nb::sig("def __reduce__(self) -> typing.NoReturn"));
+}
+
+// __enter__/__exit__/close/closed/serial on a bound Ref class, which refuses copies.
 template <class R, class... Extra>
 void bind_lifetime(nb::class_<R, Extra...>& cls, const char* close_doc) {
+    refuse_copies(cls);
     cls.def("close", [](R& r) { r.close(); }, close_doc)
         .def_prop_ro("closed", [](R& r) { return r.closed(); }, "True once released.")
         .def_prop_ro("serial", [](R& r) { return r.state()->serial(); },
@@ -292,6 +347,9 @@ private:
     bool closed_ = false;
 };
 
+// UsageError: [ptr, ptr + size) passes the end of the address space.
+[[noreturn]] void refuse_wrapping_range(uintptr_t ptr, size_t size);
+
 class Registry {
 public:
     using Key = std::pair<uintptr_t, size_t>;
@@ -299,6 +357,7 @@ public:
     // `make` (which calls the library) if there is none. `owner` becomes its parent.
     template <class Make>
     RegistrationRef acquire(State& owner, uintptr_t ptr, size_t size, Make&& make) {
+        if (size > UINTPTR_MAX - ptr) refuse_wrapping_range(ptr, size);
         Lock l = lock(owner.mutex());
         owner.check_open();
         auto it = live_.find({ptr, size});

@@ -208,7 +208,11 @@ std::shared_ptr<WorkspaceState> shared_workspace(const std::shared_ptr<GridState
         auto last = std::static_pointer_cast<WorkspaceState>(g->workspaces.back());
         if (!last->closed() && last->size >= nbytes) return last;
     }
-    size_t grow = g->workspaces.empty() ? 0 : 2 * std::static_pointer_cast<WorkspaceState>(g->workspaces.back())->size;
+    size_t grow = 0;  // twice the last one (saturating: a size near 2**64 cannot be allocated anyway)
+    if (!g->workspaces.empty()) {
+        size_t last = std::static_pointer_cast<WorkspaceState>(g->workspaces.back())->size;
+        if (__builtin_mul_overflow(last, size_t{2}, &grow)) grow = last;
+    }
     auto w = make_workspace(g, std::max(nbytes, grow), true);
     g->workspaces.push_back(w);
     return w;
@@ -361,6 +365,13 @@ i64 numroc(i64 n, i64 nb, i64 iproc, i64 isrcproc, i64 nprocs) {
 // process `rank` holds on an nprow x npcol grid (as Matrix computes it).
 std::pair<i64, i64> local_shape(i64 m, i64 n, i64 mb, i64 nb, i64 rsrc, i64 csrc, i64 nprow, i64 npcol, int layout,
                                 i64 rank) {
+    // What the descriptor and the grid were checked for when made (tests call this directly): no
+    // division by zero, no overflow below.
+    if (m < 0 || n < 0 || mb < 1 || nb < 1 || nprow < 1 || npcol < 1 || rsrc < 0 || rsrc >= nprow || csrc < 0 ||
+        csrc >= npcol || rank < 0 || rank / npcol >= nprow) {
+        raise_usage("local_shape: needs m, n >= 0, mb, nb >= 1, a grid of nprow, npcol >= 1, rsrc, csrc on the grid "
+                    "and a rank in it");
+    }
     bool col_major = layout == CUBLASMP_GRID_LAYOUT_COL_MAJOR;
     i64 prow = col_major ? rank % nprow : rank / npcol;
     i64 pcol = col_major ? rank / nprow : rank % npcol;
@@ -507,9 +518,12 @@ void register_cublasmp(nb::module_& parent) {
         auto cs = comm.state();
         nccl::CommState& c = comm.get();
         if (nprow < 1 || npcol < 1) raise_usage("nprow and npcol must be >= 1");
-        if (nprow * npcol != c.size) {
+        i64 ranks = 0;
+        bool overflow = __builtin_mul_overflow(nprow, npcol, &ranks);
+        if (overflow || ranks != c.size) {
             raise_usage("a " + std::to_string(nprow) + " x " + std::to_string(npcol) + " grid needs " +
-                        std::to_string(nprow * npcol) + " ranks; the communicator has " + std::to_string(c.size));
+                        (overflow ? std::string("more than 2**63 - 1") : std::to_string(ranks)) +
+                        " ranks; the communicator has " + std::to_string(c.size));
         }
         if (layout != CUBLASMP_GRID_LAYOUT_COL_MAJOR && layout != CUBLASMP_GRID_LAYOUT_ROW_MAJOR) {
             raise_usage("layout must be GridLayout.COL_MAJOR (" + std::to_string(CUBLASMP_GRID_LAYOUT_COL_MAJOR) +

@@ -323,12 +323,22 @@ std::pair<arrays::Dtype, arrays::Dtype> exec_dtypes(int fft_type) {
     }
 }
 
+// The elements of a layout shape: extents >= 0, their product within 2**63 - 1.
 long long elements(PyObject* shape) {
+    if (!PyTuple_Check(shape) && !PyList_Check(shape)) {
+        raise_type("layout: a shape must be a tuple of ints, not " + arrays::typename_of(shape));
+    }
     nb::object seq = nb::steal(PySequence_Tuple(shape));
     if (!seq.is_valid()) throw nb::python_error();
     long long n = 1;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(seq.ptr()); ++i) {
-        n *= nb::cast<long long>(nb::handle(PyTuple_GET_ITEM(seq.ptr(), i)));
+        long long e = 0;
+        if (!arrays::as_index(PyTuple_GET_ITEM(seq.ptr(), i), e)) {
+            raise_type("layout: a shape's extents must be ints, not " +
+                       arrays::typename_of(PyTuple_GET_ITEM(seq.ptr(), i)));
+        }
+        if (e < 0) raise_usage("layout: negative extent " + std::to_string(e) + " in a shape");
+        n = checked_mul(n, e, "layout: the elements of a shape");
     }
     return n;
 }
@@ -380,7 +390,8 @@ ExecCall plan_exec(int fft_type, nb::handle input, nb::handle output, nb::handle
             long long n_out = elements(PyTuple_GET_ITEM(pair.ptr(), 1));
             if (output.is_none()) {  // one buffer holds the input, then the output
                 long long in_size = arrays::info(in_dtype).itemsize, out_size = arrays::info(out_dtype).itemsize;
-                need_in = std::max(n_in, (n_out * out_size + in_size - 1) / in_size);
+                long long out_bytes = checked_mul(n_out, out_size, "layout: the output's bytes");
+                need_in = std::max(n_in, out_bytes / in_size + (out_bytes % in_size != 0));
             } else if (fft_type == CUFFT_C2C || fft_type == CUFFT_Z2Z) {
                 need_in = n_in;
                 need_out = n_out;
@@ -490,9 +501,10 @@ Reshape create_reshape() {
     return Reshape(std::make_shared<ReshapeState>(h));
 }
 
-long long box_elements(const std::vector<long long>& lower, const std::vector<long long>& upper) {
+// The elements of a box check_box() accepted (0 <= lower <= upper: each difference fits).
+long long box_elements(const std::vector<long long>& lower, const std::vector<long long>& upper, const char* what) {
     long long n = 1;
-    for (size_t i = 0; i < lower.size(); ++i) n *= upper[i] - lower[i];
+    for (size_t i = 0; i < lower.size(); ++i) n = checked_mul(n, upper[i] - lower[i], what);
     return n;
 }
 
@@ -513,6 +525,11 @@ void make_reshape(Reshape& self, size_t element_size, const std::vector<long lon
     check_box("lower_output", lower_out, "upper_output", upper_out);
     check_comm(comm_type, comm_handle);
     if (s.made) raise_usage("make: the reshape is already made; create a new Reshape");
+    // Before the collective call: a refusal after it would leave the other PEs' reshapes made.
+    long long in_elements = box_elements(lower_in, upper_in, "the input box's elements");
+    long long out_elements = box_elements(lower_out, upper_out, "the output box's elements");
+    checked_mul(static_cast<uint64_t>(in_elements), static_cast<uint64_t>(element_size), "the input box's bytes");
+    checked_mul(static_cast<uint64_t>(out_elements), static_cast<uint64_t>(element_size), "the output box's bytes");
     nvshmem::settle_collectives();
     call(api().__cufftMpMakeReshape_11_4, s.handle, element_size, static_cast<int>(rank),
          lower_in.data(), upper_in.data(), strides_in.data(), lower_out.data(), upper_out.data(),
@@ -521,8 +538,8 @@ void make_reshape(Reshape& self, size_t element_size, const std::vector<long lon
     s.became_collective();
     s.comm = std::move(keep);
     s.element_size = element_size;
-    s.in_elements = static_cast<size_t>(box_elements(lower_in, upper_in));
-    s.out_elements = static_cast<size_t>(box_elements(lower_out, upper_out));
+    s.in_elements = static_cast<size_t>(in_elements);
+    s.out_elements = static_cast<size_t>(out_elements);
 }
 
 ReshapeState& made_reshape(Reshape& self, const char* what) {

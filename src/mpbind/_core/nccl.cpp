@@ -278,7 +278,10 @@ void pair(nb::handle send, nb::handle recv, const CommView& c, int64_t num, int6
     if (s.dtype != r.dtype) {
         raise_usage(std::string("sendbuf is ") + arrays::name(s.dtype) + " but recvbuf is " + arrays::name(r.dtype));
     }
-    if (s.count * den != r.count * num) {
+    // (counts below 2**63 times up to the number of ranks: a product can overflow, and wrap to a match)
+    int64_t send_scaled = checked_mul(s.count, den, "sendbuf's elements x ranks");
+    int64_t recv_scaled = checked_mul(r.count, num, "recvbuf's elements x ranks");
+    if (send_scaled != recv_scaled) {
         raise_usage("sendbuf has " + std::to_string(s.count) + " elements and recvbuf " + std::to_string(r.count) +
                     "; expected sendbuf = " + ratio_text(static_cast<double>(num) / static_cast<double>(den)) +
                     " x recvbuf for this collective on " + std::to_string(c.size) + " ranks");

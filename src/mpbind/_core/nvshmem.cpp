@@ -247,7 +247,7 @@ std::shared_ptr<AllocState> RuntimeState::containing(uintptr_t ptr, size_t nbyte
     --it;
     auto s = it->second.lock();
     if (!s || s->closed()) return nullptr;
-    if (ptr + nbytes > s->ptr + s->nbytes) return nullptr;
+    if (!span_within(ptr, nbytes, s->ptr, s->nbytes)) return nullptr;  // (ptr + nbytes could wrap)
     return s;
 }
 
@@ -434,7 +434,7 @@ struct Heap {
         if (n == 0) n = 1;
         if (rt != nullptr) return rt->containing(p, n) != nullptr;
         for (const auto& [base, size] : ranges) {
-            if (p >= base && p + n <= base + size) return true;
+            if (span_within(p, n, base, size)) return true;
         }
         return false;
     }
@@ -532,7 +532,10 @@ std::pair<int32_t, int> team_arg(nb::handle team, const Heap& heap) {
         raise_type("team must be an mpbind.nvshmem.Team or None, not " + arrays::typename_of(team));
     }
     int32_t h = t->get().team;
-    return {h, team_n_pes(h)};
+    int n = team_n_pes(h);
+    if (n < 1) raise_usage("team " + std::to_string(h) + " has no PEs (nvshmem_team_n_pes returned " +
+                           std::to_string(n) + ")");
+    return {h, n};
 }
 
 void full_mode(const Heap& heap, const char* what) {
@@ -591,13 +594,16 @@ Step plan_collective(Rma kind, const Heap& heap, int op, nb::handle dest, nb::ha
             k.pe = pe_arg(root, "root", n);
             k.n = static_cast<size_t>(d.nbytes());
             break;
-        case Rma::kFcollect:
-            if (d.size != s.size * n) {
+        case Rma::kFcollect: {
+            int64_t need = checked_mul(s.size, static_cast<int64_t>(n), "fcollect: the elements of dest (team size x "
+                                                                        "src elements)");
+            if (d.size != need) {
                 raise_usage("fcollect: dest has " + std::to_string(d.size) + " elements; " + std::to_string(n) +
-                            " PEs x " + std::to_string(s.size) + " elements of src need " + std::to_string(s.size * n));
+                            " PEs x " + std::to_string(s.size) + " elements of src need " + std::to_string(need));
             }
             k.n = static_cast<size_t>(s.nbytes());
             break;
+        }
         case Rma::kAlltoall:
             if (s.size % n) {
                 raise_usage("alltoall: " + std::to_string(s.size) + " elements do not split into " + std::to_string(n) +
@@ -957,6 +963,7 @@ void register_nvshmem(nb::module_& parent) {
        "n times, without the library call: the layer's own cost of the hot call.");
     testing.def("nvshmem_plan", [](const std::string& name, nb::tuple args, int npes, bool limited,
                                    std::vector<std::pair<uintptr_t, size_t>> heap) {
+        if (npes < 1) raise_usage("nvshmem_plan: npes must be >= 1, got " + std::to_string(npes));
         Heap h;
         h.npes = npes;
         h.limited = limited;

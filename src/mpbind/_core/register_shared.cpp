@@ -10,6 +10,7 @@
 #include <map>
 #include <string>
 
+#include "arrays.hpp"
 #include "core.hpp"
 #include "register.hpp"
 
@@ -71,6 +72,7 @@ void register_shared(nb::module_& m) {
         m, "Registration",
         "A reference on a buffer registration. Registering the same (owner, pointer, size) "
         "again returns another reference; the last one closed deregisters.");
+    refuse_copies(reg);
     reg.def("close", &RegistrationRef::close,
             "Drop this reference; the last one deregisters the buffer (collectively where the "
             "library requires it).")
@@ -121,6 +123,7 @@ void register_shared(nb::module_& m) {
        "release is); parent (the kind whose close() releases it first, or None); release (what releases it).");
     m.def("dlpack_view", [](uintptr_t ptr, std::vector<size_t> shape, uint8_t code, uint8_t bits,
                             int device_id, nb::handle owner) {
+        arrays::check_export(ptr, shape, code, bits, device_id, "dlpack_view");  // the consumer trusts all of it
         nb::dlpack::dtype dt{code, bits, 1};
         return nb::ndarray<nb::array_api>(reinterpret_cast<void*>(ptr), shape.size(), shape.data(), owner, nullptr, dt,
                              nb::device::cuda::value, device_id);

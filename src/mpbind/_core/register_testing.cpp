@@ -68,6 +68,29 @@ Cache<int, TestCached>& test_cache() {
     return *c;
 }
 
+// A Python int as the 64-bit operand of checked_mul/checked_add (OverflowError when it is none).
+template <class T>
+T operand(nb::handle v) {
+    if (!PyLong_Check(v.ptr())) raise_type("an operand must be an int, not " + py_type_name(v));
+    if constexpr (std::is_signed_v<T>) {
+        long long x = PyLong_AsLongLong(v.ptr());
+        if (x == -1 && PyErr_Occurred()) throw nb::python_error();
+        return static_cast<T>(x);
+    } else {
+        unsigned long long x = PyLong_AsUnsignedLongLong(v.ptr());
+        if (x == static_cast<unsigned long long>(-1) && PyErr_Occurred()) throw nb::python_error();
+        return static_cast<T>(x);
+    }
+}
+
+template <class T>
+nb::object arithmetic(const std::string& op, nb::handle a, nb::handle b) {
+    T x = operand<T>(a), y = operand<T>(b);
+    if (op == "mul") return nb::cast(checked_mul(x, y, "the product"));
+    if (op == "add") return nb::cast(checked_add(x, y, "the sum"));
+    raise_usage("op must be 'mul' or 'add', not '" + op + "'");
+}
+
 }  // namespace
 
 void register_testing(nb::module_& m) {
@@ -126,6 +149,11 @@ void register_testing(nb::module_& m) {
             return s;
         }));
     });
+    t.def("checked", [](const std::string& op, nb::handle a, nb::handle b, bool is_unsigned) {
+        return is_unsigned ? arithmetic<uint64_t>(op, a, b) : arithmetic<int64_t>(op, a, b);
+    }, nb::arg("op"), nb::arg("a"), nb::arg("b"), nb::arg("unsigned") = false,
+       "The core's checked_mul ('mul') or checked_add ('add') of a and b as int64 (uint64 with `unsigned`): "
+       "the result, or OverflowError when it does not fit.");
     t.def("cache_info", [] { return describe(test_cache().info()); });
     t.def("cache_clear", [] {
         for (auto& s : test_cache().entries()) s->close();
