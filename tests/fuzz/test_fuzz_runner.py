@@ -1,5 +1,5 @@
 """The fuzz harness's runner: each way a call can end is recorded for that call, and the batch
-goes on from the next call in a new child."""
+goes on from the next call in a new child; a child's memory is limited."""
 
 from __future__ import annotations
 
@@ -57,3 +57,23 @@ def test_batches_run_side_by_side(tmp_path: Path) -> None:
     results = runner.run(batches, _execute, lambda: None, jobs=2, timeout=5, workdir=tmp_path)
     assert [[r["outcome"] for r in rs] for rs in results] == [
         ["returned"] * 3, ["signal", "returned"], [], ["exit"]]
+
+
+def _allocates_without_bound() -> None:
+    hoard = []
+    while True:
+        hoard.append(bytearray(1 << 24))
+
+
+def _execute_raising(item: Callable[[], Any], state: None) -> dict[str, Any]:
+    try:
+        return {"outcome": "returned", "value": item()}
+    except MemoryError:
+        return {"outcome": "raised", "exception": "MemoryError"}
+
+
+def test_a_child_over_its_memory_limit_gets_memory_error(tmp_path: Path) -> None:
+    [records] = runner.run([[_allocates_without_bound, _returns]], _execute_raising, lambda: None, jobs=1,
+                           timeout=20, workdir=tmp_path, memory=256 << 20)
+    assert [r["outcome"] for r in records] == ["raised", "returned"]
+    assert records[0]["exception"] == "MemoryError"
