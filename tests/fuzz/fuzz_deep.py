@@ -40,17 +40,21 @@ PRIVATE_MODULES = ("mpbind._core", "mpbind._core._testing", "mpbind._fft_plan", 
 
 # Target id -> recipes. `instance(<class id>)` is the instance fuzz_calls.RECIPES makes (once per
 # child); without a GPU most cannot be made. `once(<source>)` is made once per child too: a unique
-# id starts a bootstrap root (a thread and a socket) each time it is made.
+# id starts a bootstrap root (a thread and a socket) each time it is made. `fixed(<source>)` is not
+# swept: what a check runner takes from the object it stands in for (a communicator's rank and size,
+# a plan's type and layout) or a test's switch (array_info's `source`), not from a caller.
 _COMM, _BUF = "instance('mpbind.nccl.Communicator')", "intake(instance('mpbind.nccl.Buffer'))"
 _SYM = "intake(instance('mpbind.nvshmem.SymmetricArray'))"
-_HEAP = "2, False, [(PTR, 4096)]"  # two PEs, a symmetric heap of 4 KiB at PTR
-_C64 = "code=5, bits=64"           # DLPack's complex64
+_HEAP = "fixed(2), fixed(False), fixed([(PTR, 4096)])"  # two PEs, a symmetric heap of 4 KiB at PTR
+_C64 = "code=5, bits=64"                                  # DLPack's complex64
+_NOSOURCE = "'array', fixed(None)"
 RECIPES: dict[str, tuple[str, ...]] = {
     # The core's intake: every path of array_info, the checked device_array, dtypes and streams.
     "mpbind._core.array_info": (
-        "array_info(dl(), 'array', None, False)", "array_info(dl(legacy=True), 'array', 'dlpack')",
-        "array_info(cai(), 'array', 'interface')", "array_info(tup(), 'array', None, True)",
-        "array_info(torch_tensor())", "array_info(cupy_array())", "array_info(dl(exchange=True))"),
+        f"array_info(dl(), {_NOSOURCE}, False)", "array_info(dl(legacy=True), 'array', fixed('dlpack'))",
+        "array_info(cai(), 'array', 'interface')", f"array_info(tup(), {_NOSOURCE}, True)",
+        f"array_info(torch_tensor(), {_NOSOURCE})", f"array_info(cupy_array(), {_NOSOURCE})",
+        f"array_info(dl(exchange=True), {_NOSOURCE})"),
     "mpbind._core.device_array": ("device_array(dl(), 'x', 'float32', True, True)",
                                   "device_array(cai(shape=(4, 4)), 'x', 'float32', False, False)"),
     "mpbind._core.dtype_info": ("dtype_info('float32')",),
@@ -59,25 +63,25 @@ RECIPES: dict[str, tuple[str, ...]] = {
     "mpbind._core.dlpack_view": ("dlpack_view(PTR, [4, 4], 2, 32, 0, object())",),
     # The hot calls' checks, without the libraries.
     "mpbind._core._testing.nccl_plan": tuple(
-        f"nccl_plan('{name}', 0, 2, 0, {send}, {recv}, 'sum', {peer}, stream())" for name, send, recv, peer in (
+        f"nccl_plan(fixed('{name}'), fixed(0), fixed(2), fixed(0), {send}, {recv}, 'sum', {peer}, stream())"
+        for name, send, recv, peer in (
             ("all_reduce", "dl()", "dl()", None), ("reduce", "dl()", "dl()", 1), ("broadcast", "dl()", "dl()", 1),
             ("all_gather", "dl()", "dl((8,))", None), ("reduce_scatter", "dl((8,))", "dl()", None),
             ("all_to_all", "dl()", "dl()", None), ("send", "dl()", None, 1), ("recv", None, "dl()", 1))),
-    "mpbind._core._testing.nvshmem_plan": (
-        f"nvshmem_plan('put', (dl(), dl(), 1, stream()), {_HEAP})",
-        f"nvshmem_plan('get', (dl(), dl(), 1, stream()), {_HEAP})",
-        f"nvshmem_plan('broadcast', (dl(), dl(), 1, None, stream()), {_HEAP})",
-        f"nvshmem_plan('fcollect', (dl((8,)), dl(), None, stream()), {_HEAP})",
-        f"nvshmem_plan('alltoall', (dl(), dl(), None, stream()), {_HEAP})",
-        f"nvshmem_plan('reduce', ('sum', dl(), dl(), None, stream()), {_HEAP})",
-        "nvshmem_plan('quiet', (stream(),), 2)", "nvshmem_plan('barrier', (None, stream()), 2)"),
+    "mpbind._core._testing.nvshmem_plan": tuple(
+        f"nvshmem_plan(fixed('{name}'), {args}, {heap})" for name, args, heap in (
+            ("put", "(dl(), dl(), 1, stream())", _HEAP), ("get", "(dl(), dl(), 1, stream())", _HEAP),
+            ("broadcast", "(dl(), dl(), 1, None, stream())", _HEAP),
+            ("fcollect", "(dl((8,)), dl(), None, stream())", _HEAP),
+            ("alltoall", "(dl(), dl(), None, stream())", _HEAP),
+            ("reduce", "('sum', dl(), dl(), None, stream())", _HEAP), ("quiet", "(stream(),)", "fixed(2)"),
+            ("barrier", "(None, stream())", "fixed(2)"))),
     "mpbind._core._testing.cufftmp_exec": (
-        f"cufftmp_exec(0x29, dl({_C64}), dl({_C64}), -1, {{-1: ((4,), (4,))}})",
-        f"cufftmp_exec(0x2a, dl((8,)), dl((5,), {_C64}), None, None)",
-        "cufftmp_exec(0x2a, dl((10,)), None, None, {-1: ((8,), (5,))})"),
-    "mpbind._core._testing.cublasmp_operand": ("cublasmp_operand(dl((2, 2), strides=(1, 2)), 'a', 2, 2, 2, "
-                                               "'float32', False)",),
-    "mpbind._core._testing.cublasmp_local_shape": ("cublasmp_local_shape(8, 8, 2, 2, 0, 0, 2, 2, 0, 0)",),
+        f"cufftmp_exec(fixed(0x29), dl({_C64}), dl({_C64}), -1, fixed({{-1: ((4,), (4,))}}))",
+        f"cufftmp_exec(fixed(0x2a), dl((8,)), dl((5,), {_C64}), None, fixed(None))",
+        "cufftmp_exec(fixed(0x2a), dl((10,)), None, None, fixed({-1: ((8,), (5,))}))"),
+    "mpbind._core._testing.cublasmp_operand": ("cublasmp_operand(dl((2, 2), strides=(1, 2)), 'a', fixed(2), fixed(2), "
+                                               "fixed(2), fixed('float32'), False)",),
     # The planners' pure parts.
     "mpbind._fft_plan.plan_fft": ("plan_fft((8, 8, 8), 'complex64', 2)", "plan_fft((8, 8), 'float32', 2, kind='r2c')",
                                   "plan_fft((8, 8, 8), 'float64', 2, kind='r2c', algorithm='boxes')"),
@@ -262,7 +266,10 @@ def _slots(call: ast.Call, args_at: int, params: tuple[Param, ...]) -> tuple[Slo
     out: list[Slot] = []
 
     def visit(node: ast.expr, name: str) -> None:
-        intake = isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in INTAKES
+        called = node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
+        if called == "fixed":
+            return
+        intake = called in INTAKES
         out.append(Slot(name, node.col_offset - args_at, (node.end_col_offset or 0) - args_at, intake))
         if isinstance(node, (ast.Tuple, ast.List)):
             for i, element in enumerate(node.elts):
@@ -366,7 +373,8 @@ class State:
             ns = {n: getattr(distributions, n) for n in distributions.__all__}
             ns.update(values_.NAMESPACE)
             ns.update(calls_.namespace(module))
-            ns.update(instance=self.instance, intake=_identity, once=functools.partial(self.made, module))
+            ns.update(instance=self.instance, intake=_identity, fixed=_identity,
+                      once=functools.partial(self.made, module))
             ns = self._namespaces[module] = ns
         return ns
 
