@@ -18,12 +18,16 @@ or derived: a public callable whose parameters all have defaults is called with 
 a method on the instance fuzz_calls.RECIPES makes. Before the sweep each recipe is called once as
 it is: one that returns is *valid*; one that stops at a library that needs a GPU (or cannot make
 its instance) *needs GPU*, and its slots are still swept where it got an instance (the checks
-before the library call run); a derived one that is refused is dropped.
+before the library call run); a derived one that is refused is dropped. What a call returns that
+owns a library resource must refuse copy.copy or give itself: a copy whose close() closes the
+original shares the resource without saying so (a finding of the valid call or of the substituted
+one).
 """
 
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import importlib
 import zlib
@@ -142,6 +146,8 @@ RECIPES: dict[str, tuple[str, ...]] = {
     "mpbind.nvshmem.put": (f"put({_SYM}, {_SYM}, 0, intake(stream()))",),
     "mpbind.nvshmem.get": (f"get({_SYM}, {_SYM}, 0, intake(stream()))",),
     "mpbind.nvshmem.register": (f"(instance('mpbind.nvshmem.Runtime'), register)[1]({_BUF})",),
+    "mpbind.cufftmp.Reshape.create": ("(instance('mpbind.nvshmem.Runtime'), Reshape.create)[1](None, 'float32', "
+                                      "((0, 0, 0), (4, 4, 4)), ((0, 0, 0), (4, 4, 4)))",),
 }
 
 def _description(info: tuple[Any, ...]) -> str | None:
@@ -476,6 +482,9 @@ def judge(call: DeepCall, result: Any) -> tuple[str | None, tuple[str, Exception
         return None, ("description", exc)
     if why:
         return why, None
+    why = copy_shares(result)
+    if why:
+        return why, None
     use = uses(result)
     for name in call.uses:
         if name in use:
@@ -484,6 +493,24 @@ def judge(call: DeepCall, result: Any) -> tuple[str | None, tuple[str, Exception
             except Exception as exc:
                 return None, (name, exc)
     return None, None
+
+
+def copy_shares(result: Any) -> str | None:
+    """Why a copy.copy of an object that owns a library resource (mpbind's, with close() and closed)
+    is wrong, or None: refused (TypeError, as deepcopy is) or the same object is right; a copy whose
+    close() closes the original shares what it owns without saying so."""
+    if not (getattr(type(result), "__module__", "") or "").startswith("mpbind") or not hasattr(result, "close"):
+        return None
+    if not hasattr(result, "closed") or calls_.closed(result):
+        return None
+    try:
+        twin = copy.copy(result)
+    except TypeError:
+        return None
+    if twin is result:
+        return None
+    twin.close()
+    return "copy.copy shares what it owns: closing the copy closed the original" if calls_.closed(result) else None
 
 
 def working_uses(result: Any) -> list[str]:

@@ -107,16 +107,15 @@ def dl(shape: tuple[int, ...] = (4,), *, ndim: int | None = None, null_shape: bo
     kw.setdefault("data", PTR)
     if exchange:
         obj: Any = ExchangeTensor(shape, kw.get("code", 2), kw.get("bits", 32), device=kw.get("device", (KDL_CUDA, 0)))
-        tensors = [obj.exported.tensor]
-        obj.exported.tensor.data = kw["data"]
+        tensor = obj.exported.tensor  # what the exchange fills in
+        tensor.data = kw["data"]
     else:
         obj = Exported(shape, **kw)
-        tensors = [obj.managed.dl_tensor]
-    for t in tensors:
-        if ndim is not None:
-            t.ndim = ndim
-        if null_shape:
-            t.shape = None
+        tensor = obj.managed.dl_tensor  # what the capsule points at
+    if ndim is not None:
+        tensor.ndim = ndim
+    if null_shape:
+        tensor.shape = None
     return obj
 
 

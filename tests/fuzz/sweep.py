@@ -86,6 +86,9 @@ def execute_deep(call: deep.DeepCall, state: deep.State) -> dict[str, Any]:
         rec = {"outcome": "returned", "type": type(result).__name__}
         if call.slot < 0:
             rec["uses"] = deep.working_uses(result)
+            shares = deep.copy_shares(result)
+            if shares:
+                rec["accepted"] = shares
         else:
             why, later = deep.judge(call, result)
             if why:

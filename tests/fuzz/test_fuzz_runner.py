@@ -1,6 +1,7 @@
 """The fuzz harness itself: each way a call can end is recorded for that call, and the batch goes on
 from the next call in a new child; a child's memory is limited; every value can be made; a deep
-recipe's slots are its arguments, their elements and the defaults it leaves out."""
+recipe's slots are its arguments, their elements and the defaults it leaves out; a copy that
+shares what it owns is found."""
 
 from __future__ import annotations
 
@@ -106,3 +107,39 @@ def test_a_recipe_must_give_every_required_parameter() -> None:
     target = Target("m", None, "f", FUNCTION, (Param("a"), Param("b")), "fixed")
     with pytest.raises(ValueError, match="required"):
         fuzz_deep.parse(target, "f(1)", curated=True)
+
+
+class _Handle:
+    """What an owning object holds: closing it closes every object that holds it."""
+
+    closed = False
+
+
+class _Owner:
+    __module__ = "mpbind.fake"
+
+    def __init__(self) -> None:
+        self.handle = _Handle()
+
+    @property
+    def closed(self) -> bool:
+        return self.handle.closed
+
+    def close(self) -> None:
+        self.handle.closed = True
+
+
+class _RefusesCopy(_Owner):
+    def __copy__(self) -> _RefusesCopy:
+        raise TypeError("cannot copy")
+
+
+class _CopiesToItself(_Owner):
+    def __copy__(self) -> _CopiesToItself:
+        return self
+
+
+def test_a_copy_that_shares_what_it_owns_is_found() -> None:
+    assert fuzz_deep.copy_shares(_Owner()) is not None
+    assert fuzz_deep.copy_shares(_RefusesCopy()) is None
+    assert fuzz_deep.copy_shares(_CopiesToItself()) is None

@@ -72,12 +72,13 @@ def test_every_curated_recipe_is_a_valid_call(sample: dict[str, Any]) -> None:
     assert not broken, "\n".join(broken)
 
 
-def test_the_sentinels_reach_every_intake_slot(sample: dict[str, Any]) -> None:
+def test_the_sentinels_reach_the_core_intake_and_the_check_runners(sample: dict[str, Any]) -> None:
     from fuzz_values import VALUES
 
     sentinels = {s for s, v in VALUES.items() if v.sentinel}
-    tried = {c["value"] for c in sample["calls"] if c["mode"] == "deep" and c["target"] == "mpbind._core.array_info"}
-    assert sentinels <= tried
+    for target in ("mpbind._core.array_info", "mpbind._core._testing.nccl_plan", "mpbind._core._testing.nvshmem_plan"):
+        tried = {c["value"] for c in sample["calls"] if c["mode"] == "deep" and c["target"] == target}
+        assert sentinels <= tried, target
 
 
 def test_a_function_of_star_args_gets_one_slot() -> None:
