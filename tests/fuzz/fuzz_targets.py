@@ -188,6 +188,11 @@ def public_names(module: Any) -> list[str]:
     )
 
 
+# Special methods a caller calls by name or syntax with arguments of its own: instances that are
+# called (AllGatherMatmul) are public callables too.
+CALLED_SPECIALS = ("__call__",)
+
+
 def _own_members(cls: type) -> dict[str, Any]:
     """Public members defined by the class or its mpbind bases, nearest first (not int's, Enum's...)."""
     members: dict[str, Any] = {}
@@ -195,7 +200,7 @@ def _own_members(cls: type) -> dict[str, Any]:
         if not (getattr(base, "__module__", "") or "").startswith("mpbind"):
             continue
         for name, value in vars(base).items():
-            if not name.startswith("_"):
+            if not name.startswith("_") or name in CALLED_SPECIALS:
                 members.setdefault(name, (base, value))
     return members
 
