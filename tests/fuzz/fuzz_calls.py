@@ -1,34 +1,26 @@
-"""What the fuzzer calls: bad values, one call per (target, argument slot, value), how a
-child process makes it, and which calls are left out by design.
+"""What the plain sweep calls: one call per (target, argument slot, value), how a child process
+makes it, which exceptions are acceptable, and which calls are left out by design.
 
-Each argument slot of a target is given in turn each bad value with every other argument 0,
-and each target is also called with all arguments 0. Methods, getters and setters run on an
-instance made by the first recipe of :data:`RECIPES` (or ``Class()`` / ``Class(0, ...)``) that
-returns one; without an instance (most layer objects need a GPU) they are not run.
+Each argument slot of a target is given in turn each value of fuzz_values.py with every other
+argument 0, and each target is also called with all arguments 0. Methods, getters and setters run
+on an instance made by the first recipe of :data:`RECIPES` (or ``Class()`` / ``Class(0, ...)``)
+that returns one; without an instance (most layer objects need a GPU) they are not run.
 """
 
 from __future__ import annotations
 
 import importlib
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import fuzz_values as values_
 from fuzz_targets import CONSTRUCTOR, FUNCTION, GETTER, METHOD, MODULES, STATIC, Target
 
-# Source text -> a fresh value (fresh: a call may keep or mutate the list it is given).
-BAD_VALUES: dict[str, Callable[[], Any]] = {
-    "None": lambda: None,
-    '"x"': lambda: "x",
-    "-1": lambda: -1,
-    "2**70": lambda: 2**70,
-    "1.5": lambda: 1.5,
-    "[]": list,
-    "object()": object,
-    'b"\\0"*8': lambda: b"\0" * 8,
-    "True": lambda: True,
-}
+# Besides mpbind.errors: what a refusal may raise. BufferError is what DLPack prescribes for an
+# array that cannot be exported; fuzz_values.Raised is a hostile object's own error, passed on.
+ACCEPTABLE_BUILTINS: tuple[type[BaseException], ...] = (TypeError, ValueError, OverflowError, BufferError,
+                                                        values_.Raised)
 ZERO = "0"
 ALL_ZEROS = -1  # the slot of the call that passes 0 everywhere
 
@@ -78,6 +70,10 @@ RECIPES: dict[str, tuple[str, ...]] = {
     "mpbind.distributions.Split": ("Split((4, 4), 2)",),
     "mpbind.nvshmem_kernels.Param": ('value("n", "int32")',),
     "mpbind.nvshmem_kernels.Cubin": ('Cubin(b"\\x7fELF", "k", "sm_90", ("k",), (), "0", False, "")',),
+    # Called like a function (its __call__): on the runtime of one PE, made here unless one is.
+    "mpbind.collective_matmul.AllGatherMatmul": (
+        "(mpbind.nvshmem.is_initialized() or mpbind.nvshmem.init(mpbind.bindings.nvshmem.get_uniqueid(), 0, 1), "
+        "AllGatherMatmul(8, 8, 8))[1]",),
 }
 
 
@@ -149,7 +145,7 @@ class Call:
         args: list[Any] = []
         kwargs: dict[str, Any] = {}
         for i, p in enumerate(self.target.params):
-            v = BAD_VALUES[self.value]() if i == self.slot else 0
+            v = values_.make(self.value) if i == self.slot else 0
             if p.keyword_only:
                 kwargs[p.name] = v
             else:
@@ -177,16 +173,22 @@ class Instances:
     def get(self, module: str, recipe: str) -> Any:
         key = (module, recipe)
         obj = self._made.get(key)
-        if obj is None or _closed(obj):
+        if obj is None or closed(obj):
             obj = self._made[key] = eval(recipe, namespace(module))  # our own recipes
         return obj
 
 
-def _closed(obj: Any) -> bool:
+def closed(obj: Any) -> bool:
     try:
         return bool(getattr(obj, "closed", False))
     except Exception:
         return False
+
+
+def acceptable(exc: BaseException) -> bool:
+    from mpbind.errors import MpbindError
+
+    return isinstance(exc, (MpbindError, *ACCEPTABLE_BUILTINS))
 
 
 def invoke(call: Call | Scenario, instances: Instances) -> Any:
@@ -213,9 +215,11 @@ def invoke(call: Call | Scenario, instances: Instances) -> Any:
     return None
 
 
-def full(target: Target, recipe: str | None = None) -> list[Call]:
-    """Every bad value in every slot, then the all-zeros call."""
-    calls = [Call(target, slot, value, recipe) for slot in range(len(target.params)) for value in BAD_VALUES]
+def full(target: Target, recipe: str | None = None, values: tuple[str, ...] = tuple(values_.VALUES)) -> list[Call]:
+    """Every value in every slot (but address-like ones where raw addresses are taken), then the
+    all-zeros call."""
+    values = tuple(values_.values_for(target.module, target.name, values))
+    calls = [Call(target, slot, value, recipe) for slot in range(len(target.params)) for value in values]
     return calls + [Call(target, ALL_ZEROS, ZERO, recipe)]
 
 
@@ -234,9 +238,14 @@ def sample_targets(targets: list[Target], per_family: int = 3) -> list[Target]:
     return [t for t in targets if t.family is None or t.id in keep]
 
 
+def sample_values() -> list[str]:
+    """The values the sample rotates through: all but the slow ones."""
+    return [s for s, v in values_.VALUES.items() if not v.slow]
+
+
 def sample(target: Target, recipe: str | None = None) -> list[Call]:
-    """One bad value per slot (rotating through the values, deterministic per target), and all zeros."""
-    values = list(BAD_VALUES)
+    """One value per slot (rotating through the values, deterministic per target), and all zeros."""
+    values = values_.values_for(target.module, target.name, sample_values())
     start = zlib.crc32(target.id.encode())
     calls = [Call(target, slot, values[(start + slot) % len(values)], recipe) for slot in range(len(target.params))]
     return calls + [Call(target, ALL_ZEROS, ZERO, recipe)]

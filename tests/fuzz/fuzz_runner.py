@@ -7,7 +7,9 @@ and reports one JSON line per call on a pipe. When a child dies, the parent reco
 or exit status) for the call that was running and forks a new child from the next call. A call
 that exceeds the timeout gets SIGINT (recorded as interruptible when the call then raises
 KeyboardInterrupt), then SIGKILL to its process group. Children run in their own process group
-and working directory, with their output in a log file whose tail is kept for crashes and exits.
+and working directory, with their output in a log file whose tail is kept for crashes and exits,
+and may be given a memory limit: a call that would allocate without bound then fails (MemoryError)
+instead of taking the machine's memory.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import faulthandler
 import gc
 import json
 import os
+import resource
 import select
 import signal
 import sys
@@ -63,11 +66,13 @@ class Progress:
 
 
 def _child_main(items: Sequence[Any], start: int, execute: Execute, make_state: Callable[[], Any],
-                wfd: int, log: Path, workdir: Path) -> None:
+                wfd: int, log: Path, workdir: Path, memory: int | None) -> None:
     """The forked child: run items[start:] and report each; never returns."""
     code = 0
     try:
         os.setpgid(0, 0)
+        if memory is not None:
+            _limit_memory(memory)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -104,6 +109,17 @@ def _quick_exit() -> None:
     libc.setvbuf(ctypes.c_void_p.in_dll(libc, "stdout"), None, 2, 0)  # _IONBF
 
 
+def _limit_memory(extra: int) -> None:
+    """Let this process's data (heap and private mappings, RLIMIT_DATA) grow by `extra` bytes."""
+    with open("/proc/self/status") as f:
+        kib = next(int(line.split()[1]) for line in f if line.startswith("VmData:"))
+    limit = kib * 1024 + extra
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+
+
 def _write_all(fd: int, data: bytes) -> None:
     while data:
         data = data[os.write(fd, data):]
@@ -120,11 +136,12 @@ def _tail(log: Path) -> str:
 
 
 def run(batches: Sequence[Sequence[Any]], execute: Execute, make_state: Callable[[], Any], *, jobs: int,
-        timeout: float, workdir: Path, progress: Progress | None = None, grace: float = 2.0
-        ) -> list[list[Record]]:
+        timeout: float, workdir: Path, progress: Progress | None = None, grace: float = 2.0,
+        memory: int | None = None) -> list[list[Record]]:
     """Run every batch (in up to `jobs` children at once); one record per item, in order.
 
-    A call still running after `timeout` seconds gets SIGINT, and SIGKILL `grace` seconds later."""
+    A call still running after `timeout` seconds gets SIGINT, and SIGKILL `grace` seconds later.
+    `memory`: bytes a child may allocate beyond what it starts with (None: no limit)."""
     gc.freeze()  # children then copy fewer of the parent's pages (the collector would touch them all)
     results: list[list[Record | None]] = [[None] * len(b) for b in batches]
     pending: deque[tuple[int, int]] = deque((i, 0) for i, b in enumerate(batches) if b)
@@ -151,7 +168,7 @@ def run(batches: Sequence[Sequence[Any]], execute: Execute, make_state: Callable
             os.close(rfd)
             for other in children.values():
                 os.close(other.fd)
-            _child_main(batches[batch], start, execute, make_state, wfd, log, workdir)
+            _child_main(batches[batch], start, execute, make_state, wfd, log, workdir, memory)
         os.close(wfd)
         os.set_blocking(rfd, False)
         with _suppress_race():

@@ -4,7 +4,8 @@ A target is one thing the fuzzer calls: a module function, a class's constructor
 or class method, an instance method, a property getter or a property setter. Parameters
 come from ``inspect.signature`` (Cython builds with ``binding=True`` and ``embedsignature``)
 and, where that finds none (Cython class constructors, nanobind functions), from the
-``.pyi`` stubs installed next to the module that defines the object.
+``.pyi`` stub of the module that defines the object (found by ``_stub_path`` alone: beside the
+module, or in the repository's ``stubs/``), else from nanobind's own signature text.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ FUNCTION, CONSTRUCTOR, STATIC, METHOD, GETTER, SETTER = (
 class Param:
     name: str
     keyword_only: bool = False
+    optional: bool = False      # has a default (the deep sweep leaves it out of a valid call)
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ class Target:
     name: str                   # function, member or class name
     kind: str
     params: tuple[Param, ...]
-    signature: str              # where the parameters came from: inspect | stub | fixed | none
+    signature: str              # where the parameters came from: inspect | stub | nanobind | fixed | recipe | none
     family: str | None = None   # per-type variants (NVSHMEM's float_put, ...): the family (put)
 
     @property
@@ -78,24 +80,46 @@ def _from_signature(sig: inspect.Signature, drop_first: bool) -> tuple[Param, ..
     if not named and star:
         if any(p.kind == p.VAR_KEYWORD for p in params):
             return None  # (*args, **kwargs): a slot wrapper, not the real signature
-        return (Param(star[0].name),)  # f(*names): one argument slot
-    return tuple(Param(p.name, p.kind == p.KEYWORD_ONLY) for p in named)
+        return (Param(star[0].name, optional=True),)  # f(*names): one argument slot
+    return tuple(Param(p.name, p.kind == p.KEYWORD_ONLY, p.default is not p.empty) for p in named)
 
 
 def _from_ast(args: ast.arguments, drop_first: bool) -> tuple[Param, ...]:
-    positional = [a.arg for a in args.posonlyargs + args.args]
-    if drop_first and positional:
-        positional = positional[1:]
-    return tuple(Param(n) for n in positional) + tuple(Param(a.arg, True) for a in args.kwonlyargs)
+    positional = args.posonlyargs + args.args
+    # defaults belong to the last positional parameters; kw_defaults has None for required ones
+    first_default = len(positional) - len(args.defaults)
+    out = [Param(a.arg, optional=i >= first_default) for i, a in enumerate(positional)]
+    if drop_first and out:
+        out = out[1:]
+    keyword = zip(args.kwonlyargs, args.kw_defaults, strict=True)
+    return tuple(out) + tuple(Param(a.arg, True, d is not None) for a, d in keyword)
+
+
+def _from_nanobind(obj: Any, drop_first: bool) -> tuple[Param, ...] | None:
+    """Parameters from a nanobind function's own signature text (``__nb_signature__``), for
+    functions no stub covers (mpbind._core._testing)."""
+    try:
+        text = obj.__nb_signature__[0][0]  # "def f(x: int = \\0) -> T": defaults are \\<n> placeholders
+        node = ast.parse(text.replace("\\", "") + ": ...").body[0]
+    except (AttributeError, IndexError, TypeError, SyntaxError):
+        return None
+    return _from_ast(node.args, drop_first) if isinstance(node, ast.FunctionDef) else None
+
+
+# The repository's stubs of the flat bindings, for a run from the source tree (an installed
+# package has them beside its modules).
+_REPO_STUBS = Path(__file__).resolve().parents[2] / "stubs"
 
 
 def _stub_path(module: str) -> Path | None:
-    """The .pyi of `module` in the installed package (nanobind submodules have no __file__)."""
+    """The .pyi of `module`: beside the module (installed, or in the source tree), else in the
+    repository's stubs/. Every stub is found here (nanobind submodules have no __file__)."""
     top, _, rest = module.partition(".")
-    base = Path(importlib.import_module(top).__file__ or "").parent.joinpath(*rest.split("."))
-    for pyi in (base.with_suffix(".pyi"), base / "__init__.pyi"):
-        if pyi.is_file():
-            return pyi
+    beside = Path(importlib.import_module(top).__file__ or "").parent.joinpath(*rest.split("."))
+    for base in (beside, _REPO_STUBS.joinpath(*module.split("."))):
+        for pyi in (base.with_suffix(".pyi"), base / "__init__.pyi"):
+            if pyi.is_file():
+                return pyi
     return None
 
 
@@ -129,7 +153,7 @@ def _stub_params(defining_module: str, qualname: str) -> tuple[Param, ...] | Non
 
 
 def _params(obj: Any, defining_module: str, qualname: str, drop_first: bool) -> tuple[tuple[Param, ...], str]:
-    """Parameters of `obj`; `drop_first`: its signature starts with self."""
+    """Parameters of `obj` and where they came from; `drop_first`: its signature starts with self."""
     try:
         found = _from_signature(inspect.signature(obj), drop_first)
     except (TypeError, ValueError):
@@ -139,7 +163,14 @@ def _params(obj: Any, defining_module: str, qualname: str, drop_first: bool) -> 
     found = _stub_params(defining_module, qualname)
     if found is not None:
         return found, "stub"
+    found = _from_nanobind(obj, drop_first)
+    if found is not None:
+        return found, "nanobind"
     return (), "none"
+
+
+def params_of(obj: Any, defining_module: str, qualname: str, drop_first: bool) -> tuple[Param, ...]:
+    return _params(obj, defining_module, qualname, drop_first)[0]
 
 
 # --- enumeration ------------------------------------------------------------------------------
@@ -157,6 +188,11 @@ def public_names(module: Any) -> list[str]:
     )
 
 
+# Special methods a caller calls by name or syntax with arguments of its own: instances that are
+# called (AllGatherMatmul) are public callables too.
+CALLED_SPECIALS = ("__call__",)
+
+
 def _own_members(cls: type) -> dict[str, Any]:
     """Public members defined by the class or its mpbind bases, nearest first (not int's, Enum's...)."""
     members: dict[str, Any] = {}
@@ -164,7 +200,7 @@ def _own_members(cls: type) -> dict[str, Any]:
         if not (getattr(base, "__module__", "") or "").startswith("mpbind"):
             continue
         for name, value in vars(base).items():
-            if not name.startswith("_"):
+            if not name.startswith("_") or name in CALLED_SPECIALS:
                 members.setdefault(name, (base, value))
     return members
 

@@ -1,17 +1,24 @@
 """Bad-input fuzz sweep over every public callable of mpbind (flat bindings and Pythonic layer).
 
-    python tests/fuzz/sweep.py                       # full sweep, summary table
-    python tests/fuzz/sweep.py --jobs 2 --json result.json
-    python tests/fuzz/sweep.py --sample              # the fast sample `make test` runs
+    python tests/fuzz/sweep.py                       # the plain sweep, summary table
+    python tests/fuzz/sweep.py --deep                # the deep sweep
+    python tests/fuzz/sweep.py --plain --deep --jobs 2 --json result.json
+    python tests/fuzz/sweep.py --sample              # the fast sample `make test` runs (both modes)
     python tests/fuzz/sweep.py --module mpbind.nccl --by-design
 
-Every argument slot of every callable gets each of None, "x", -1, 2**70, 1.5, [], object(),
-b"\\0"*8 and True in turn, the other arguments 0; plus one call with all arguments 0. An outcome
-is a finding when the call ends the process (a signal or an exit status), blocks past the
-timeout, or raises something other than an mpbind.errors class, TypeError, ValueError or
-OverflowError. Calls that end the process or block by design (fuzz_calls.BY_DESIGN) are skipped
-unless --by-design is given. The exit status is 1 when there are findings (130 when interrupted:
-Ctrl-C stops the sweep and reports the calls made so far).
+Plain: every argument slot of every public callable gets each value of fuzz_values.py in turn (None,
+"x", -1, 2**70, NaN, 2**64, NumPy scalars, ints whose __index__ lies, text, host arrays, and array
+and stream objects whose protocol lies: see --list-values), the other arguments 0; plus one call with
+all arguments 0. Deep (fuzz_deep.py): each value in one slot of a valid call, from recipes per
+callable, the core's private intake and the planners included.
+
+An outcome is a finding when the call ends the process (a signal or an exit status), blocks past the
+timeout, raises something other than an mpbind.errors class, TypeError, ValueError, OverflowError or
+BufferError (a hostile object's own error passed on is accepted too), or, in the deep sweep, returns
+where it should have refused ("accepted": a malformed array or stream object in an intake slot, an
+impossible array description, a result that fails when used). Calls that end the process or block
+by design (fuzz_calls.BY_DESIGN) are skipped unless --by-design is given. The exit status is 1 when
+there are findings (130 when interrupted: Ctrl-C stops the sweep and reports the calls made so far).
 """
 
 from __future__ import annotations
@@ -34,36 +41,69 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import fuzz_calls as calls_  # noqa: E402
+import fuzz_deep as deep  # noqa: E402
 import fuzz_runner as runner  # noqa: E402
+import fuzz_values as values_  # noqa: E402
 from fuzz_targets import CONSTRUCTOR, MODULES, Target, targets  # noqa: E402
 
-ACCEPTABLE_BUILTINS = (TypeError, ValueError, OverflowError)
 # Opened in the parent before forking. Not cuBLASMp: without an NVIDIA driver its failed search
 # leaves over 100 MB in the parent, and every fork of a larger parent is slower.
 PRELOAD = ("nccl", "nvshmem", "cufftmp")
-FINDINGS = ("signal", "exit", "timeout", "unacceptable")
+FINDINGS = ("signal", "exit", "timeout", "unacceptable", "accepted")
+GIB = 1 << 30
 BY_DESIGN_ROW = "(by design)"  # the summary's row for fuzz_calls.BY_DESIGN and BY_DESIGN_CALLS
 
 
 # --- in the child ------------------------------------------------------------------------------
 
-def _acceptable(exc: BaseException) -> bool:
-    from mpbind.errors import MpbindError
-
-    return isinstance(exc, (MpbindError, *ACCEPTABLE_BUILTINS))
-
-
-def _raised(exc: BaseException) -> dict[str, Any]:
+def _exception(exc: BaseException) -> dict[str, Any]:
     cls = type(exc)
     name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
     try:
         message = str(exc)
     except Exception:
         message = "<str() failed>"
-    return {"outcome": "raised", "exception": name, "message": message[:300], "acceptable": _acceptable(exc)}
+    return {"exception": name, "message": message[:300], "acceptable": calls_.acceptable(exc)}
 
 
-def execute_call(call: calls_.Call | calls_.Scenario, instances: calls_.Instances) -> dict[str, Any]:
+def _raised(exc: BaseException) -> dict[str, Any]:
+    return {"outcome": "raised", **_exception(exc)}
+
+
+def execute_deep(call: deep.DeepCall, state: deep.State) -> dict[str, Any]:
+    started = time.perf_counter()
+    try:
+        result = deep.invoke(call, state)
+    except KeyboardInterrupt:
+        raise
+    except deep.NoInstance as exc:
+        rec: dict[str, Any] = {"outcome": "no-instance", "exception": str(exc)[:300]}
+    except BaseException as exc:
+        rec = _raised(exc)
+        if call.slot < 0:
+            rec["lacks"] = deep.lacks(exc)
+    else:
+        rec = {"outcome": "returned", "type": type(result).__name__}
+        if call.slot < 0:
+            rec["uses"] = deep.working_uses(result)
+            shares = deep.copy_shares(result)
+            if shares:
+                rec["accepted"] = shares
+        else:
+            why, later = deep.judge(call, result)
+            if why:
+                rec["accepted"] = why
+            elif later:
+                rec.update(later=later[0], **_exception(later[1]))
+        del result  # a crash while releasing it belongs to this call
+    rec["ms"] = round((time.perf_counter() - started) * 1e3, 3)
+    return rec
+
+
+def execute_call(call: Item, state: deep.State) -> dict[str, Any]:
+    if isinstance(call, deep.DeepCall):
+        return execute_deep(call, state)
+    instances = state.instances
     if isinstance(call, calls_.Call) and call.recipe is not None:
         try:
             instances.get(call.target.module, call.recipe)
@@ -85,10 +125,10 @@ def execute_call(call: calls_.Call | calls_.Scenario, instances: calls_.Instance
     return rec
 
 
-def execute_probe(probe: tuple[str, str, str], instances: calls_.Instances) -> dict[str, Any]:
+def execute_probe(probe: tuple[str, str, str], state: deep.State) -> dict[str, Any]:
     module, owner, recipe = probe
     try:
-        obj = instances.get(module, recipe)
+        obj = state.instances.get(module, recipe)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:
@@ -99,10 +139,14 @@ def execute_probe(probe: tuple[str, str, str], instances: calls_.Instances) -> d
 # --- in the parent -----------------------------------------------------------------------------
 
 def category(rec: dict[str, Any]) -> str:
-    """returned | acceptable | unacceptable | signal | exit | timeout | no-instance | not-run"""
+    """returned | acceptable | unacceptable | accepted | signal | exit | timeout | no-instance | not-run"""
     outcome = rec["outcome"]
     if outcome == "raised":
         return "acceptable" if rec["acceptable"] else "unacceptable"
+    if outcome == "returned" and "later" in rec:  # its result failed when used
+        return "accepted" if rec["acceptable"] else "unacceptable"
+    if outcome == "returned" and "accepted" in rec:
+        return "accepted"
     return str(outcome)
 
 
@@ -123,8 +167,8 @@ def find_instances(ts: list[Target], opts: argparse.Namespace, workdir: Path) ->
     wanted = {(t.module, t.owner) for t in ts if t.needs_instance}
     ctors = [t for t in ts if t.kind == CONSTRUCTOR and (t.module, t.owner) in wanted]
     batches = [[(t.module, t.owner, r) for r in calls_.default_recipes(t)] for t in ctors]
-    results = runner.run(batches, execute_probe, calls_.Instances, jobs=opts.jobs, timeout=opts.timeout,
-                         workdir=workdir)
+    results = runner.run(batches, execute_probe, deep.State, jobs=opts.jobs, timeout=opts.timeout,
+                         workdir=workdir, memory=opts.memory)
     found = {}
     for t, batch, recs in zip(ctors, batches, results, strict=True):
         for (_, _, recipe), rec in zip(batch, recs, strict=True):
@@ -134,13 +178,15 @@ def find_instances(ts: list[Target], opts: argparse.Namespace, workdir: Path) ->
     return found
 
 
-Item = calls_.Call | calls_.Scenario
+Item = calls_.Call | calls_.Scenario | deep.DeepCall
 
 
 def plan(ts: list[Target], recipes: dict[str, str], opts: argparse.Namespace
          ) -> tuple[list[list[Item]], list[dict[str, Any]]]:
     """One batch per target; and the targets left out (by design, or no instance to call them on)."""
-    make = calls_.sample if opts.sample else calls_.full
+    def make(t: Target, recipe: str | None = None) -> list[calls_.Call]:
+        return calls_.sample(t, recipe) if opts.sample else calls_.full(t, recipe, opts.values)
+
     batches: list[list[Item]] = []
     left_out = []
     for t in ts:
@@ -161,6 +207,51 @@ def plan(ts: list[Target], recipes: dict[str, str], opts: argparse.Namespace
     return batches, left_out
 
 
+def recipe_status(rec: dict[str, Any]) -> str:
+    """What the valid call of a recipe did: valid | needs GPU | needs a package | no instance (without a
+    GPU) | invalid | a finding's category."""
+    cat = category(rec)
+    if cat == "returned":
+        return "valid"
+    if cat == "no-instance":
+        return "no instance"
+    if cat == "acceptable":
+        return f"needs {'a ' if rec['lacks'] == 'package' else ''}{rec['lacks']}" if rec.get("lacks") else "invalid"
+    return cat
+
+
+def probe_recipes(rs: list[deep.Recipe], opts: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
+    """Each recipe's valid call, in children (it may crash): its record."""
+    batches = pack([[deep.DeepCall(r, -1, "")] for r in rs], opts.batch)
+    results = runner.run(batches, execute_call, deep.State, jobs=opts.jobs, timeout=opts.timeout, workdir=workdir,
+                         memory=opts.memory)
+    return [rec for recs in results for rec in recs]
+
+
+def plan_deep(rs: list[deep.Recipe], probes: list[dict[str, Any]], opts: argparse.Namespace
+              ) -> tuple[list[list[Item]], list[dict[str, Any]]]:
+    """One batch per recipe that can be swept (valid, or stopped at the library: its checks ran
+    first); and every recipe's status."""
+    batches: list[list[Item]] = []
+    status = []
+    for r, rec in zip(rs, probes, strict=True):
+        st = recipe_status(rec)
+        if st == "invalid" and not r.curated:
+            continue  # a derived call the callable refuses: nothing valid to keep
+        swept = st not in ("invalid", "no instance")
+        t = r.target
+        if opts.sample:
+            pairs = deep.sample_slots(r, values_.values_for(t.module, t.name, calls_.sample_values()))
+        else:
+            pairs = [(i, v) for i in range(len(r.slots)) for v in values_.values_for(t.module, t.name, opts.values)]
+        if swept:
+            batches.append([deep.DeepCall(r, i, v, tuple(rec.get("uses", ()))) for i, v in pairs])
+        status.append({"target": t.id, "module": t.module, "recipe": r.source, "curated": r.curated,
+                       "status": st, "slots": len(r.slots), "calls": len(pairs) if swept else 0,
+                       "why": rec.get("message") or rec.get("exception") or ""})
+    return batches, status
+
+
 def pack(per_target: list[list[Item]], budget: int) -> list[list[Item]]:
     """Whole targets, in order, into batches of about `budget` calls (one child each, while none dies)."""
     batches: list[list[Item]] = []
@@ -175,13 +266,27 @@ def pack(per_target: list[list[Item]], budget: int) -> list[list[Item]]:
 def describe(call: Item, rec: dict[str, Any]) -> dict[str, Any]:
     if isinstance(call, calls_.Scenario):
         return {"call": call.render(), "target": call.source, "module": BY_DESIGN_ROW, "kind": "by design",
-                "param": None, "value": None, "category": category(rec), "by_design": call.why, **rec}
+                "param": None, "value": None, "mode": "plain", "category": category(rec), "by_design": call.why,
+                **rec}
     t = call.target
     out = {"call": call.render(), "target": t.id, "module": t.module, "kind": t.kind, "param": call.param,
            "value": call.value if call.param is not None else None, "category": category(rec), **rec}
+    if isinstance(call, deep.DeepCall):
+        return {**out, "mode": "deep", "recipe": call.recipe.source}
+    out["mode"] = "plain"
     if t.id in calls_.BY_DESIGN:
         out["module"], out["by_design"] = BY_DESIGN_ROW, calls_.BY_DESIGN[t.id]
     return out
+
+
+def row(r: dict[str, Any]) -> str:
+    """The summary's row of a record: its module, and the mode when deep."""
+    return r["module"] + (" (deep)" if r.get("mode") == "deep" else "")
+
+
+def _accepted(r: dict[str, Any]) -> str:
+    """The kind of an accepted call's flaw (its details are in its record)."""
+    return r["accepted"].split(":")[0] if "accepted" in r else f"its result's {r['later']} raised {r['exception']}"
 
 
 def summarise(all_records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -190,7 +295,7 @@ def summarise(all_records: list[dict[str, Any]]) -> dict[str, Any]:
     cats = Counter(r["category"] for r in records)
     by_module: dict[str, Counter[str]] = {}
     for r in records:
-        by_module.setdefault(r["module"], Counter())[r["category"]] += 1
+        by_module.setdefault(row(r), Counter())[r["category"]] += 1
     return {
         "calls": len(records),
         "categories": dict(cats),
@@ -201,6 +306,7 @@ def summarise(all_records: list[dict[str, Any]]) -> dict[str, Any]:
                                  for r in records if r["category"] == "timeout")),
         "unacceptable": dict(Counter(r["exception"] for r in records if r["category"] == "unacceptable")
                              .most_common()),
+        "accepted": dict(Counter(_accepted(r) for r in records if r["category"] == "accepted").most_common()),
         "by_module": {m: dict(c) for m, c in by_module.items()},
         "by_design": [{"call": r["call"], "outcome": outcome(r), "why": r["by_design"]}
                       for r in all_records if "by_design" in r],
@@ -216,19 +322,22 @@ def outcome(r: dict[str, Any]) -> str:
         return f"process exited, status {r['status']}"
     if cat == "timeout":
         return "timed out, " + ("interrupted by SIGINT" if r["interruptible"] else "not interruptible (SIGKILL)")
+    if cat == "accepted":
+        return f"returned (accepted): {r.get('accepted') or _accepted(r)}"
     if cat in ("acceptable", "unacceptable"):
         return f"raised {r['exception']}: {r['message'][:100]}"
     return f"{cat} {r.get('type', '')}".strip()
 
 
-def print_summary(s: dict[str, Any], left_out: list[dict[str, Any]], seconds: float) -> None:
+def print_summary(s: dict[str, Any], left_out: list[dict[str, Any]], recipes: list[dict[str, Any]],
+                  seconds: float) -> None:
     cats = s["categories"]
     print(f"\n{s['calls']} calls (by design left aside) in {seconds:.0f} s: {cats.get('returned', 0)} returned, "
           f"{cats.get('acceptable', 0)} raised an acceptable exception, {s['findings']} findings")
-    cols = ("returned", "acceptable", "unacceptable", "signal", "exit", "timeout")
-    print(f"\n{'module':26} {'calls':>7} " + " ".join(f"{c:>12}" for c in cols))
+    cols = ("returned", "acceptable", "unacceptable", "accepted", "signal", "exit", "timeout")
+    print(f"\n{'module':33} {'calls':>7} " + " ".join(f"{c:>12}" for c in cols))
     for module, c in s["by_module"].items():
-        print(f"{module:26} {sum(c.values()):>7} " + " ".join(f"{c.get(k, 0):>12}" for k in cols))
+        print(f"{module:33} {sum(c.values()):>7} " + " ".join(f"{c.get(k, 0):>12}" for k in cols))
     print("\nfindings by kind:")
     for sig, n in sorted(s["signals"].items()):
         print(f"  killed by {sig:28} {n:>7}")
@@ -238,8 +347,12 @@ def print_summary(s: dict[str, Any], left_out: list[dict[str, Any]], seconds: fl
         print(f"  timed out, {how:27} {n:>7}")
     for exc, n in s["unacceptable"].items():
         print(f"  raised {exc:31} {n:>7}")
+    for why, n in s["accepted"].items():
+        print(f"  accepted: {why[:60]:60} {n:>7}")
     if not s["findings"]:
         print("  none")
+    if recipes:
+        print_recipes(recipes)
     if s["by_design"]:
         print("\nby design (not findings):")
         for r in s["by_design"]:
@@ -254,6 +367,20 @@ def print_summary(s: dict[str, Any], left_out: list[dict[str, Any]], seconds: fl
               "the rest have no instance to call them on); see the JSON")
 
 
+def print_recipes(recipes: list[dict[str, Any]]) -> None:
+    by_status = Counter(r["status"] for r in recipes)
+    print(f"\ndeep recipes: {len(recipes)} (" + ", ".join(f"{n} {st}" for st, n in by_status.most_common()) + ")")
+    gpu = sorted({r["target"] for r in recipes if r["status"] in ("needs GPU", "no instance")})
+    if gpu:
+        print(f"  needs GPU ({len(gpu)} callables; swept where the instance was made): " + ", ".join(gpu))
+    package = sorted({r["target"] for r in recipes if r["status"] == "needs a package"})
+    if package:
+        print(f"  needs a package ({len(package)} callables): " + ", ".join(package))
+    for r in recipes:
+        if r["curated"] and r["status"] not in ("valid", "needs GPU", "needs a package", "no instance"):
+            print(f"  recipe {r['status']}: {r['recipe']}\n      -> {r['why'][:150]}")
+
+
 def write_json(path: Path, head: dict[str, Any], records: list[dict[str, Any]]) -> None:
     """One JSON document, each call on a line of its own (grep finds a call with its outcome)."""
     with open(path, "w") as f:
@@ -262,14 +389,23 @@ def write_json(path: Path, head: dict[str, Any], records: list[dict[str, Any]]) 
         f.write("\n]}\n")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _options(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--plain", action="store_true", help="the plain sweep (the default without --deep)")
+    ap.add_argument("--deep", action="store_true", help="the deep sweep: other arguments valid (fuzz_deep.py)")
+    ap.add_argument("--sample", action="store_true",
+                    help="one value per argument slot (and, deep, the sentinels in every intake slot), 3 element "
+                         "types of each per-type family; both modes unless --plain or --deep says")
     ap.add_argument("--jobs", type=int, default=2, help="child processes at once (default 2)")
     ap.add_argument("--timeout", type=float, default=10.0, help="seconds one call may take (default 10)")
-    ap.add_argument("--sample", action="store_true",
-                    help="one bad value per argument slot, and 3 element types of each per-type family")
-    ap.add_argument("--module", action="append", choices=MODULES, help="only these modules (repeatable)")
+    ap.add_argument("--memory", type=float, default=2.0,
+                    help="GiB a child may allocate beyond its start (default 2; 0: no limit)")
+    ap.add_argument("--module", action="append", choices=MODULES + deep.PRIVATE_MODULES,
+                    help="only these modules (repeatable; the private ones are the deep sweep's)")
     ap.add_argument("--match", help="only targets whose id contains this text")
+    groups = sorted({v.group for v in values_.VALUES.values()})
+    ap.add_argument("--values", action="append", choices=groups, help="only values of these groups (repeatable)")
+    ap.add_argument("--list-values", action="store_true", help="print the values by group and exit")
     ap.add_argument("--batch", type=int, default=300,
                     help="calls per child, whole callables packed together (default 300; 1: a child per callable)")
     ap.add_argument("--by-design", action="store_true", help="also run the calls that end or block by design")
@@ -277,36 +413,72 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write every call and its outcome here")
     ap.add_argument("--quiet", action="store_true", help="no progress lines")
     opts = ap.parse_args(argv)
+    if not (opts.plain or opts.deep):
+        opts.plain, opts.deep = True, opts.sample
+    opts.values = tuple(s for s, v in values_.VALUES.items() if not opts.values or v.group in opts.values)
+    opts.memory = int(opts.memory * GIB) or None
+    return opts
 
+
+def _list_values() -> None:
+    for group in sorted({v.group for v in values_.VALUES.values()}):
+        print(f"{group}:")
+        for v in values_.VALUES.values():
+            if v.group == group:
+                flags = [f for f in ("malformed", "slow", "sentinel") if getattr(v, f)]
+                print(f"  {v.source}" + (f"  ({', '.join(flags)})" if flags else ""))
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = _options(argv)
+    if opts.list_values:
+        _list_values()
+        return 0
     started = time.monotonic()
-    ts = targets(tuple(opts.module or MODULES))
+    modules = tuple(opts.module or MODULES + deep.PRIVATE_MODULES)
+    public = targets(tuple(m for m in modules if m in MODULES))
     if opts.match:
-        ts = [t for t in ts if opts.match in t.id]
-    if opts.sample:
-        ts = calls_.sample_targets(ts)
+        public = [t for t in public if opts.match in t.id]
+    ts = calls_.sample_targets(public) if opts.sample else public
     loaded = {} if opts.no_preload else preload()
+    recipes: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="mpbind-fuzz-") as tmp:
         workdir = Path(tmp)
         os.environ["TMPDIR"] = tmp  # files the calls create stay in the working directory
-        recipes = find_instances(ts, opts, workdir)
-        batches, left_out = plan(ts, recipes, opts)
-        batches = pack(batches, opts.batch)
+        instances: dict[str, str] = {}
+        batches: list[list[Item]] = []
+        left_out: list[dict[str, Any]] = []
+        if opts.plain:
+            instances = find_instances(ts, opts, workdir)
+            per_target, left_out = plan(ts, instances, opts)
+            batches += pack(per_target, opts.batch)
+        probes: list[tuple[Item, dict[str, Any]]] = []
+        if opts.deep:
+            rs = [r for r in deep.recipes(public, modules) if not opts.match or opts.match in r.target.id]
+            probed = probe_recipes(rs, opts, workdir)
+            probes = [(deep.DeepCall(r, -1, ""), rec) for r, rec in zip(rs, probed, strict=True)]
+            per_recipe, recipes = plan_deep(rs, probed, opts)
+            batches += pack(per_recipe, opts.batch)
         progress = None if opts.quiet else runner.Progress(sum(len(b) for b in batches))
-        results = runner.run(batches, execute_call, calls_.Instances, jobs=opts.jobs, timeout=opts.timeout,
-                             workdir=workdir, progress=progress)
-    records = [describe(c, r) for batch, recs in zip(batches, results, strict=True)
-               for c, r in zip(batch, recs, strict=True)]
+        results = runner.run(batches, execute_call, deep.State, jobs=opts.jobs, timeout=opts.timeout,
+                             workdir=workdir, progress=progress, memory=opts.memory)
+    pairs = [(c, r) for batch, recs in zip(batches, results, strict=True) for c, r in zip(batch, recs, strict=True)]
+    # The valid calls of the recipes swept are calls like any other (a crash there is a finding).
+    swept = {r["recipe"] for r in recipes if r["calls"] or r["status"] in FINDINGS}
+    records = [describe(c, r) for c, r in pairs + [p for p in probes if p[0].recipe.source in swept]]
     seconds = time.monotonic() - started
     summary = summarise(records)
-    print_summary(summary, left_out, seconds)
+    print_summary(summary, left_out, recipes, seconds)
     if opts.json:
         import mpbind
 
+        modes = [m for m in ("plain", "deep") if getattr(opts, m)]
         meta = {"mpbind": mpbind.__version__, "python": platform.python_version(), "machine": platform.node(),
-                "mode": "sample" if opts.sample else "full", "jobs": opts.jobs, "timeout_s": opts.timeout,
-                "seconds": round(seconds, 1), "modules": list(opts.module or MODULES), "libraries": loaded,
-                "bad_values": list(calls_.BAD_VALUES), "by_design": calls_.BY_DESIGN, "instances": recipes}
-        write_json(opts.json, {"meta": meta, "summary": summary, "left_out": left_out}, records)
+                "modes": modes, "sample": opts.sample, "jobs": opts.jobs, "timeout_s": opts.timeout,
+                "memory_gib": (opts.memory or 0) / GIB, "seconds": round(seconds, 1), "modules": list(modules),
+                "libraries": loaded, "values": list(opts.values), "by_design": calls_.BY_DESIGN,
+                "instances": instances}
+        write_json(opts.json, {"meta": meta, "summary": summary, "left_out": left_out, "recipes": recipes}, records)
     if summary["categories"].get("not-run"):
         return 130
     return 1 if summary["findings"] else 0

@@ -1,5 +1,7 @@
-"""The fuzz harness's runner: each way a call can end is recorded for that call, and the batch
-goes on from the next call in a new child."""
+"""The fuzz harness itself: each way a call can end is recorded for that call, and the batch goes on
+from the next call in a new child; a child's memory is limited; every value can be made; a deep
+recipe's slots are its arguments, their elements and the defaults it leaves out; a copy that
+shares what it owns is found."""
 
 from __future__ import annotations
 
@@ -11,7 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import fuzz_deep
 import fuzz_runner as runner
+import fuzz_values
+import pytest
+from fuzz_targets import FUNCTION, Param, Target
 
 
 def _returns() -> int:
@@ -57,3 +63,83 @@ def test_batches_run_side_by_side(tmp_path: Path) -> None:
     results = runner.run(batches, _execute, lambda: None, jobs=2, timeout=5, workdir=tmp_path)
     assert [[r["outcome"] for r in rs] for rs in results] == [
         ["returned"] * 3, ["signal", "returned"], [], ["exit"]]
+
+
+def _allocates_without_bound() -> None:
+    hoard = []
+    while True:
+        hoard.append(bytearray(1 << 24))
+
+
+def _execute_raising(item: Callable[[], Any], state: None) -> dict[str, Any]:
+    try:
+        return {"outcome": "returned", "value": item()}
+    except MemoryError:
+        return {"outcome": "raised", "exception": "MemoryError"}
+
+
+def test_a_child_over_its_memory_limit_gets_memory_error(tmp_path: Path) -> None:
+    [records] = runner.run([[_allocates_without_bound, _returns]], _execute_raising, lambda: None, jobs=1,
+                           timeout=20, workdir=tmp_path, memory=256 << 20)
+    assert [r["outcome"] for r in records] == ["raised", "returned"]
+    assert records[0]["exception"] == "MemoryError"
+
+
+def test_every_value_source_makes_a_value() -> None:
+    for source, value in fuzz_values.VALUES.items():
+        value.make()  # raises (a typo in a table) or returns
+        assert fuzz_values.make(source) is not None or source == "None"
+
+
+def test_a_recipe_slot_is_each_argument_element_and_left_out_default() -> None:
+    target = Target("m", None, "f", FUNCTION, (Param("a"), Param("b"), Param("c", optional=True),
+                                              Param("d", keyword_only=True, optional=True)), "fixed")
+    recipe = fuzz_deep.parse(target, "f(dl(), (1, [2]))", curated=True)
+    assert [(s.name, s.intake, s.added) for s in recipe.slots] == [
+        ("a", True, False), ("b", False, False), ("b[0]", False, False), ("b[1]", False, False),
+        ("b[1][0]", False, False), ("c", False, True), ("d", False, True)]
+    rendered = [fuzz_deep.DeepCall(recipe, i, "None").render() for i in range(len(recipe.slots))]
+    assert rendered == ["f(None, (1, [2]))", "f(dl(), None)", "f(dl(), (None, [2]))", "f(dl(), (1, None))",
+                        "f(dl(), (1, [None]))", "f(dl(), (1, [2]), c=None)", "f(dl(), (1, [2]), d=None)"]
+
+
+def test_a_recipe_must_give_every_required_parameter() -> None:
+    target = Target("m", None, "f", FUNCTION, (Param("a"), Param("b")), "fixed")
+    with pytest.raises(ValueError, match="required"):
+        fuzz_deep.parse(target, "f(1)", curated=True)
+
+
+class _Handle:
+    """What an owning object holds: closing it closes every object that holds it."""
+
+    closed = False
+
+
+class _Owner:
+    __module__ = "mpbind.fake"
+
+    def __init__(self) -> None:
+        self.handle = _Handle()
+
+    @property
+    def closed(self) -> bool:
+        return self.handle.closed
+
+    def close(self) -> None:
+        self.handle.closed = True
+
+
+class _RefusesCopy(_Owner):
+    def __copy__(self) -> _RefusesCopy:
+        raise TypeError("cannot copy")
+
+
+class _CopiesToItself(_Owner):
+    def __copy__(self) -> _CopiesToItself:
+        return self
+
+
+def test_a_copy_that_shares_what_it_owns_is_found() -> None:
+    assert fuzz_deep.copy_shares(_Owner()) is not None
+    assert fuzz_deep.copy_shares(_RefusesCopy()) is None
+    assert fuzz_deep.copy_shares(_CopiesToItself()) is None
