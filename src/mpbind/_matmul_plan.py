@@ -154,12 +154,12 @@ class OperandPlan:
     views: tuple[View | None, ...]
 
     def desc(self, rank: int) -> BlockCyclicArgs:
-        return self.descs[rank]
+        return self.descs[_args.integer(rank, "rank", minimum=0, maximum=len(self.descs) - 1)]
 
     def local_shape(self, rank: int) -> tuple[int, int]:
         """The local piece cuBLASMp works on at `rank` (after the view)."""
-        d = self.descs[rank]
-        return d.local_shape(0 if d.nranks == 1 else rank)
+        d = self.desc(rank)
+        return d.local_shape(0 if d.nranks == 1 else int(rank))
 
     def given_shape(self, rank: int) -> tuple[int, int]:
         """The shape of the local array rank `rank` passes in (before the view)."""

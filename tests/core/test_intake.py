@@ -234,6 +234,60 @@ def test_device_ordinals() -> None:
         describe(cupy_like, source="cupy")
 
 
+@pytest.mark.parametrize("make", DLPACK_PATHS)
+def test_dlpack_device_types(make: Any) -> None:
+    # CUDA (2) and CUDA managed (13) memory is a device's; CPU (1) and CUDA-pinned host (3) memory the host's;
+    # a CUDA device id below 0 would read as the host, and another kind of device is neither
+    assert describe(make((2,), device=(13, 1)))[4] == 1
+    assert describe(make((2,), device=(3, 0)))[4] == -1
+    with pytest.raises(UsageError, match="x: device -1 is not a CUDA device ordinal"):
+        describe(make((2,), device=(2, -1)))
+    for kind in (4, 10, 14, 0):
+        with pytest.raises(UsageError, match=f"x: DLPack device type {kind} is neither CUDA"):
+            describe(make((2,), device=(kind, 0)))
+
+
+def test_null_data_with_elements() -> None:
+    # Every path: an array with elements at address 0 is refused; an empty one may sit there.
+    for obj in (Exported((2,), data=0), Exported((2,), data=0, legacy=True), ExchangeTensor((2,), data=0),
+                InterfaceArray((2, 3), ptr=0)):
+        with pytest.raises(UsageError, match="x: NULL data pointer for"):
+            describe(obj)
+    with pytest.raises(UsageError, match="x: NULL data pointer for 4 elements"):
+        describe((0, 4, "float32"), tuples=True)
+    assert describe(InterfaceArray((0, 3), ptr=0))[1] == (0, 3)
+    assert describe((0, 0, "float32"), tuples=True)[1] == (0,)
+
+
+def test_bools_are_not_extents_or_counts() -> None:
+    with pytest.raises(TypeError, match="x: shape must be an int, not bool"):
+        describe(InterfaceArray((True, 2)))
+    with pytest.raises(TypeError, match="x: strides must be an int, not bool"):
+        describe(InterfaceArray((2,), strides=(True,)))
+    with pytest.raises(TypeError, match="x: count must be an int, not bool"):
+        describe((0x1000, True, "float32"), tuples=True)
+
+
+def test_masked_interface_arrays() -> None:
+    masked = InterfaceArray((2,))
+    masked.__cuda_array_interface__["mask"] = InterfaceArray((2,), typestr="|b1")
+    with pytest.raises(UsageError, match="x: __cuda_array_interface__ with a mask"):
+        describe(masked)
+    unmasked = InterfaceArray((2,))
+    unmasked.__cuda_array_interface__["mask"] = None
+    assert describe(unmasked)[1] == (2,)
+
+
+def test_exported_views_are_device_memory() -> None:
+    with pytest.raises(UsageError, match="dlpack_view: device -1 is not a CUDA device ordinal"):
+        _core.dlpack_view(0x1000, [2], 2, 32, -1, object())
+
+
+def test_array_info_source_is_a_name() -> None:
+    with pytest.raises(TypeError, match="source must be a str or None, not int"):
+        _core.array_info(InterfaceArray((2,)), "x", 1)
+
+
 # --- element types and the rest of a lying object ----------------------------------------------------
 
 

@@ -226,6 +226,12 @@ def test_allgather_gemm_descriptors_follow_the_guide() -> None:
     assert (d.mb, d.nb, d.nprow, d.npcol, d.layout) == (m // p, n // p, p, 1, "col")
     assert result.symmetric_workspace and result.staging_bytes == K * n * 2
     assert result.local_shapes(3) == {"a": (K, m // p), "b": (K, n // p), "d": (m // p, n)}
+    assert result.local_shapes(np.int64(3)) == result.local_shapes(3)
+    for rank in (4, -1, 2**63):  # a rank the plan has not: refused by name, not an IndexError
+        with pytest.raises(UsageError, match="rank must be in"):
+            result.local_shapes(rank)
+    with pytest.raises(TypeError, match="rank must be an int"):
+        result.local_shapes(1.0)
 
 
 def test_reduce_scatter_and_allreduce_descriptors_follow_the_guide() -> None:

@@ -151,6 +151,7 @@ struct Names {
     PyObject* shape = PyUnicode_InternFromString("shape");
     PyObject* strides = PyUnicode_InternFromString("strides");
     PyObject* typestr = PyUnicode_InternFromString("typestr");
+    PyObject* mask = PyUnicode_InternFromString("mask");
     PyObject* data = PyUnicode_InternFromString("data");
     PyObject* dtype = PyUnicode_InternFromString("dtype");
     PyObject* device = PyUnicode_InternFromString("device");
@@ -225,6 +226,9 @@ std::string exception_text(const nb::python_error& err) {
 // An int a producer gave (an extent, a stride, a count): TypeError naming it unless an int (or an
 // object with __index__), OverflowError beyond 64 bits. KeyboardInterrupt and the like pass through.
 long long to_long(nb::handle v, const char* what, const char* field) {
+    if (PyBool_Check(v.ptr())) {  // an int to Python, but never an extent, stride or count
+        raise_type(std::string(what) + ": " + field + " must be an int, not bool");
+    }
     int overflow = 0;
     long long out = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
     if (overflow != 0) {
@@ -456,6 +460,9 @@ void validate(Array& a, const char* what) {
     if (a.device < -1 && a.source != Source::kTuple && a.source != Source::kBuffer) {
         raise_usage(std::string(what) + ": device " + std::to_string(a.device) + " is not a CUDA device ordinal");
     }
+    if (a.ptr == 0 && a.size > 0) {
+        raise_usage(std::string(what) + ": NULL data pointer for " + std::to_string(a.size) + " elements");
+    }
 }
 
 // --- DLPack ------------------------------------------------------------------------------------
@@ -490,7 +497,7 @@ struct ExchangeApi {
     int (*dltensor_from_py_object_no_sync)(void* py_object, nb::dlpack::dltensor* out);
     void* current_work_stream;
 };
-constexpr int32_t kDLCPU = 1, kDLCUDA = 2, kDLCUDAManaged = 13;
+constexpr int32_t kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLCUDAManaged = 13;
 
 void from_dltensor(const nb::dlpack::dltensor& t, uint64_t flags, Array& a, const char* what) {
     a.dtype = from_dlpack(t.dtype.code, t.dtype.bits, t.dtype.lanes);
@@ -519,7 +526,21 @@ void from_dltensor(const nb::dlpack::dltensor& t, uint64_t flags, Array& a, cons
         a.strides.resize_for_overwrite(nd);
         for (size_t i = 0; i < nd; ++i) a.strides[i] = t.strides[i];
     }
-    a.device = (t.device.device_type == kDLCUDA || t.device.device_type == kDLCUDAManaged) ? t.device.device_id : -1;
+    switch (t.device.device_type) {
+        case kDLCUDA:
+        case kDLCUDAManaged:
+            if (t.device.device_id < 0) {  // -1 would read as the host
+                raise_usage(std::string(what) + ": device " + std::to_string(t.device.device_id) +
+                            " is not a CUDA device ordinal");
+            }
+            a.device = t.device.device_id;
+            break;
+        case kDLCPU:
+        case kDLCUDAHost: a.device = -1; break;
+        default:  // memory of another kind of device is neither a CUDA device's nor the host's
+            raise_usage(std::string(what) + ": DLPack device type " + std::to_string(t.device.device_type) +
+                        " is neither CUDA (2, 13) nor the host (1, 3)");
+    }
     a.readonly = (flags & kFlagReadOnly) != 0;
 }
 
@@ -651,6 +672,11 @@ bool from_interface(nb::handle obj, nb::handle cai, Array& a, const char* what) 
         raise_usage(std::string(what) + ": unsupported __cuda_array_interface__ typestr '" + std::string(tsv) +
                     "' (supported: " + supported_names() + ")");
     }
+    PyObject* mask = PyDict_GetItemWithError(cai.ptr(), n.mask);
+    if (mask == nullptr && PyErr_Occurred()) throw nb::python_error();
+    if (mask != nullptr && mask != Py_None) {  // a masked array's elements are not all valid data
+        raise_usage(std::string(what) + ": __cuda_array_interface__ with a mask (masked arrays are not supported)");
+    }
     read_shape(shape, a, what);
     if (!PyTuple_Check(data) || PyTuple_GET_SIZE(data) != 2) {
         raise_type(std::string(what) + ": __cuda_array_interface__['data'] must be (ptr, readonly)");
@@ -763,7 +789,12 @@ struct Slot {
             PyObject* v = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj.ptr()) + offset);
             if (v != nullptr) return nb::borrow(v);
         }
-        return attr(obj, name);
+        nb::object v = optional_attr(obj, name);
+        if (!v.is_valid()) {  // an object posing as one of ours
+            raise_type(typename_of(obj) + " has no " + nb::cast<std::string>(nb::handle(name)) +
+                       ": not an array mpbind made");
+        }
+        return v;
     }
     // The slot's storage in `obj`, or nullptr when it is not a __slots__ member.
     PyObject** at(nb::handle obj) const {
@@ -1153,9 +1184,12 @@ void check_export(uintptr_t ptr, const std::vector<size_t>& shape, uint8_t code,
         }
         a.shape[i] = static_cast<int64_t>(shape[i]);
     }
+    if (device < 0) {  // exported as CUDA memory: a host ordinal (-1) would be a lie
+        raise_usage(std::string(what) + ": device " + std::to_string(device) + " is not a CUDA device ordinal");
+    }
     a.ptr = ptr;
     a.device = device;
-    a.source = Source::kInterface;  // a device ordinal is checked as a foreign one's
+    a.source = Source::kInterface;
     validate(a, what);
 }
 
@@ -1345,6 +1379,7 @@ nb::tuple described(const arrays::Array& a) {
 void register_arrays(nb::module_& m) {
     m.def("array_info", [](nb::handle obj, const char* what, nb::handle source, bool tuples) {
         if (source.is_none()) return described(arrays::describe(obj, what, tuples));
+        if (!PyUnicode_Check(source.ptr())) raise_type("source must be a str or None, not " + arrays::typename_of(source));
         return described(arrays::describe_via(obj, what, source_named(nb::cast<std::string>(source))));
     }, nb::arg("array").none(), nb::arg("what") = "array", nb::arg("source").none() = nb::none(),
        nb::arg("tuples") = false,
