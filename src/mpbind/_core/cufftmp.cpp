@@ -428,7 +428,7 @@ void exec(Plan& self, uintptr_t in, uintptr_t out, int direction) {
         case CUFFT_Z2D: implied(CUFFT_INVERSE); call(a.cufftExecZ2D, s.handle, i, static_cast<double*>(o)); break;
         default: raise_usage("exec: unknown plan type");
     }
-    if (s.comm_type != -1) nvshmem::collective_queued(s.stream);
+    if (s.comm_type != -1) nvshmem::collective_queued(s.stream, "cufftmp.exec");
 }
 
 Descriptor xt_malloc(Plan& self, int format) {
@@ -454,7 +454,7 @@ void exec_descriptor(Plan& self, Descriptor& input, Descriptor* output, int dire
     DescState& in = input.get();
     DescState& out = output != nullptr ? output->get() : in;
     call(api().cufftXtExecDescriptor, s.handle, in.desc, out.desc, direction);
-    if (s.comm_type != -1) nvshmem::collective_queued(s.stream);
+    if (s.comm_type != -1) nvshmem::collective_queued(s.stream, "cufftmp.exec_descriptor");
 }
 
 // --- descriptor operations ---
@@ -562,7 +562,7 @@ void exec_reshape(Reshape& self, uintptr_t out, uintptr_t in, uintptr_t workspac
     uintptr_t st = stream_handle(stream);
     call(api().cufftMpExecReshapeAsync, s.handle, reinterpret_cast<void*>(out),
          reinterpret_cast<const void*>(in), reinterpret_cast<void*>(workspace), reinterpret_cast<void*>(st));
-    nvshmem::collective_queued(st);
+    nvshmem::collective_queued(st, "cufftmp.reshape");
 }
 
 std::string plan_repr(Plan& p) {
