@@ -225,8 +225,8 @@ def init(unique_id: Any = None, rank: int | None = None, nranks: int | None = No
     def run_init() -> None:
         _select_device(device)
         with _waiting_notice(notice_after, what, seconds):
-            _bounded(lambda: flat.init_attr(flags, attr), device, seconds, what,
-                     on_thread=method != "mpi" or _mpi_allows_threads())
+            _bounded(lambda: flat.init_attr(flags, attr), device, seconds, what, _MISSING_MPI if mpi_comm else
+                     _MISSING_UID, on_thread=method != "mpi" or _mpi_allows_threads())
 
     rt = _nv.start(params, run_init)
     _nv.set_deadline(seconds, watched)
@@ -238,7 +238,13 @@ _ARRIVED, _VERDICT = 0x4D42, 0x4D43  # MPI tags of the arrival check ("MB", "MC"
 _sends: list[Any] = []  # the arrival check's sends, kept until the process ends (a peer may never take them)
 
 
-def _bounded(init: Callable[[], None], device: int | None, seconds: float, what: str, *, on_thread: bool) -> None:
+_MISSING_UID = ("not every PE called init with this unique id and nranks (one never started, or died); which PEs "
+                "are missing cannot be known over a unique id (init(mpi_comm=...) names them)")
+_MISSING_MPI = "every PE arrived (checked over MPI), but one never finished NVSHMEM's initialisation (it died)"
+
+
+def _bounded(init: Callable[[], None], device: int | None, seconds: float, what: str, missing: str, *,
+             on_thread: bool) -> None:
     """`init()` (NVSHMEM's blocking initialisation) on a thread of its own, waited for with the core's
     bounded wait: `seconds` at most, Ctrl-C honoured. Given up, the thread is left inside NVSHMEM."""
     global _given_up
@@ -261,9 +267,8 @@ def _bounded(init: Callable[[], None], device: int | None, seconds: float, what:
 
     threading.Thread(target=body, name="mpbind-nvshmem-init", daemon=True).start()
     try:
-        _core.wait_until(done.is_set, seconds, what,
-                         "not every PE called init (one never started, or died); NVSHMEM cannot be interrupted, so "
-                         "its initialisation thread is left waiting and the process should end")
+        _core.wait_until(done.is_set, seconds, what, f"{missing}. NVSHMEM cannot be interrupted: its "
+                         "initialisation thread is left waiting, and the process should end")
     except BaseException as exc:
         _given_up = f"an earlier {what} was given up ({type(exc).__name__})"
         raise

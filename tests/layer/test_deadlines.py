@@ -115,6 +115,7 @@ def test_nvshmem_init_gives_up_at_its_deadline_and_cannot_be_tried_again() -> No
     lines = proc.stdout.splitlines()
     assert "nvshmem.init (rank 0 of 2, uid bootstrap) did not complete within 0.5 s: not every PE called init" \
         in lines[0]
+    assert "which PEs are missing cannot be known over a unique id" in lines[0]
     assert lines[1] == ("an earlier nvshmem.init (rank 0 of 2, uid bootstrap) was given up (WaitTimeoutError); "
                         "NVSHMEM cannot be initialised again in this process: end it")
     assert lines[2] == "False"
