@@ -170,13 +170,35 @@ public:
 
 std::atomic<PeWatch*> g_pe_watch{nullptr};  // set once, never freed (the watchdog holds it too)
 
-// After an on-stream collective was queued: its record in the flight record, while watched.
-void watch_queued(const char* op, size_t bytes, uintptr_t stream) {
-    PeWatch* w = g_pe_watch.load(std::memory_order_relaxed);  // the hot path's only cost when not watched
-    if (w == nullptr) return;
-    uint64_t seq = w->begin(op, 0, static_cast<int64_t>(bytes), "", -1, stream);
-    w->enqueued(seq, stream);
-}
+CollectiveFence& fence();
+
+// An on-stream collective's record while watched, from before its library call (one that blocks on
+// the host shows as one that has not returned) to after it; the collective fence's note once
+// queued. When not watched, a relaxed load is its whole cost.
+class Watched {
+public:
+    Watched(const char* op, int64_t bytes, uintptr_t stream) : stream_(stream) {
+        if (op == nullptr) return;
+        w_ = g_pe_watch.load(std::memory_order_relaxed);
+        if (w_ != nullptr) seq_ = w_->begin(op, 0, bytes, "", -1, stream);
+    }
+    ~Watched() {
+        if (seq_ != 0 && !queued_) w_->call_failed(seq_);  // the call raised
+    }
+    Watched(const Watched&) = delete;
+    Watched& operator=(const Watched&) = delete;
+    void queued() {
+        fence().note(stream_);
+        queued_ = true;
+        if (seq_ != 0) w_->enqueued(seq_, stream_);
+    }
+
+private:
+    uintptr_t stream_;
+    PeWatch* w_ = nullptr;
+    uint64_t seq_ = 0;
+    bool queued_ = false;
+};
 
 CollectiveFence& fence() {
     static auto* f = new CollectiveFence();  // one runtime per process; never destroyed (used at exit)
@@ -725,6 +747,9 @@ const Reducer& reducer(arrays::Dtype dtype, int op) {
 }
 
 void issue(const Step& k) {
+    const bool collective = k.kind >= Rma::kBarrierAll;  // the collectives follow RMA in Rma
+    Watched watched(collective ? kStepNames[static_cast<int>(k.kind)] : nullptr, static_cast<int64_t>(k.n),
+                    k.stream);
     const Api& a = api();
     auto* dest = reinterpret_cast<void*>(k.dest);
     auto* src = reinterpret_cast<const void*>(k.src);
@@ -745,10 +770,7 @@ void issue(const Step& k) {
             break;
         }
     }
-    if (k.kind >= Rma::kBarrierAll) {  // the collectives follow RMA in Rma
-        fence().note(k.stream);
-        watch_queued(kStepNames[static_cast<int>(k.kind)], k.n, k.stream);
-    }
+    if (collective) watched.queued();
 }
 
 Step plan_sync(Rma kind, const Heap& heap, nb::handle team, nb::handle stream) {
@@ -793,9 +815,17 @@ std::pair<uintptr_t, size_t> allocation_of(nb::handle memory) {
     return {s.ptr, s.nbytes};
 }
 
-void collective_queued(uintptr_t stream, const char* op) {
-    fence().note(stream);
-    watch_queued(op, 0, stream);
+struct CollectiveCall::Impl {
+    Watched watched;
+};
+
+CollectiveCall::CollectiveCall(const char* op, uintptr_t stream)
+    : impl_(op != nullptr ? new Impl{Watched(op, -1, stream)} : nullptr) {}
+
+CollectiveCall::~CollectiveCall() { delete impl_; }
+
+void CollectiveCall::queued() {
+    if (impl_ != nullptr) impl_->watched.queued();
 }
 
 void settle_collectives() { fence().settle(); }
