@@ -284,17 +284,25 @@ def test_a_rank_that_skips_a_collective() -> None:
 
 
 def _ended_by_the_watchdog(c: Case, survivors: list[int], what: str) -> None:
-    killed_at = min(v for k, v in c.rank(1).steps().items() if k.startswith("killed."))
+    """Each survivor ended, not hung, within the deadline and a margin of the kill: by the watchdog
+    (exit status 70, its report naming the PE and `what`), or earlier by NVSHMEM itself should it
+    notice the PE is gone (any other failing status; printed, so that the run shows which)."""
+    killed = [v for k, v in c.rank(1).steps().items() if k.startswith("killed.")]
+    assert killed, "PE 1 was not killed where the case kills it\n" + c.report()
     for i in survivors:
         r = c.rank(i)
         err = r.stderr()
-        assert r.proc.returncode == HANG_EXIT, f"PE {i} ended with {r.proc.returncode}, not {HANG_EXIT}\n" + c.report()
-        assert f"NVSHMEM PE {i} of " in err and what in err and "ending the process (exit status 70)" in err, \
-            c.report()
-        assert "flight record of NVSHMEM PE" in err, c.report()
-        took = (r.ended_at or time.time()) - killed_at
+        took = (r.ended_at or time.time()) - killed[0]
         assert took <= DEADLINE + MARGIN + 5, f"PE {i} ended {took:.1f} s after the kill\n" + c.report()
-        print(f"{c.name}: PE {i} ended (exit 70) {took:.1f} s after PE 1 was killed")
+        assert r.proc.returncode not in (0, 124, 137), f"PE {i} ended with {r.proc.returncode}\n" + c.report()
+        if r.proc.returncode == HANG_EXIT:
+            assert f"NVSHMEM PE {i} of " in err and what in err and "ending the process (exit status 70)" in err, \
+                c.report()
+            assert "flight record of NVSHMEM PE" in err, c.report()
+            print(f"{c.name}: PE {i} ended by the watchdog (exit 70) {took:.1f} s after PE 1 was killed")
+        else:
+            print(f"{c.name}: PE {i} ended by NVSHMEM itself (exit {r.proc.returncode}) {took:.1f} s after PE 1 "
+                  f"was killed: {err.strip().splitlines()[-3:]}")
 
 
 @pytest.mark.parametrize("npes", [2, 3, 4], ids=lambda n: f"np{n}")
