@@ -235,6 +235,7 @@ def init(unique_id: Any = None, rank: int | None = None, nranks: int | None = No
 
 _given_up = ""  # why an initialisation was given up: its thread still waits inside NVSHMEM
 _ARRIVED, _VERDICT = 0x4D42, 0x4D43  # MPI tags of the arrival check ("MB", "MC")
+_VERDICT_GRACE = 5.0  # seconds a PE waits for PE 0's verdict beyond the deadline (PE 0 sends it at its deadline)
 _sends: list[Any] = []  # the arrival check's sends, kept until the process ends (a peer may never take them)
 
 
@@ -329,9 +330,12 @@ def _arrival(comm: Any, seconds: float, what: str) -> None:
             raise WaitTimeoutError(what, seconds, missing_text(missing))
         return
     _sends.append(comm.isend(True, dest=0, tag=_ARRIVED))
-    for tag, detail in ((_ARRIVED, "PE 0, which collects who arrived, never did (or died); which other PEs arrived "
-                                   "cannot be known"),
-                        (_VERDICT, "PE 0 arrived but never said who else did (it died)")):
+    # PE 0's window opened before its word that it arrived reached this PE: the verdict comes at most
+    # `seconds` after that, and the time to send it (the grace) later.
+    for tag, wait, detail in ((_ARRIVED, seconds, "PE 0, which collects who arrived, never did (or died); which "
+                                                  "other PEs arrived cannot be known"),
+                              (_VERDICT, seconds + _VERDICT_GRACE, "PE 0 arrived but never said who else did (it "
+                                                                   "died)")):
         req = comm.irecv(source=0, tag=tag)
         box: list[Any] = []
 
@@ -342,7 +346,7 @@ def _arrival(comm: Any, seconds: float, what: str) -> None:
             return bool(flag)
 
         try:
-            _core.wait_until(answered, seconds, what, detail)
+            _core.wait_until(answered, wait, what, detail)
         except BaseException:
             req.cancel()
             raise
