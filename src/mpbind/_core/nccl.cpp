@@ -497,7 +497,7 @@ Communicator init(int nranks, int rank, nb::handle unique_id, nb::object config,
         },
         nullptr, {},
         [] { return std::string("not every rank called init with this unique id and number of ranks (one never "
-                                "started, or died); a communicator made after this was aborted"); });
+                                "started, or died); should NCCL still make the communicator, it is aborted"); });
     if (status != success) {
         if (comm != nullptr) raw().abort(comm);
         check_status(status, "ncclCommInitRankConfig");
