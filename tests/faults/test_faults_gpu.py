@@ -252,19 +252,12 @@ def test_a_rank_that_raises_before_init() -> None:
 # --- two GPUs: NCCL collectives, one rank per GPU -------------------------------------------------------
 
 
-def test_a_rank_killed_in_a_loop_of_all_reduces() -> None:
+@pytest.mark.parametrize("work", ["kill_allreduce", "kill_matmul"], ids=["all_reduce", "planned_matmul"])
+def test_a_rank_killed_in_a_loop(work: str) -> None:
+    """Rank 1 SIGKILLed at iteration 5 of a loop of all-reduces, or of planned cuBLASMp matmuls."""
     need_gpus(2, " (one NCCL rank per GPU)")
-    with case("kill-allreduce") as c:
-        start(c, [0, 1], 2, "kill_allreduce", "--deadline", str(DEADLINE), "--kill-at", "5", limit=DEADLINE + 120)
-        c.wait(DEADLINE + 130)
-        o = expect_survivor(c, 0, "CommunicatorAbortedError", DEADLINE, killed=1)
-        assert o["last_good"] == 4, c.report()
-
-
-def test_a_rank_killed_in_a_planned_matmul() -> None:
-    need_gpus(2, " (one NCCL rank per GPU)")
-    with case("kill-matmul") as c:
-        start(c, [0, 1], 2, "kill_matmul", "--deadline", str(DEADLINE), "--kill-at", "5", limit=DEADLINE + 120)
+    with case(work.replace("_", "-")) as c:
+        start(c, [0, 1], 2, work, "--deadline", str(DEADLINE), "--kill-at", "5", limit=DEADLINE + 120)
         c.wait(DEADLINE + 130)
         o = expect_survivor(c, 0, "CommunicatorAbortedError", DEADLINE, killed=1)
         assert o["last_good"] == 4, c.report()
