@@ -1,11 +1,11 @@
-"""NCCL ``all_reduce`` through mpbind's layer, the flat binding and ``torch.distributed``, one
-process per GPU, in one run on the same libnccl.
+"""NCCL ``all_reduce`` through mpbind's layer (without and with the watchdog), the flat binding and
+``torch.distributed``, one process per GPU, in one run on the same libnccl.
 
     mpirun -np 2 -x NCCL_NVLS_ENABLE=0 -x NVSHMEM_DISABLE_NVLS=1 -x TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \\
         python benchmarks/nccl_allreduce.py [--min 8] [--max 1073741824] [--calls 1000] [--out DIR]
 
 For each message size (float32, from ``--min`` to ``--max`` bytes, x4 steps), interleaved batch by
-batch so that the three see the same machine state:
+batch so that the four see the same machine state:
 
 * host time per call: ``perf_counter_ns`` around one call, nothing synchronised in the loop,
   the median over every call (``--calls`` of them at small sizes, fewer where the GPU time of
@@ -13,8 +13,12 @@ batch so that the three see the same machine state:
 * bus bandwidth: CUDA events around ``--iters`` back-to-back calls on the current stream,
   ``bytes * 2 (n - 1) / n / time``, the median over batches.
 
-The layer is called as a user writes it: ``comm.all_reduce(t, t)`` with a torch tensor; the flat
-call gets the pointer, count and communicator handle; torch.distributed runs ``dist.all_reduce(t)``.
+The layer is called as a user writes it: ``comm.all_reduce(t, t)`` with a torch tensor, on a
+communicator without the watchdog (``layer``) and on one it watches (``watched``: ``watchdog=True``,
+each call then recorded in the flight record with a CUDA event after it); the flat call gets the
+pointer, count and communicator handle; torch.distributed runs ``dist.all_reduce(t)``.
+``watched_minus_layer_us`` is the watchdog's host cost per call (budget: 1.0 us), and
+``watched_over_layer_busbw`` its GPU cost (1.0: none).
 Ratios are paired: per batch, then the median. Rank 0 prints the table and writes
 ``nccl_allreduce.csv`` (and ``.png`` where matplotlib is installed) under ``--out``.
 """
@@ -46,7 +50,7 @@ from _torch_gpu import queued_us  # noqa: E402
 from mpbind import _loader, nccl  # noqa: E402
 from mpbind.bindings import nccl as flat  # noqa: E402
 
-VARIANTS = ("layer", "flat", "torch")
+VARIANTS = ("layer", "watched", "flat", "torch")
 
 
 def loaded_libnccl() -> list[str]:
@@ -56,7 +60,7 @@ def loaded_libnccl() -> list[str]:
     return sorted(os.path.realpath(p) for p in paths)
 
 
-def setup(world: Any) -> tuple[nccl.Communicator, int]:
+def setup(world: Any) -> tuple[nccl.Communicator, nccl.Communicator, int]:
     rank, size = world.Get_rank(), world.Get_size()
     gpus = torch.cuda.device_count()
     if size > gpus:
@@ -65,8 +69,9 @@ def setup(world: Any) -> tuple[nccl.Communicator, int]:
     path = world.bcast(tempfile.mktemp(prefix="nccl-bench-rdzv-") if rank == 0 else None)
     dist.init_process_group("nccl", init_method=f"file://{path}", rank=rank, world_size=size,
                             device_id=torch.device("cuda", rank))
-    comm = nccl.Communicator.from_mpi(world)
-    return comm, rank
+    comm = nccl.Communicator.from_mpi(world, watchdog=False)
+    watched = nccl.Communicator.from_mpi(world, watchdog=True)
+    return comm, watched, rank
 
 
 def calls_for(nbytes: int, calls: int) -> int:
@@ -79,13 +84,15 @@ def device_time(fn: Callable[[], Any], iters: int) -> float:
     return queued_us(fn, iters) / 1e6
 
 
-def measure(comm: nccl.Communicator, nbytes: int, args: argparse.Namespace, world: Any) -> dict[str, Any]:
+def measure(comm: nccl.Communicator, watched: nccl.Communicator, nbytes: int, args: argparse.Namespace,
+            world: Any) -> dict[str, Any]:
     n = nbytes // 4
     t = torch.ones(n, dtype=torch.float32, device="cuda")
     handle = comm.ptr
     stream = torch.cuda.current_stream().cuda_stream
     fns: dict[str, Callable[[], Any]] = {
         "layer": lambda: comm.all_reduce(t, t),
+        "watched": lambda: watched.all_reduce(t, t),
         "flat": lambda: flat.all_reduce(t.data_ptr(), t.data_ptr(), n, flat.DataType.FLOAT32, flat.RedOp.SUM,
                                         handle, stream),
         "torch": lambda: dist.all_reduce(t),
@@ -97,7 +104,7 @@ def measure(comm: nccl.Communicator, nbytes: int, args: argparse.Namespace, worl
     for name in VARIANTS:
         fns[name]()
     torch.cuda.synchronize()
-    expected = float(comm.size ** 3)
+    expected = float(comm.size ** len(VARIANTS))
     if n and not bool(torch.all(t == expected)):
         raise SystemExit(f"wrong all_reduce result at {nbytes} B: {t[:4].tolist()} != {expected}")
     world.Barrier()
@@ -106,7 +113,8 @@ def measure(comm: nccl.Communicator, nbytes: int, args: argparse.Namespace, worl
     per_batch = max(1, calls_for(nbytes, args.calls) // args.batches)
     iters = max(2, min(args.iters, calls_for(nbytes, args.iters)))
     for b in range(args.batches):
-        order = VARIANTS[b % 3:] + VARIANTS[:b % 3]
+        k = b % len(VARIANTS)
+        order = VARIANTS[k:] + VARIANTS[:k]
         for name in order:
             t.zero_()
             torch.cuda.synchronize()
@@ -121,6 +129,9 @@ def measure(comm: nccl.Communicator, nbytes: int, args: argparse.Namespace, worl
         row[f"{name}_host_us"] = statistics.median(host[name])
         row[f"{name}_busbw_GBps"] = nbytes * factor / statistics.median(dev[name]) / 1e9
     row["layer_minus_flat_us"] = row["layer_host_us"] - row["flat_host_us"]
+    row["watched_minus_layer_us"] = row["watched_host_us"] - row["layer_host_us"]
+    row["watched_over_layer_busbw"] = statistics.median(
+        [dl / dw for dl, dw in zip(dev["layer"], dev["watched"], strict=True)])
     row["layer_over_torch_host"] = row["layer_host_us"] / row["torch_host_us"]
     ratios = [dl / dt for dl, dt in zip(dev["torch"], dev["layer"], strict=True)]  # busbw ratio, paired
     row["layer_over_torch_busbw"] = statistics.median(ratios)
@@ -137,13 +148,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("benchmark-results"))
     args = ap.parse_args()
     world = MPI.COMM_WORLD
-    comm, rank = setup(world)
+    comm, watched, rank = setup(world)
     sizes = []
     s = args.min
     while s <= args.max:
         sizes.append(s)
         s *= 4
-    rows = [measure(comm, nbytes, args, world) for nbytes in sizes]
+    rows = [measure(comm, watched, nbytes, args, world) for nbytes in sizes]
     libs = loaded_libnccl()
     if rank == 0:
         header = list(rows[0])
@@ -157,6 +168,9 @@ def main() -> None:
             ("bus bandwidth (GB/s)", {v: (xs, [r[f"{v}_busbw_GBps"] for r in rows]) for v in VARIANTS}),
         ])
         print(f"wrote {args.out / 'nccl_allreduce.csv'}" + (" and .png" if drawn else " (no matplotlib: no plot)"))
+    if watched.failed:
+        raise SystemExit(f"the watchdog failed the watched communicator: {watched.recent_operations()[-3:]}")
+    watched.close()
     comm.close()
     dist.destroy_process_group()
 

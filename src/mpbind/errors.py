@@ -10,6 +10,9 @@
     │  ├─ NVSHMEMError   ─ …
     │  ├─ CuBLASMpError  ─ …
     │  └─ CuFFTMpError   ─ …
+    ├─ WaitTimeoutError       (also TimeoutError): a wait of the layer ran past its deadline
+    ├─ CommunicatorAbortedError  a communicator failed and was aborted or revoked
+    │  └─ CollectiveTimeoutError (also TimeoutError): an operation on it ran past its deadline
     └─ UsageError             (also ValueError): misuse caught before any C call
        ├─ PlacementError      processes placed on GPUs where the library cannot initialise
        └─ NVSHMEMNotInitializedError  an NVSHMEM call that needs the runtime, before init
@@ -123,6 +126,50 @@ class UsageError(MpbindError, ValueError):
     """Bad input or misuse, caught before any library call."""
 
 
+class WaitTimeoutError(MpbindError, TimeoutError):
+    """A wait of the layer ran past its deadline: a communicator's initialisation, split, shrink or
+    finalize waiting for the other ranks, NVSHMEM's initialisation, a wait for this PE's collectives
+    on streams. The deadline is the call's (or its communicator's) ``timeout=``, else
+    ``MPBIND_TIMEOUT`` seconds, else 600. ``operation`` names the wait, ``timeout`` is the deadline in
+    seconds and ``detail`` says what was waited for (which ranks never arrived, when that is known)."""
+
+    def __init__(self, operation: str, timeout: float, detail: str = "") -> None:
+        self.operation = operation
+        self.timeout = timeout
+        self.detail = detail
+        super().__init__(f"{operation} did not complete within {timeout:g} s" + (f": {detail}" if detail else ""))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.operation, self.timeout, self.detail))
+
+
+class CommunicatorAbortedError(MpbindError):
+    """A communicator failed (an error NCCL reported, an operation past its deadline, a wait given up,
+    ``revoke()``) and was aborted or revoked: every later call on it, and on the grids, plans and
+    registrations that depend on it, raises this error; ``shrink()`` (after a revoke) and ``close()``
+    still work. ``communicator`` describes it, ``rank`` is this process's rank in it, ``operation``
+    and ``sequence`` name the operation that failed (its number in the flight record,
+    ``recent_operations()``; 0 when none did) and ``reason`` says what happened."""
+
+    def __init__(self, communicator: str, rank: int, operation: str, sequence: int, reason: str) -> None:
+        self.communicator = communicator
+        self.rank = rank
+        self.operation = operation
+        self.sequence = sequence
+        self.reason = reason
+        at = f" (at {operation} #{sequence})" if sequence else (f" (in {operation})" if operation else "")
+        super().__init__(f"{communicator} failed on rank {rank}{at}: {reason}. Every later call on it and on what "
+                         f"depends on it raises this error; close() it, or shrink() it after a revoke")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.communicator, self.rank, self.operation, self.sequence, self.reason))
+
+
+class CollectiveTimeoutError(CommunicatorAbortedError, TimeoutError):
+    """An operation on a communicator ran past its deadline (seen by the watchdog, or by a wait of the
+    layer) and the communicator was aborted or revoked; as :class:`CommunicatorAbortedError`."""
+
+
 class PlacementError(UsageError):
     """The processes are placed on GPUs in a way the library cannot initialise with (it would hang or
     exit the process), found before its initialisation; every process raises it with the same message."""
@@ -159,6 +206,9 @@ _BASE_NAMES = [
     "MissingDependencyError",
     "FunctionNotFoundError",
     "UsageError",
+    "WaitTimeoutError",
+    "CommunicatorAbortedError",
+    "CollectiveTimeoutError",
     "PlacementError",
     "NVSHMEMNotInitializedError",
     "LibraryError",

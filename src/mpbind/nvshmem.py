@@ -62,7 +62,7 @@ from mpbind.errors import MpbindError, UsageError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: import time
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Callable, Iterator, Sequence
     from typing import Any
 
     from mpbind._typing import Buffer as BufferLike
@@ -89,6 +89,7 @@ __all__ = [
     "n_pes",
     "put",
     "quiet",
+    "recent_operations",
     "reduce",
     "register",
     "runtime",
@@ -117,7 +118,8 @@ def _flat() -> Any:
 
 def init(unique_id: Any = None, rank: int | None = None, nranks: int | None = None, *,
          mpi_comm: Any = None, bootstrap: str | None = None, device: int | None = None,
-         placement_via: Any = None, notice_after: float | None = 60.0) -> Runtime:
+         placement_via: Any = None, notice_after: float | None = 60.0, timeout: float | None = None,
+         watchdog: bool | None = None) -> Runtime:
     """Initialise NVSHMEM (collective) and return the process's runtime.
 
     Either ``unique_id`` (a ``UniqueId`` or 128 bytes that every rank received, see
@@ -132,13 +134,27 @@ def init(unique_id: Any = None, rank: int | None = None, nranks: int | None = No
     ``mpi_comm``, or over ``placement_via`` (an mpi4py communicator, a torch.distributed group or
     an ``allgather(obj) -> list`` callable) with a unique id; without either nothing is checked.
 
-    NVSHMEM's initialisation has no timeout: it waits until every PE has called it. A PE still
-    waiting after ``notice_after`` seconds says so on stderr (None: never); Ctrl-C interrupts it.
+    NVSHMEM's initialisation waits until every PE has called it; here it waits at most `timeout`
+    seconds (None: ``MPBIND_TIMEOUT``, else 600) and Ctrl-C interrupts it. With ``mpi_comm`` the PEs
+    first say over MPI that they arrived, so that a PE that never comes is named: every PE that did
+    raises :class:`~mpbind.errors.WaitTimeoutError` listing the missing ones; with a unique id that
+    cannot be known, and the error says so. The initialisation itself runs on a thread of its own
+    (not with an MPI bootstrap below ``MPI_THREAD_SERIALIZED``, which must stay on the thread that
+    called it): given up, that thread is left waiting inside NVSHMEM, which cannot be interrupted,
+    and NVSHMEM cannot be initialised again in the process, which should end. A PE still waiting
+    after ``notice_after`` seconds says so on stderr (None: never).
+
+    `timeout` is also the deadline of this PE's waits for its collectives on streams. With
+    `watchdog` (None: ``MPBIND_WATCHDOG``) a thread watches them: one still running after `timeout`
+    is reported on stderr with the PE, the operation and the flight record
+    (:func:`recent_operations`), and the process ends (exit status 70): NVSHMEM cannot abort it.
 
     Calling it again with the same bootstrap, rank, size and device returns the live runtime
     (the unique id is only a rendezvous token and is not compared); with others it raises
     ``UsageError``. After ``finalize()`` NVSHMEM cannot be initialised again in the process.
     """
+    seconds = _core.timeout_arg(timeout, "timeout")
+    watched = _core.watchdog_arg(watchdog, "watchdog")
     if device is not None:
         device = _args.integer(device, "device", minimum=0, maximum=_args.INT_MAX)
     if notice_after is not None and (isinstance(notice_after, bool) or not isinstance(notice_after, (int, float))
@@ -175,7 +191,11 @@ def init(unique_id: Any = None, rank: int | None = None, nranks: int | None = No
     params = {"bootstrap": method, "rank": str(rank), "nranks": str(nranks),
               "device": "current" if device is None else str(device)}
     if _nv.is_initialized() or _nv.is_finalized():  # the core decides, before any bootstrap traffic
-        return _nv.start(params, _never)
+        rt = _nv.start(params, _never)
+        _nv.set_deadline(seconds, watched)
+        return rt
+    if _given_up:
+        raise UsageError(f"{_given_up}; NVSHMEM cannot be initialised again in this process: end it")
 
     flat = _flat()
     attr = flat.InitAttr()
@@ -196,28 +216,155 @@ def init(unique_id: Any = None, rank: int | None = None, nranks: int | None = No
         flat.set_attr_mpi_comm_args(mpi_comm, attr)
         flags = flat.InitFlags.WITH_MPI_COMM
 
+    what = f"nvshmem.init (rank {rank} of {nranks}, {method} bootstrap)"
+    if mpi_comm is not None:
+        _arrival(mpi_comm, seconds, what)  # every PE is here, or every PE that is raises naming who is not
     if gather is not None:
         _placement.check(gather, device)  # collective; the same PlacementError on every PE
 
     def run_init() -> None:
         _select_device(device)
-        with _waiting_notice(notice_after, f"nvshmem.init (rank {rank} of {nranks}, {method} bootstrap)"):
-            flat.init_attr(flags, attr)
+        with _waiting_notice(notice_after, what, seconds):
+            _bounded(lambda: flat.init_attr(flags, attr), device, seconds, what, _MISSING_MPI if mpi_comm else
+                     _MISSING_UID, on_thread=method != "mpi" or _mpi_allows_threads())
 
-    return _nv.start(params, run_init)
+    rt = _nv.start(params, run_init)
+    _nv.set_deadline(seconds, watched)
+    return rt
+
+
+_given_up = ""  # why an initialisation was given up: its thread still waits inside NVSHMEM
+_ARRIVED, _VERDICT = 0x4D42, 0x4D43  # MPI tags of the arrival check ("MB", "MC")
+_VERDICT_GRACE = 5.0  # seconds a PE waits for PE 0's verdict beyond the deadline (PE 0 sends it at its deadline)
+_sends: list[Any] = []  # the arrival check's sends, kept until the process ends (a peer may never take them)
+
+
+_MISSING_UID = ("not every PE called init with this unique id and nranks (one never started, or died); which PEs "
+                "are missing cannot be known over a unique id (init(mpi_comm=...) names them)")
+_MISSING_MPI = "every PE arrived (checked over MPI), but one never finished NVSHMEM's initialisation (it died)"
+
+
+def _bounded(init: Callable[[], None], device: int | None, seconds: float, what: str, missing: str, *,
+             on_thread: bool) -> None:
+    """`init()` (NVSHMEM's blocking initialisation) on a thread of its own, waited for with the core's
+    bounded wait: `seconds` at most, Ctrl-C honoured. Given up, the thread is left inside NVSHMEM."""
+    global _given_up
+    if not on_thread:
+        init()
+        return
+    target = _current_device() if device is None else device  # NVSHMEM initialises on the calling thread's
+    outcome: list[BaseException | None] = []
+    done = threading.Event()
+
+    def body() -> None:
+        try:
+            _select_device(target)
+            init()
+            outcome.append(None)
+        except BaseException as exc:  # handed to the waiting thread
+            outcome.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=body, name="mpbind-nvshmem-init", daemon=True).start()
+    try:
+        _core.wait_until(done.is_set, seconds, what, f"{missing}. NVSHMEM cannot be interrupted: its "
+                         "initialisation thread is left waiting, and the process should end")
+    except BaseException as exc:
+        _given_up = f"an earlier {what} was given up ({type(exc).__name__})"
+        raise
+    if outcome[0] is not None:
+        raise outcome[0]
+
+
+def _current_device() -> int | None:
+    from cuda.bindings import runtime as cudart
+
+    err, current = cudart.cudaGetDevice()
+    return int(current) if err == cudart.cudaError_t.cudaSuccess else None
+
+
+def _mpi_allows_threads() -> bool:
+    """Whether NVSHMEM's MPI bootstrap may run on another thread than the one that initialised MPI."""
+    from mpi4py import MPI
+
+    return bool(MPI.Query_thread() >= MPI.THREAD_SERIALIZED)
+
+
+def _arrival(comm: Any, seconds: float, what: str) -> None:
+    """Before NVSHMEM's initialisation: every PE of `comm` says over MPI that it arrived. PE 0 collects
+    who did (at most `seconds`) and tells the others; when one never came, every PE that did raises
+    WaitTimeoutError naming the missing ones. Non-blocking MPI, polled with the core's bounded wait."""
+    from mpbind.errors import WaitTimeoutError
+
+    rank, size = int(comm.Get_rank()), int(comm.Get_size())
+    if size == 1:
+        return
+
+    def missing_text(missing: list[int]) -> str:
+        return (f"PE{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} of {size} never called init "
+                f"(checked over MPI before NVSHMEM's initialisation)")
+
+    if rank == 0:
+        arrived = [True] + [False] * (size - 1)
+        pending = {r: comm.irecv(source=r, tag=_ARRIVED) for r in range(1, size)}
+        _sends.extend(comm.isend(True, dest=r, tag=_ARRIVED) for r in range(1, size))  # PE 0 is here
+
+        def everyone() -> bool:
+            for r in [r for r, req in pending.items() if req.test()[0]]:
+                arrived[r] = True
+                del pending[r]
+            return not pending
+
+        try:
+            _core.wait_until(everyone, seconds, what)
+        except WaitTimeoutError:
+            pass
+        missing = [r for r in range(size) if not arrived[r]]
+        for r in range(1, size):
+            if arrived[r]:
+                _sends.append(comm.isend(missing, dest=r, tag=_VERDICT))
+        if missing:
+            for req in pending.values():
+                req.cancel()
+            raise WaitTimeoutError(what, seconds, missing_text(missing))
+        return
+    _sends.append(comm.isend(True, dest=0, tag=_ARRIVED))
+    # PE 0's window opened before its word that it arrived reached this PE: the verdict comes at most
+    # `seconds` after that, and the time to send it (the grace) later.
+    for tag, wait, detail in ((_ARRIVED, seconds, "PE 0, which collects who arrived, never did (or died); which "
+                                                  "other PEs arrived cannot be known"),
+                              (_VERDICT, seconds + _VERDICT_GRACE, "PE 0 arrived but never said who else did (it "
+                                                                   "died)")):
+        req = comm.irecv(source=0, tag=tag)
+        box: list[Any] = []
+
+        def answered(req: Any = req, box: list[Any] = box) -> bool:
+            flag, message = req.test()
+            if flag:
+                box.append(message)
+            return bool(flag)
+
+        try:
+            _core.wait_until(answered, wait, what, detail)
+        except BaseException:
+            req.cancel()
+            raise
+    if box[0]:
+        raise WaitTimeoutError(what, seconds, missing_text(list(box[0])))
 
 
 @contextlib.contextmanager
-def _waiting_notice(after: float | None, what: str) -> Iterator[None]:
+def _waiting_notice(after: float | None, what: str, seconds: float) -> Iterator[None]:
     """Say on stderr when the block (a wait for the other PEs, GIL released) lasts `after` seconds."""
-    if after is None:
+    if after is None or after >= seconds:
         yield
         return
 
     def notice() -> None:
-        sys.stderr.write(f"mpbind: {what} has waited {after:g} s for the other PEs. NVSHMEM's initialisation has "
-                         "no timeout: it returns once every PE has called init() (the same unique id and nranks); "
-                         "Ctrl-C interrupts it\n")
+        sys.stderr.write(f"mpbind: {what} has waited {after:g} s for the other PEs. NVSHMEM's initialisation "
+                         f"returns once every PE has called init() (the same unique id and nranks); it is given up "
+                         f"after {seconds:g} s (timeout=, MPBIND_TIMEOUT), and Ctrl-C interrupts it\n")
         sys.stderr.flush()
 
     timer = threading.Timer(after, notice)
@@ -263,6 +410,12 @@ def is_finalized() -> bool:
 def finalize() -> None:
     """``runtime().finalize()`` (collective): release everything, then ``nvshmem_finalize``."""
     _nv.runtime().finalize()
+
+
+def recent_operations() -> list[dict[str, Any]]:
+    """The flight record of this PE's collectives on streams, kept while the watchdog watches them
+    (``init(watchdog=True)``): the last 64, oldest first, as ``nccl.Communicator.recent_operations``."""
+    return list(_nv.recent_operations())
 
 
 def my_pe() -> int:

@@ -39,11 +39,14 @@ BY_DESIGN: dict[str, str] = {
 # where the library can initialise (a GPU); elsewhere they fail at once.
 BY_DESIGN_CALLS: dict[str, str] = {
     "mpbind.nvshmem.init(mpbind.bindings.nvshmem.get_uniqueid(), 0, 2)":
-        "NVSHMEM's unique-id bootstrap waits for the other PE, which never comes; it has no timeout",
+        "NVSHMEM's unique-id bootstrap waits for the other PE, which never comes, until the layer's deadline "
+        "(MPBIND_TIMEOUT, 600 s by default; Ctrl-C interrupts it): longer than a call's timeout here",
     "mpbind.nccl.Communicator.init(2, 0, mpbind.nccl.get_unique_id())":
-        "ncclCommInitRank waits for the other rank, which never comes",
+        "ncclCommInitRank waits for the other rank, which never comes, until the layer's deadline (Ctrl-C "
+        "interrupts it): longer than a call's timeout here",
     "mpbind.bindings.nccl.comm_init_rank(2, mpbind.bindings.nccl.get_unique_id(), 0)":
-        "the same wait through the flat bindings",
+        "the same wait through the flat bindings, which have no deadline: the library's call blocks where a "
+        "signal does not reach it",
 }
 
 # Instances for methods, getters and setters: expressions evaluated in the class's public module

@@ -85,10 +85,15 @@ public:
     // released with the grid, since cublasMpFree is collective.
     std::vector<std::shared_ptr<State>> workspaces;
 
+    // Over a failed communicator (aborted or revoked) a grid's collective releases cannot run: they
+    // are skipped, and what they hold is left to the process's end.
+    bool comm_failed() const { return comm->failed(); }
+
 protected:
     void release() override {
         workspaces.clear();
         grid_cache().erase(this);
+        if (comm_failed()) return;
         call(api().cublasMpGridDestroy, grid);
     }
 };
@@ -101,11 +106,13 @@ public:
 
 protected:
     void deregister() override {
+        if (grid->comm_failed()) return;
         call(api().cublasMpBufferDeregister, grid->grid, reinterpret_cast<void*>(ptr));
     }
 };
 
 RegistrationRef register_on(GridState& g, uintptr_t ptr, size_t size, nb::object buffer) {
+    g.comm->refuse_if_failed();
     if (ptr == 0) raise_usage("cannot register a NULL pointer");
     if (size == 0) raise_usage("cannot register 0 bytes");
     auto self = std::static_pointer_cast<GridState>(g.shared_from_this());
@@ -186,6 +193,7 @@ protected:
     void release() override {
         for (auto it = served.rbegin(); it != served.rend(); ++it) it->close();
         served.clear();
+        if (grid->comm_failed()) return;
         call(api().cublasMpFree, grid->grid, ptr);
     }
 };
@@ -193,6 +201,7 @@ using Workspace = Ref<WorkspaceState>;
 
 std::shared_ptr<WorkspaceState> make_workspace(const std::shared_ptr<GridState>& g, size_t nbytes, bool shared) {
     g->check_open();
+    g->comm->refuse_if_failed();
     if (nbytes == 0) raise_usage("workspace size must be > 0");
     void* p = nullptr;
     call(api().cublasMpMalloc, g->grid, &p, nbytes);
@@ -300,19 +309,31 @@ public:
         graph_exec = exec;
     }
 
+    // The communicator the matmul runs over (its operands' grid's).
+    nccl::CommState& comm() const { return *a.desc->grid->comm; }
+
     void execute(uintptr_t stream, const Pointers& ptrs = {}) {
         check_open();
         handle->check_open();
-        if (graph_exec) {
-            if (ptrs != Pointers{}) {
-                raise_usage("a captured matmul replays the operands it recorded; new operands need a plan that is "
-                            "not captured");
-            }
-            call(cu::api().cuGraphLaunch, graph_exec, reinterpret_cast<void*>(stream));
-            return;
+        if (graph_exec && ptrs != Pointers{}) {
+            raise_usage("a captured matmul replays the operands it recorded; new operands need a plan that is "
+                        "not captured");
         }
-        handle->set_stream(stream);
-        call_library(ptrs);
+        // Refused over a failed communicator; in its flight record (and watched) when it is watched.
+        nccl::CommState& c = comm();
+        uint64_t seq = nccl::begin_foreign(c, "cublasmp.matmul", stream);
+        try {
+            if (graph_exec) {
+                call(cu::api().cuGraphLaunch, graph_exec, reinterpret_cast<void*>(stream));
+            } else {
+                handle->set_stream(stream);
+                call_library(ptrs);
+            }
+        } catch (...) {
+            nccl::end_foreign(c, seq, stream, false);
+            throw;
+        }
+        nccl::end_foreign(c, seq, stream, true);
     }
 
 protected:
@@ -517,6 +538,7 @@ void register_cublasmp(nb::module_& parent) {
     m.def("grid", [](nccl::Communicator& comm, i64 nprow, i64 npcol, int layout) {
         auto cs = comm.state();
         nccl::CommState& c = comm.get();
+        c.refuse_if_failed();
         if (nprow < 1 || npcol < 1) raise_usage("nprow and npcol must be >= 1");
         i64 ranks = 0;
         bool overflow = __builtin_mul_overflow(nprow, npcol, &ranks);
@@ -620,6 +642,7 @@ void register_cublasmp(nb::module_& parent) {
         p->b = operand(b, "b", false);
         p->c = operand(c, "c", true);
         p->d = operand(d, "d", false);
+        p->comm().refuse_if_failed();
         p->size_workspaces();
         if (p->device_bytes > 0) {
             if (!workspace.is_none()) {

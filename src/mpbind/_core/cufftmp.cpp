@@ -419,6 +419,7 @@ void exec(Plan& self, uintptr_t in, uintptr_t out, int direction) {
                         "), got direction " + std::to_string(direction));
         }
     };
+    nvshmem::CollectiveCall collective(s.comm_type != -1 ? "cufftmp.exec" : nullptr, s.stream);
     switch (s.fft_type) {
         case CUFFT_C2C: call(a.cufftExecC2C, s.handle, i, o, direction); break;
         case CUFFT_Z2Z: call(a.cufftExecZ2Z, s.handle, i, o, direction); break;
@@ -428,7 +429,7 @@ void exec(Plan& self, uintptr_t in, uintptr_t out, int direction) {
         case CUFFT_Z2D: implied(CUFFT_INVERSE); call(a.cufftExecZ2D, s.handle, i, static_cast<double*>(o)); break;
         default: raise_usage("exec: unknown plan type");
     }
-    if (s.comm_type != -1) nvshmem::collective_queued(s.stream);
+    collective.queued();
 }
 
 Descriptor xt_malloc(Plan& self, int format) {
@@ -453,8 +454,9 @@ void exec_descriptor(Plan& self, Descriptor& input, Descriptor* output, int dire
     check_direction(direction);
     DescState& in = input.get();
     DescState& out = output != nullptr ? output->get() : in;
+    nvshmem::CollectiveCall collective(s.comm_type != -1 ? "cufftmp.exec_descriptor" : nullptr, s.stream);
     call(api().cufftXtExecDescriptor, s.handle, in.desc, out.desc, direction);
-    if (s.comm_type != -1) nvshmem::collective_queued(s.stream);
+    collective.queued();
 }
 
 // --- descriptor operations ---
@@ -560,9 +562,10 @@ void exec_reshape(Reshape& self, uintptr_t out, uintptr_t in, uintptr_t workspac
     if (s.out_elements != 0 && out == 0) raise_usage("exec: the output pointer is NULL");
     if (s.in_elements != 0 && in == 0) raise_usage("exec: the input pointer is NULL");
     uintptr_t st = stream_handle(stream);
+    nvshmem::CollectiveCall collective("cufftmp.reshape", st);
     call(api().cufftMpExecReshapeAsync, s.handle, reinterpret_cast<void*>(out),
          reinterpret_cast<const void*>(in), reinterpret_cast<void*>(workspace), reinterpret_cast<void*>(st));
-    nvshmem::collective_queued(st);
+    collective.queued();
 }
 
 std::string plan_repr(Plan& p) {

@@ -35,6 +35,7 @@ NB_MODULE(_core, m) {
 
     mpbind::register_shared(m);
     mpbind::register_testing(m);
+    mpbind::register_watchdog(m);
     mpbind::register_arrays(m);
     mpbind::register_nccl(m);
     mpbind::register_cublasmp(m);

@@ -20,7 +20,8 @@ const std::vector<Lifetime>& library_rows() {
     static const std::vector<Lifetime> rows{
         // kind, drop policy, whether its release is collective, the kind released first by, what releases it
         {"nccl.Communicator", Drop::kQueued, kCollective, kNoParent,
-         "ncclCommFinalize, ncclCommDestroy (ncclCommAbort after abort())"},
+         "ncclCommFinalize (bounded), ncclCommDestroy; ncclCommAbort after abort() or a failure; ncclCommDestroy "
+         "alone once quiescent after a revoke"},
         {"nccl.Buffer", Drop::kAtOnce, kLocal, kNoParent, "ncclMemFree"},
         {"nccl.Registration", Drop::kAtOnce, kLocal, "nccl.Communicator", "ncclCommDeregister"},
         {"nccl.Window", Drop::kQueued, kCollective, "nccl.Communicator", "ncclCommWindowDeregister"},

@@ -1,5 +1,14 @@
-// NCCL objects: Communicator (init, split, shrink, finalize/destroy/abort),
-// Buffer (ncclMemAlloc/ncclMemFree) and refcounted registrations and windows.
+// NCCL objects: Communicator (init, split, shrink, revoke, finalize/destroy/abort), Buffer
+// (ncclMemAlloc/ncclMemFree) and refcounted registrations and windows; the hot calls; and what the
+// watchdog and the bounded waits know of each communicator (CommWatch).
+//
+// Deadlines. A communicator keeps the blocking mode its config asks for (blocking by default): a
+// non-blocking NCCL communicator runs every collective's launch on a thread NCCL starts for it,
+// which the hot path cannot afford. What waits for other ranks (init, split, shrink, finalize,
+// window registration) is bounded instead: the call runs on a thread of its own (a Worker) and
+// this thread waits for it with wait_until(), which honours Ctrl-C and the deadline; a
+// non-blocking communicator's ncclInProgress is polled the same way. A call given up is abandoned:
+// a communicator it was making is aborted by its thread when (if ever) it returns.
 
 #include "nccl.hpp"
 
@@ -9,8 +18,13 @@
 #include <nanobind/stl/vector.h>
 
 #include <cctype>
+#include <climits>
+#include <cstring>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
+#include <thread>
+#include <tuple>
 
 #include "arrays.hpp"
 #include "register.hpp"
@@ -24,18 +38,22 @@ using capi::call;
 using capi::check;
 using capi::invoke;
 
-// A non-blocking communicator (config.blocking = 0) answers ncclInProgress;
-// wait until it is ready so every object of this layer is usable when returned.
-// Polled without the GIL: NCCL progresses on its own threads.
-void wait_ready(void* comm, const char* function) {
-    const auto& poll = api().ncclCommGetAsyncError;
-    ncclResult_t status = success, state = in_progress;
-    {
-        nb::gil_scoped_release release;
-        while (status == success && state == in_progress) status = poll.ptr(comm, &state);
-    }
-    check(poll, capi::returned(poll, status));
-    check(library, state, function);
+const char* result_name(int r) {
+    static constexpr const char* kNames[] = {"ncclSuccess",       "ncclUnhandledCudaError", "ncclSystemError",
+                                             "ncclInternalError", "ncclInvalidArgument",    "ncclInvalidUsage",
+                                             "ncclRemoteError",   "ncclInProgress",         "ncclTimeout"};
+    return r >= 0 && r < 9 ? kNames[r] : "an unknown ncclResult_t";
+}
+
+std::string seconds(double s) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", s);
+    return buf;
+}
+
+// Why a wait was given up, for the failure it leaves.
+std::string given_up(const std::string& what, bool timed_out, double timeout) {
+    return what + (timed_out ? " did not complete within " + seconds(timeout) + " s" : " was interrupted (a signal)");
 }
 
 ncclConfig_t* config_ptr(const nb::object& config) {
@@ -47,19 +65,246 @@ ncclConfig_t* config_ptr(const nb::object& config) {
     return reinterpret_cast<ncclConfig_t*>(nb::cast<uintptr_t>(config.attr("ptr")));
 }
 
-std::shared_ptr<CommState> adopt(void* comm, ncclResult_t status, const char* function) {
-    if (status == in_progress) {
-        wait_ready(comm, function);
-    } else {
-        check(library, status, function);
-    }
-    auto s = std::make_shared<CommState>(comm);
-    const Api& a = api();
-    call(a.ncclCommUserRank, comm, &s->rank);
-    call(a.ncclCommCount, comm, &s->size);
-    call(a.ncclCommCuDevice, comm, &s->device);
-    return s;
+// The caller's config as bytes (NCCL_CONFIG_INITIALIZER stores its size first): what a call on a
+// thread of its own reads, kept with that thread. `nonblocking`: NCCL will answer ncclInProgress.
+struct ConfigCopy {
+    std::vector<unsigned char> bytes;
+    bool nonblocking = false;
+    ncclConfig_t* ptr() { return bytes.empty() ? nullptr : reinterpret_cast<ncclConfig_t*>(bytes.data()); }
+};
+
+bool env_nonblocking() {
+    const char* v = std::getenv("NCCL_COMM_BLOCKING");
+    return v != nullptr && std::string(v) == "0";
 }
+
+ConfigCopy copy_config(const nb::object& config, bool inherit_nonblocking) {
+    ConfigCopy c;
+    ncclConfig_t* p = config_ptr(config);
+    if (p == nullptr) {
+        c.nonblocking = inherit_nonblocking || env_nonblocking();
+        return c;
+    }
+    size_t n = 0;
+    std::memcpy(&n, p, sizeof n);
+    if (n < 2 * sizeof(size_t) || n > 4096) {
+        raise_usage("config is not an initialised ncclConfig_t (its size field is " + std::to_string(n) + ")");
+    }
+    auto* b = reinterpret_cast<const unsigned char*>(p);
+    c.bytes.assign(b, b + n);
+    int blocking = nb::cast<int>(config.attr("blocking"));
+    c.nonblocking = blocking == 0 || (blocking == INT_MIN && (inherit_nonblocking || env_nonblocking()));
+    return c;
+}
+
+// The raw entry points a Worker's thread calls (read here, under the GIL: the table is loaded).
+struct Raw {
+    decltype(Api::ncclCommAbort.ptr) abort;
+    decltype(Api::ncclCommGetAsyncError.ptr) poll;
+};
+Raw raw() {
+    const Api& a = api();
+    return {a.ncclCommAbort.ptr, a.ncclCommGetAsyncError.ptr};
+}
+
+// `call` (a management call that may wait for other ranks) bounded by `timeout` seconds: on a Worker,
+// then, when it answered ncclInProgress (a non-blocking communicator), ncclCommGetAsyncError of
+// `poll_on` (nullptr: the communicator the call made) until it is no longer in progress, within the
+// same deadline. `call` writes the communicator it makes, if any, to its argument: one made by a call
+// that was given up is aborted (by the Worker's thread when the call returns late). `give_up` runs
+// when the wait ends early (Ctrl-C, the deadline). Returns the call's final status and what it made.
+std::pair<ncclResult_t, void*> bounded(const std::string& what, double timeout,
+                                        std::function<ncclResult_t(void**)> call, void* poll_on,
+                                        const GiveUp& give_up, const std::function<std::string()>& detail) {
+    Raw r = raw();
+    auto made = std::make_shared<std::atomic<void*>>(nullptr);
+    auto start = std::chrono::steady_clock::now();
+    long long status = run_bounded(
+        what, timeout,
+        [call = std::move(call), made]() -> long long {
+            void* c = nullptr;
+            ncclResult_t st = call(&c);
+            made->store(c);
+            return st;
+        },
+        [made, r](long long) {
+            if (void* c = made->load()) r.abort(c);
+        },
+        give_up, detail);
+    void* c = made->load();
+    if (status != in_progress) return {static_cast<ncclResult_t>(status), c};
+    void* target = poll_on != nullptr ? poll_on : c;
+    double left = timeout - std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ncclResult_t queried = success, state = in_progress;
+    wait_until(
+        what, std::max(left, 1e-3),
+        [&] {
+            queried = r.poll(target, &state);
+            return queried != success || state != in_progress;
+        },
+        [&](bool timed_out) {
+            if (c != nullptr) {
+                nb::gil_scoped_release release;
+                r.abort(c);  // non-blocking: nothing runs inside NCCL on this communicator
+            }
+            if (give_up) give_up(timed_out);
+        },
+        detail);
+    if (queried != success) return {queried, c};
+    return {state, c};
+}
+
+void check_status(ncclResult_t status, const char* function) { check(library, status, function); }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// CommWatch: the communicator's health, shared with the watchdog thread
+// ---------------------------------------------------------------------------
+
+namespace {
+
+// Whether the loaded NCCL exports ncclCommRevoke (2.28.7 and later): asked once, under the GIL.
+std::atomic<int> g_have_revoke{-1};
+
+bool have_revoke() {
+    int known = g_have_revoke.load();
+    if (known >= 0) return known == 1;
+    bool has = false;
+    try {
+        nb::object addr = nb::module_::import_("mpbind.bindings._internal.nccl").attr("symbol_address")("ncclCommRevoke");
+        has = nb::cast<uintptr_t>(addr) != 0;
+    } catch (nb::python_error&) {
+        has = false;
+    }
+    g_have_revoke.store(has ? 1 : 0);
+    return has;
+}
+
+}  // namespace
+
+CommWatch::CommWatch(std::string label, double timeout, void* comm, int rank, bool nonblocking)
+    : Tracker(std::move(label), timeout), rank(rank), comm(comm) {
+    if (nonblocking) flags.fetch_or(kNonblocking);
+}
+
+CommWatch::~CommWatch() { drop_events(); }
+
+void CommWatch::mark_failed(Failure f) {
+    {
+        std::lock_guard<std::mutex> g(fail_mu_);
+        if (flags.load() & kFailed) return;  // the first failure is the one to report
+        failure_ = std::move(f);
+    }
+    flags.fetch_or(kFailed, std::memory_order_seq_cst);
+}
+
+Failure CommWatch::failure() const {
+    std::lock_guard<std::mutex> g(fail_mu_);
+    return failure_;
+}
+
+void CommWatch::raise_failed() const {
+    Failure f = failure();
+    nb::object cls = nb::module_::import_("mpbind.errors").attr(f.timed_out ? "CollectiveTimeoutError"
+                                                                           : "CommunicatorAbortedError");
+    nb::object err = cls(label, rank, f.operation, f.sequence, f.reason);
+    PyErr_SetObject(cls.ptr(), err.ptr());
+    throw nb::python_error();
+}
+
+bool CommWatch::look_library(watch::Finding& finding) {
+    std::unique_lock<std::mutex> l(comm_mu, std::try_to_lock);
+    if (!l.owns_lock()) return false;  // a wait or a release holds it: next round
+    if (gone.load()) return false;
+    ncclResult_t state = success;
+    ncclResult_t r = api().ncclCommGetAsyncError.ptr(comm, &state);
+    if (r == success && (state == success || state == in_progress)) return true;
+    int bad = r != success ? r : state;
+    finding.failed = true;
+    finding.reason = std::string("NCCL reported ") + result_name(bad) + " (" + std::to_string(bad) +
+                     ") on this communicator (ncclCommGetAsyncError)";
+    std::vector<watch::Record> recent = this->recent();
+    for (auto it = recent.rbegin(); it != recent.rend(); ++it) {
+        if (it->state == watch::OpState::kPending || it->state == watch::OpState::kEnqueuing) finding.op = *it;
+    }
+    return true;
+}
+
+void CommWatch::fail(const watch::Finding& f) {
+    const bool revoke = g_have_revoke.load() == 1;
+    mark_failed({f.overrun, f.op.seq ? f.op.op : "", f.op.seq, f.reason});
+    std::string action = revoke ? "the watchdog revokes it (ncclCommRevoke)" : "the watchdog aborts it (ncclCommAbort)";
+    std::string text = report(label + " failed on rank " + std::to_string(rank) + ": " + f.reason + "; " + action +
+                              ", and every later call on it raises " +
+                              (f.overrun ? "CollectiveTimeoutError" : "CommunicatorAbortedError"));
+    std::fputs(text.c_str(), stderr);
+    std::fflush(stderr);
+    // The handle: a wait or a release may hold it (it then sees the failure itself); try for a while.
+    std::unique_lock<std::mutex> l(comm_mu, std::defer_lock);
+    for (int i = 0; i < 200 && !l.try_lock(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (!l.owns_lock() || gone.load()) return;
+    const Api& a = api();
+    if (revoke) {
+        a.ncclCommRevoke.ptr(comm, 0);  // stops what is in flight; the communicator stays for shrink()
+        revoked = true;
+        return;
+    }
+    // ncclCommAbort frees the communicator: not while a hot call is inside NCCL with it (it returns
+    // soon, or it waits on the host for another rank, which only the abort ends).
+    for (int i = 0; i < 200 && in_call.load(std::memory_order_seq_cst) != 0; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    a.ncclCommAbort.ptr(comm);
+    gone.store(true);
+}
+
+namespace {
+
+std::unique_lock<std::mutex> lock_handle(CommWatch& w) {
+    std::unique_lock<std::mutex> l(w.comm_mu, std::try_to_lock);
+    if (!l.owns_lock()) {
+        nb::gil_scoped_release release;  // the watchdog holds it briefly, and never waits for the GIL
+        l.lock();
+    }
+    return l;
+}
+
+std::string label_of(uint64_t serial, int rank, int size, int device) {
+    return "nccl.Communicator serial " + std::to_string(serial) + " (rank " + std::to_string(rank) + " of " +
+           std::to_string(size) + ", device " + std::to_string(device) + ")";
+}
+
+// Abort a communicator whose wait was given up (`why`), and mark it failed. Handle lock held.
+void abort_given_up(CommState& s, const std::string& operation, const std::string& why, bool timed_out) {
+    CommWatch& w = *s.watch;
+    w.mark_failed({timed_out, operation, 0, why});
+    if (w.gone.load()) return;
+    {
+        nb::gil_scoped_release release;
+        raw().abort(s.comm);
+    }
+    w.gone.store(true);
+}
+
+// Until the communicator is quiescent (after ncclCommRevoke), bounded; handle lock held.
+void wait_quiescent(CommState& s, const char* what) {
+    Raw r = raw();
+    void* comm = s.comm;
+    ncclResult_t state = in_progress;
+    wait_until(what, s.timeout, [&] {
+        r.poll(comm, &state);
+        return state != in_progress;
+    }, [&](bool timed_out) {
+        abort_given_up(s, what, std::string(what) + (timed_out ? " timed out" : " was interrupted") +
+                                    " while the revoked communicator became quiescent; it was aborted", timed_out);
+    },
+       [] { return std::string("the revoked communicator did not become quiescent; it was aborted"); });
+}
+
+}  // namespace
+
+namespace {
 
 UniqueId to_unique_id(nb::handle uid) {
     UniqueId id{};
@@ -93,6 +338,19 @@ using Buffer = Ref<BufferState>;
 
 // --- registrations ---
 
+// ncclCommWindowRegister/Deregister (collective) bounded by the communicator's deadline; a wait given
+// up leaves the communicator failed (it is inside a collective the other ranks never finished).
+ncclResult_t bounded_window(CommState& s, const char* function, std::function<ncclResult_t()> fn) {
+    auto [status, made] = bounded(std::string("nccl.Communicator ") + function, s.timeout,
+                                  [fn = std::move(fn)](void**) { return fn(); }, s.comm,
+                                  [&](bool timed_out) {
+                                      s.watch->mark_failed({timed_out, function, 0, given_up(function, timed_out, s.timeout)});
+                                  },
+                                  [&] { return "another rank never made the same call (or died)"; });
+    (void)made;
+    return status;
+}
+
 class CommRegistration : public RegistrationState {
 public:
     CommRegistration(bool window, uintptr_t ptr, size_t size, nb::object buffer)
@@ -103,80 +361,248 @@ public:
 
 protected:
     void deregister() override {
-        if (comm->aborting) return;
+        // Over a failed communicator nothing is released: the library cannot, and the other ranks
+        // would not join a collective deregistration.
+        if (comm->aborting || comm->failed()) return;
         void* h = reinterpret_cast<void*>(lib_handle);
+        void* c = comm->comm;
         if (window) {
-            call(api().ncclCommWindowDeregister, comm->comm, h);
+            auto fn = api().ncclCommWindowDeregister.ptr;
+            check_status(bounded_window(*comm, "ncclCommWindowDeregister", [fn, c, h] { return fn(c, h); }),
+                         "ncclCommWindowDeregister");
         } else {
-            call(api().ncclCommDeregister, comm->comm, h);
+            call(api().ncclCommDeregister, c, h);
         }
     }
 };
 
 }  // namespace
 
-CommState::CommState(void* comm) : State("nccl.Communicator"), comm(comm) {}
+CommState::CommState(void* comm, int rank, int size, int device, double timeout, bool watched, bool nonblocking)
+    : State("nccl.Communicator"),
+      comm(comm),
+      rank(rank),
+      size(size),
+      device(device),
+      timeout(timeout),
+      watch(std::make_shared<CommWatch>(label_of(serial(), rank, size, device), timeout, comm, rank, nonblocking)) {
+    if (watched) {
+        have_revoke();  // asked now, under the GIL: the watchdog thread reads the answer
+        watch->flags.fetch_or(CommWatch::kWatched);
+        watch::watch(watch);
+    }
+}
+
+namespace {
+
+// ncclCommFinalize, bounded: a blocking communicator waits inside it for the other ranks. Given up,
+// the communicator is aborted (from this thread, while the call waits on its own: NCCL's way to end
+// it). Handle lock held.
+void finalize_bounded(CommState& s) {
+    auto fn = api().ncclCommFinalize.ptr;
+    void* c = s.comm;
+    auto [status, made] = bounded(
+        "nccl.Communicator.finalize", s.timeout, [fn, c](void**) { return fn(c); }, c,
+        [&](bool timed_out) {
+            abort_given_up(s, "finalize", given_up("ncclCommFinalize", timed_out, s.timeout) + "; it was aborted",
+                           timed_out);
+        },
+        [] { return std::string("another rank did not finalize, or an operation on the communicator never completed; "
+                                "the communicator was aborted"); });
+    (void)made;
+    check_status(status, "ncclCommFinalize");
+}
+
+}  // namespace
 
 void CommState::finalize() {
     check_open();
+    refuse_if_failed();
     if (finalized) return;
     drain_queue(this);
-    call(api().ncclCommFinalize, comm);
+    auto l = lock_handle(*watch);
+    if (watch->gone.load()) watch->raise_failed();
+    finalize_bounded(*this);
     finalized = true;
 }
 
 void CommState::release() {
-    if (aborting) {
-        call(api().ncclCommAbort, comm);
+    CommWatch& w = *watch;
+    auto l = lock_handle(w);
+    if (w.gone.load()) return;  // aborted already (by the watchdog, or a wait given up)
+    if (aborting || (failed() && !w.revoked)) {
+        {
+            nb::gil_scoped_release release;
+            raw().abort(comm);
+        }
+        w.gone.store(true);
         return;
     }
-    if (!finalized) {
-        call(api().ncclCommFinalize, comm);
+    if (w.revoked) {  // no finalize after a revoke: destroy once quiescent
+        wait_quiescent(*this, "nccl.Communicator.close");
+        if (w.gone.load()) return;
+    } else if (!finalized) {
+        finalize_bounded(*this);
         finalized = true;
     }
+    w.gone.store(true);
     call(api().ncclCommDestroy, comm);
 }
 
 namespace {
 
-Communicator init(int nranks, int rank, nb::handle unique_id, nb::object config) {
+// A new communicator over `comm` (what init/split/shrink made, ready): its rank, size and device.
+std::shared_ptr<CommState> adopt(void* comm, double timeout, bool watched, bool nonblocking) {
+    const Api& a = api();
+    int rank = 0, size = 0, device = -1;
+    try {
+        call(a.ncclCommUserRank, comm, &rank);
+        call(a.ncclCommCount, comm, &size);
+        call(a.ncclCommCuDevice, comm, &device);
+    } catch (...) {
+        raw().abort(comm);
+        throw;
+    }
+    return std::make_shared<CommState>(comm, rank, size, device, timeout, watched, nonblocking);
+}
+
+// The deadline and the watchdog of a communicator made from `parent`: what is given, else the parent's.
+double child_timeout(const CommState& parent, nb::handle timeout) {
+    return timeout.is_none() ? parent.timeout : timeout_arg(timeout, "timeout");
+}
+bool child_watched(const CommState& parent, nb::handle watchdog) {
+    if (watchdog.is_none()) return (parent.watch->flags.load() & CommWatch::kWatched) != 0;
+    return watchdog_arg(watchdog, "watchdog");
+}
+
+Communicator init(int nranks, int rank, nb::handle unique_id, nb::object config, nb::handle timeout_h,
+                  nb::handle watchdog_h) {
     if (nranks < 1) raise_usage("nranks must be >= 1, got " + std::to_string(nranks));
     if (rank < 0 || rank >= nranks) {
         raise_usage("rank must be in [0, " + std::to_string(nranks) + "), got " + std::to_string(rank));
     }
     UniqueId id = to_unique_id(unique_id);
-    const auto& fn = api().ncclCommInitRankConfig;
-    ncclComm_t comm = nullptr;
-    ncclResult_t status = invoke(fn, &comm, nranks, id, rank, config_ptr(config));
-    return Communicator(adopt(comm, status, fn.name));
+    double timeout = timeout_arg(timeout_h, "timeout");
+    bool watched = watchdog_arg(watchdog_h, "watchdog");
+    auto cfg = std::make_shared<ConfigCopy>(copy_config(config, false));
+    auto fn = api().ncclCommInitRankConfig.ptr;
+    std::string who = "rank " + std::to_string(rank) + " of " + std::to_string(nranks);
+    auto [status, comm] = bounded(
+        "nccl.Communicator.init (" + who + ")", timeout,
+        [fn, id, nranks, rank, cfg](void** out) {
+            ncclComm_t c = nullptr;
+            ncclResult_t st = fn(&c, nranks, id, rank, cfg->ptr());
+            *out = c;
+            return st;
+        },
+        nullptr, {},
+        [] { return std::string("not every rank called init with this unique id and number of ranks (one never "
+                                "started, or died); should NCCL still make the communicator, it is aborted"); });
+    if (status != success) {
+        if (comm != nullptr) raw().abort(comm);
+        check_status(status, "ncclCommInitRankConfig");
+    }
+    return Communicator(adopt(comm, timeout, watched, cfg->nonblocking));
 }
 
-std::optional<Communicator> split(Communicator& self, int color, int key, nb::object config) {
+std::optional<Communicator> split(Communicator& self, int color, int key, nb::object config, nb::handle timeout_h,
+                                  nb::handle watchdog_h) {
     CommState& s = self.get();
+    s.refuse_if_failed();
     if (color < NCCL_SPLIT_NOCOLOR) {
         raise_usage("color must be >= 0 or " + std::to_string(NCCL_SPLIT_NOCOLOR) + " (no color), got " +
                     std::to_string(color));
     }
-    const auto& fn = api().ncclCommSplit;
-    ncclComm_t comm = nullptr;
-    ncclResult_t status = invoke(fn, s.comm, color, key, &comm, config_ptr(config));
-    if (status == success && comm == nullptr) return std::nullopt;  // this rank passed no color
-    return Communicator(adopt(comm, status, fn.name));
+    double timeout = child_timeout(s, timeout_h);
+    bool watched = child_watched(s, watchdog_h);
+    bool parent_nb = (s.watch->flags.load() & CommWatch::kNonblocking) != 0;
+    auto cfg = std::make_shared<ConfigCopy>(copy_config(config, parent_nb));
+    auto fn = api().ncclCommSplit.ptr;
+    void* parent = s.comm;
+    auto l = lock_handle(*s.watch);
+    auto [status, comm] = bounded(
+        "nccl.Communicator.split", timeout,
+        [fn, parent, color, key, cfg](void** out) {
+            ncclComm_t c = nullptr;
+            ncclResult_t st = fn(parent, color, key, &c, cfg->ptr());
+            *out = c;
+            return st;
+        },
+        parent,  // polled when the new communicator is NULL (this rank passed no color)
+        [&](bool timed_out) {
+            s.watch->mark_failed({timed_out, "split", 0, given_up("ncclCommSplit", timed_out, timeout)});
+        },
+        [] { return std::string("another rank of the communicator never called split (or died)"); });
+    if (status != success) {
+        if (comm != nullptr) raw().abort(comm);
+        check_status(status, "ncclCommSplit");
+    }
+    if (comm == nullptr) return std::nullopt;  // this rank passed no color
+    return Communicator(adopt(comm, timeout, watched, cfg->nonblocking));
 }
 
-Communicator shrink(Communicator& self, std::vector<int> exclude, nb::object config, int flags) {
+Communicator shrink(Communicator& self, std::vector<int> exclude, nb::object config, int flags, nb::handle timeout_h,
+                    nb::handle watchdog_h) {
+    std::shared_ptr<CommState> keep = self.state();
     CommState& s = self.get();
+    CommWatch& w = *s.watch;
     for (int r : exclude) {
         if (r < 0 || r >= s.size) {
             raise_usage("exclude_ranks: rank " + std::to_string(r) + " is not in [0, " + std::to_string(s.size) +
                         ")");
         }
     }
-    const auto& fn = api().ncclCommShrink;
-    ncclComm_t comm = nullptr;
-    ncclResult_t status = invoke(fn, s.comm, exclude.data(), static_cast<int>(exclude.size()), &comm,
-                                 config_ptr(config), flags);
-    return Communicator(adopt(comm, status, fn.name));
+    double timeout = child_timeout(s, timeout_h);
+    bool watched = child_watched(s, watchdog_h);
+    bool parent_nb = (w.flags.load() & CommWatch::kNonblocking) != 0;
+    auto cfg = std::make_shared<ConfigCopy>(copy_config(config, parent_nb));
+    auto l = lock_handle(w);
+    if (w.gone.load()) {
+        Failure f = w.failure();
+        nb::object cls = nb::module_::import_("mpbind.errors").attr("CommunicatorAbortedError");
+        nb::object err = cls(w.label, w.rank, "shrink", 0,
+                             "it was aborted (" + (f.reason.empty() ? std::string("abort()") : f.reason) +
+                                 "), so it cannot be shrunk: NCCL revokes a communicator (keeping it for shrink) only "
+                                 "from 2.28.7; make a new communicator of the remaining ranks");
+        PyErr_SetObject(cls.ptr(), err.ptr());
+        throw nb::python_error();
+    }
+    if (w.revoked) wait_quiescent(s, "nccl.Communicator.shrink");
+    auto fn = api().ncclCommShrink.ptr;
+    void* parent = s.comm;
+    auto excl = std::make_shared<std::vector<int>>(std::move(exclude));
+    auto [status, comm] = bounded(
+        "nccl.Communicator.shrink", timeout,
+        [fn, parent, excl, cfg, flags](void** out) {
+            ncclComm_t c = nullptr;
+            ncclResult_t st = fn(parent, excl->data(), static_cast<int>(excl->size()), &c, cfg->ptr(), flags);
+            *out = c;
+            return st;
+        },
+        nullptr,
+        [&](bool timed_out) { w.mark_failed({timed_out, "shrink", 0, given_up("ncclCommShrink", timed_out, timeout)}); },
+        [] { return std::string("a remaining rank never called shrink with the same excluded ranks (or died)"); });
+    if (status != success) {
+        if (comm != nullptr) raw().abort(comm);
+        check_status(status, "ncclCommShrink");
+    }
+    return Communicator(adopt(comm, timeout, watched, cfg->nonblocking));
+}
+
+// ncclCommRevoke: stop what is in flight on this communicator and refuse everything but shrink()
+// and close() from now on (the layer raises CommunicatorAbortedError); returns once quiescent.
+void revoke(Communicator& self) {
+    std::shared_ptr<CommState> keep = self.state();
+    CommState& s = self.get();
+    CommWatch& w = *s.watch;
+    auto l = lock_handle(w);
+    if (w.gone.load()) w.raise_failed();
+    if (!w.revoked) {
+        call(api().ncclCommRevoke, s.comm, 0);  // FunctionNotFoundError naming 2.28.7 before it
+        w.revoked = true;
+        w.mark_failed({false, "revoke", 0, "revoke() was called on this rank"});
+    }
+    wait_quiescent(s, "nccl.Communicator.revoke");
 }
 
 RegistrationRef do_register(Communicator& self, uintptr_t ptr, size_t size, nb::object buffer, bool window,
@@ -185,11 +611,20 @@ RegistrationRef do_register(Communicator& self, uintptr_t ptr, size_t size, nb::
     if (size == 0) raise_usage("cannot register 0 bytes");
     std::shared_ptr<CommState> comm = self.state();
     CommState& s = self.get();
+    s.refuse_if_failed();
     Registry& reg = window ? s.windows : s.registrations;
     return reg.acquire(s, ptr, size, [&]() -> std::shared_ptr<RegistrationState> {
         void* h = nullptr;
         if (window) {
-            call(api().ncclCommWindowRegister, s.comm, reinterpret_cast<void*>(ptr), size, &h, flags);
+            auto fn = api().ncclCommWindowRegister.ptr;
+            void* c = s.comm;
+            auto out = std::make_shared<void*>(nullptr);  // written by the call's thread, maybe late
+            check_status(bounded_window(s, "ncclCommWindowRegister",
+                                        [fn, c, ptr, size, out, flags] {
+                                            return fn(c, reinterpret_cast<void*>(ptr), size, out.get(), flags);
+                                        }),
+                         "ncclCommWindowRegister");
+            h = *out;
             if (h == nullptr) {
                 raise_library_error(library.name, api().ncclCommWindowRegister.name, ncclInternalError,
                                     "returned ncclSuccess but a NULL window (symmetric memory is not "
@@ -351,34 +786,173 @@ Call plan(Coll kind, const CommView& c, nb::handle sendbuf, nb::handle recvbuf, 
 
 // A collective's status: ncclInProgress is how a non-blocking communicator says it started.
 template <class Fn, class... A>
-void enqueue(const Fn& fn, A... args) {
+ncclResult_t enqueue(const Fn& fn, A... args) {
     ncclResult_t status = invoke(fn, args...);
     if (status != success && status != in_progress) check(fn, status);
+    return status;
 }
 
-void issue(Coll kind, const Call& k, void* comm) {
+ncclResult_t issue(Coll kind, const Call& k, void* comm) {
     const Api& a = api();
     auto* send = reinterpret_cast<const void*>(k.send);
     auto* recv = reinterpret_cast<void*>(k.recv);
     auto* stream = reinterpret_cast<cudaStream_t>(k.stream);
     switch (kind) {
-        case Coll::kAllReduce: enqueue(a.ncclAllReduce, send, recv, k.count, k.dtype, k.op, comm, stream); break;
-        case Coll::kReduce: enqueue(a.ncclReduce, send, recv, k.count, k.dtype, k.op, k.peer, comm, stream); break;
-        case Coll::kBroadcast: enqueue(a.ncclBroadcast, send, recv, k.count, k.dtype, k.peer, comm, stream); break;
-        case Coll::kAllGather: enqueue(a.ncclAllGather, send, recv, k.count, k.dtype, comm, stream); break;
+        case Coll::kAllReduce: return enqueue(a.ncclAllReduce, send, recv, k.count, k.dtype, k.op, comm, stream);
+        case Coll::kReduce: return enqueue(a.ncclReduce, send, recv, k.count, k.dtype, k.op, k.peer, comm, stream);
+        case Coll::kBroadcast: return enqueue(a.ncclBroadcast, send, recv, k.count, k.dtype, k.peer, comm, stream);
+        case Coll::kAllGather: return enqueue(a.ncclAllGather, send, recv, k.count, k.dtype, comm, stream);
         case Coll::kReduceScatter:
-            enqueue(a.ncclReduceScatter, send, recv, k.count, k.dtype, k.op, comm, stream);
-            break;
-        case Coll::kAllToAll: enqueue(a.ncclAlltoAll, send, recv, k.count, k.dtype, comm, stream); break;
-        case Coll::kSend: enqueue(a.ncclSend, send, k.count, k.dtype, k.peer, comm, stream); break;
-        case Coll::kRecv: enqueue(a.ncclRecv, recv, k.count, k.dtype, k.peer, comm, stream); break;
+            return enqueue(a.ncclReduceScatter, send, recv, k.count, k.dtype, k.op, comm, stream);
+        case Coll::kAllToAll: return enqueue(a.ncclAlltoAll, send, recv, k.count, k.dtype, comm, stream);
+        case Coll::kSend: return enqueue(a.ncclSend, send, k.count, k.dtype, k.peer, comm, stream);
+        case Coll::kRecv: return enqueue(a.ncclRecv, recv, k.count, k.dtype, k.peer, comm, stream);
+    }
+    return success;
+}
+
+constexpr const char* kCollNames[] = {"all_reduce", "reduce",     "broadcast", "all_gather",
+                                      "reduce_scatter", "all_to_all", "send", "recv"};
+
+// ncclDataType_t: its name and size (ncclInt8 .. ncclFloat8e5m2).
+constexpr const char* kTypeNames[] = {"int8",    "uint8",   "int32",    "uint32",        "int64",      "uint64",
+                                      "float16", "float32", "float64", "bfloat16", "float8_e4m3fn", "float8_e5m2"};
+constexpr int kTypeSizes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
+
+// The layer's group (mpbind.nccl.group()) on this thread: what its end settles. Non-blocking
+// communicators launch a group's work on a thread NCCL starts at ncclGroupEnd, so the events of the
+// watched operations are recorded only after it.
+struct Group {
+    int depth = 0;
+    std::vector<std::shared_ptr<CommState>> nonblocking;
+    std::vector<std::tuple<std::shared_ptr<CommWatch>, uint64_t, uintptr_t>> tracked;
+};
+thread_local Group t_group;
+
+// Until a non-blocking communicator's operation is launched (ncclInProgress), within its deadline; given
+// up, the communicator is aborted (nothing of it runs inside NCCL: non-blocking) and raises what failed it.
+void settle(CommState& s, const char* operation) {
+    CommWatch& w = *s.watch;
+    auto l = lock_handle(w);
+    if (w.gone.load()) w.raise_failed();
+    Raw r = raw();
+    void* comm = s.comm;
+    ncclResult_t queried = success, state = in_progress;
+    wait_until(std::string("nccl.Communicator.") + operation, s.timeout, [&] {
+        queried = r.poll(comm, &state);
+        return queried != success || state != in_progress;
+    }, [&](bool timed_out) {
+        abort_given_up(s, operation, given_up(operation, timed_out, s.timeout) + " (NCCL had not launched it); "
+                       "the communicator was aborted", timed_out);
+    }, {}, [&] { w.raise_failed(); });
+    if (queried != success) check_status(queried, "ncclCommGetAsyncError");
+    check_status(state, operation);
+}
+
+// A hot call on a communicator whose flags are not 0: failed (raise), watched (track it) or
+// non-blocking (wait until launched, or note it for the group's end).
+void run_flagged(Coll kind, const Call& k, const std::shared_ptr<CommState>& sp, uint32_t f) {
+    CommState& s = *sp;
+    CommWatch& w = *s.watch;
+    const char* name = kCollNames[static_cast<int>(kind)];
+    if (f & CommWatch::kFailed) w.raise_failed();
+    uint64_t seq = 0;
+    if (f & CommWatch::kWatched) {
+        // Dekker with CommWatch::fail(): either this call sees the failure, or the watchdog sees the call.
+        w.in_call.store(1, std::memory_order_seq_cst);
+        if (w.flags.load(std::memory_order_seq_cst) & CommWatch::kFailed) {
+            w.in_call.store(0);
+            w.raise_failed();
+        }
+        bool known = k.dtype >= 0 && k.dtype < 12;
+        int64_t bytes = known ? static_cast<int64_t>(k.count) * kTypeSizes[k.dtype] : -1;
+        bool rooted = kind == Coll::kReduce || kind == Coll::kBroadcast || kind == Coll::kSend || kind == Coll::kRecv;
+        seq = w.begin(name, k.count, bytes, known ? kTypeNames[k.dtype] : "", rooted ? k.peer : -1, k.stream);
+    }
+    ncclResult_t status;
+    try {
+        status = issue(kind, k, s.comm);
+    } catch (...) {
+        if (seq) {
+            w.call_failed(seq);
+            w.in_call.store(0, std::memory_order_release);
+        }
+        throw;
+    }
+    if (seq) w.in_call.store(0, std::memory_order_release);
+    bool grouped = t_group.depth > 0;
+    if (grouped && (f & CommWatch::kNonblocking)) {
+        bool known = false;
+        for (auto& c : t_group.nonblocking) known = known || c.get() == &s;
+        if (!known) t_group.nonblocking.push_back(sp);
+    } else if (status == in_progress) {
+        try {
+            settle(s, name);
+        } catch (...) {
+            if (seq) w.call_failed(seq);
+            throw;
+        }
+    }
+    if (!seq) return;
+    if (grouped) {
+        t_group.tracked.emplace_back(s.watch, seq, k.stream);
+    } else {
+        w.enqueued(seq, k.stream);
     }
 }
 
 void run(Coll kind, Communicator& c, nb::handle sendbuf, nb::handle recvbuf, nb::handle op, nb::handle peer,
          nb::handle stream) {
     CommState& s = c.get();
-    issue(kind, plan(kind, {s.rank, s.size, s.device}, sendbuf, recvbuf, op, peer, stream), s.comm);
+    // Nothing but this relaxed load when the communicator is blocking, healthy and not watched.
+    uint32_t f = s.watch->flags.load(std::memory_order_relaxed);
+    if (f & CommWatch::kFailed) s.watch->raise_failed();
+    Call k = plan(kind, {s.rank, s.size, s.device}, sendbuf, recvbuf, op, peer, stream);
+    if (f == 0) {
+        issue(kind, k, s.comm);
+        return;
+    }
+    run_flagged(kind, k, c.state(), f);
+}
+
+void group_start() {
+    call(api().ncclGroupStart);
+    ++t_group.depth;
+}
+
+// ncclGroupEnd, then (outermost group) the non-blocking communicators' launches and the events of
+// the watched operations. Raises the first error, after settling every communicator.
+void group_end() {
+    if (t_group.depth == 0) raise_usage("group_end() without group_start() on this thread");
+    --t_group.depth;
+    ncclResult_t status = invoke(api().ncclGroupEnd);
+    if (t_group.depth > 0) {
+        if (status != success && status != in_progress) check_status(status, "ncclGroupEnd");
+        return;
+    }
+    Group done = std::move(t_group);
+    t_group = Group{};
+    std::optional<nb::python_error> first;
+    if (status != success && status != in_progress) {
+        try {
+            check_status(status, "ncclGroupEnd");
+        } catch (nb::python_error& e) {
+            first.emplace(std::move(e));
+        }
+    }
+    for (auto& c : done.nonblocking) {
+        try {
+            settle(*c, "group");
+        } catch (nb::python_error& e) {
+            if (!first) first.emplace(std::move(e));
+        }
+    }
+    if (!first) {
+        for (auto& [w, seq, stream] : done.tracked) w->enqueued(seq, stream);
+    } else {
+        for (auto& [w, seq, stream] : done.tracked) w->call_failed(seq);
+        throw *first;
+    }
 }
 
 nb::handle none_handle() { return nb::none(); }
@@ -413,6 +987,30 @@ BufferSpan buffer_of(nb::handle buffer) {
 
 nb::handle buffer_type() { return nb::type<Buffer>(); }
 
+uint64_t begin_foreign(CommState& s, const char* op, uintptr_t stream) {
+    CommWatch& w = *s.watch;
+    uint32_t f = w.flags.load(std::memory_order_relaxed);
+    if (f & CommWatch::kFailed) w.raise_failed();
+    if (!(f & CommWatch::kWatched)) return 0;
+    w.in_call.store(1, std::memory_order_seq_cst);  // as run_flagged(): the library calls NCCL with it
+    if (w.flags.load(std::memory_order_seq_cst) & CommWatch::kFailed) {
+        w.in_call.store(0);
+        w.raise_failed();
+    }
+    return w.begin(op, 0, -1, "", -1, stream);
+}
+
+void end_foreign(CommState& s, uint64_t seq, uintptr_t stream, bool ok) {
+    if (seq == 0) return;
+    CommWatch& w = *s.watch;
+    w.in_call.store(0, std::memory_order_release);
+    if (ok) {
+        w.enqueued(seq, stream);
+    } else {
+        w.call_failed(seq);
+    }
+}
+
 }  // namespace mpbind::nccl
 
 namespace mpbind {
@@ -426,22 +1024,50 @@ void register_nccl(nb::module_& parent) {
         "An NCCL communicator. Destruction is collective: close() on every rank, or drop it and "
         "drain() on every rank.");
     comm.def_static("init", &init, nb::arg("nranks"), nb::arg("rank"), nb::arg("unique_id"),
-                    nb::arg("config") = nb::none(),
-                    "ncclCommInitRankConfig (collective). A non-blocking config is waited on until ready.")
+                    nb::arg("config") = nb::none(), nb::arg("timeout").none() = nb::none(),
+                    nb::arg("watchdog").none() = nb::none(),
+                    nb::sig("def init(nranks: int, rank: int, unique_id: object, config: object = None, "
+                            "timeout: float | None = None, watchdog: bool | None = None) -> Communicator"),
+                    "ncclCommInitRankConfig (collective), bounded by `timeout` seconds (None: MPBIND_TIMEOUT, else "
+                    "600) and interruptible (Ctrl-C). `watchdog`: watch its operations (None: MPBIND_WATCHDOG).")
         .def("split", &split, nb::arg("color"), nb::arg("key"), nb::arg("config") = nb::none(),
-             "ncclCommSplit (collective). Returns None on ranks that passed color=-1.")
+             nb::arg("timeout").none() = nb::none(), nb::arg("watchdog").none() = nb::none(),
+             nb::sig("def split(self, color: int, key: int, config: object = None, timeout: float | None = None, "
+                     "watchdog: bool | None = None) -> Communicator | None"),
+             "ncclCommSplit (collective, bounded). Returns None on ranks that passed color=-1. `timeout` and "
+             "`watchdog` default to this communicator's.")
         .def("shrink", &shrink, nb::arg("exclude_ranks"), nb::arg("config") = nb::none(), nb::arg("flags") = 0,
-             "ncclCommShrink (collective): a communicator without `exclude_ranks`.")
+             nb::arg("timeout").none() = nb::none(), nb::arg("watchdog").none() = nb::none(),
+             nb::sig("def shrink(self, exclude_ranks: collections.abc.Sequence[int], config: object = None, "
+                     "flags: int = 0, timeout: float | None = None, watchdog: bool | None = None) -> Communicator"),
+             "ncclCommShrink (collective over the remaining ranks, bounded): a communicator without `exclude_ranks`. "
+             "Also on a revoked communicator (once quiescent).")
+        .def("revoke", &revoke,
+             "ncclCommRevoke (NCCL >= 2.28.7): stop what is in flight; from now on only shrink() and close() work "
+             "(other calls raise CommunicatorAbortedError). Returns once the communicator is quiescent (bounded).")
         .def_prop_ro("rank", [](Communicator& c) { return c.get().rank; })
         .def_prop_ro("size", [](Communicator& c) { return c.get().size; })
         .def_prop_ro("device", [](Communicator& c) { return c.get().device; })
+        .def_prop_ro("timeout", [](Communicator& c) { return c.state()->timeout; },
+                     "This communicator's deadline in seconds (its waits, and the watchdog's).")
+        .def_prop_ro("watched", [](Communicator& c) {
+            return (c.state()->watch->flags.load() & CommWatch::kWatched) != 0;
+        }, "Whether the watchdog watches its operations (and keeps its flight record).")
+        .def_prop_ro("failed", [](Communicator& c) { return c.state()->failed(); },
+                     "True once it failed (the watchdog, revoke(), a wait given up): calls on it raise "
+                     "CommunicatorAbortedError.")
         .def_prop_ro("finalized", [](Communicator& c) { return c.state()->finalized; })
+        .def("recent_operations", [](Communicator& c) { return watch::describe(c.state()->watch->recent()); },
+             nb::sig("def recent_operations(self) -> list[dict[str, typing.Any]]"),
+             "The flight record: the last 64 operations issued while watched, oldest first (seq, operation, count, "
+             "bytes, dtype, peer, stream, enqueued as time.time(), state, completed).")
         .def("finalize", [](Communicator& c) {
             c.get();
             collect_garbage();
             c.get().finalize();
         },
-             "Run what is queued under this communicator, then ncclCommFinalize (collective).")
+             "Run what is queued under this communicator, then ncclCommFinalize (collective, bounded; given up, the "
+             "communicator is aborted).")
         .def("destroy", [](Communicator& c) { c.close(); }, "Same as close().")
         .def("abort", [](Communicator& c) {
             auto s = c.state();
@@ -533,6 +1159,10 @@ void register_nccl(nb::module_& parent) {
        nb::arg("stream").none() = nb::none(),
        "The checks of Communicator.<name> on a communicator of `size` ranks on `device`, without NCCL: the call's "
        "arguments (send, recv, count, ncclDataType_t, ncclRedOp_t, root/peer, stream).");
+    m.def("group_start", &group_start, "ncclGroupStart, as mpbind.nccl.group() enters.");
+    m.def("group_end", &group_end,
+          "ncclGroupEnd, as mpbind.nccl.group() leaves; the outermost one then waits (bounded) until the non-blocking "
+          "communicators of the group launched their work, and records the watched operations' events.");
     m.def("mem_alloc", [](size_t nbytes) {
         if (nbytes == 0) raise_usage("nbytes must be > 0");
         void* p = nullptr;

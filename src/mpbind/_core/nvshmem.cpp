@@ -24,6 +24,7 @@
 #include "core.hpp"
 #include "nvshmem.hpp"
 #include "register.hpp"
+#include "watchdog.hpp"
 
 namespace mpbind::nvshmem {
 
@@ -76,32 +77,49 @@ public:
         capi::check(drv.cuEventRecord, drv.cuEventRecord.ptr(event, reinterpret_cast<void*>(stream)));
     }
 
-    // Before a host-side collective: this PE's on-stream collectives have completed.
+    // Before a host-side collective: this PE's on-stream collectives have completed. Bounded by the
+    // runtime's deadline and interruptible (Ctrl-C): WaitTimeoutError when a PE never joined one.
     void settle() {
         if (pending_.empty()) return;
         std::vector<void*> events;
         for (const auto& [s, e] : pending_) events.push_back(e);
         pending_.clear();
         const cu::Api& drv = cu::api();
-        for (size_t i = 0; i < events.size(); ++i) {
-            try {
-                call(drv.cuEventSynchronize, events[i]);  // the GIL released while it waits
-            } catch (...) {
-                spare_.insert(spare_.end(), events.begin() + static_cast<std::ptrdiff_t>(i), events.end());
-                throw;
-            }
-            spare_.push_back(events[i]);
+        size_t done = 0;
+        cu::CUresult error = cu::CUDA_SUCCESS;
+        try {
+            wait_until("nvshmem: this PE's collectives on streams", timeout(), [&] {
+                for (; done < events.size(); ++done) {
+                    cu::CUresult r = drv.cuEventQuery.ptr(events[done]);
+                    if (r == cu::CUDA_ERROR_NOT_READY) return false;
+                    if (r != cu::CUDA_SUCCESS && error == cu::CUDA_SUCCESS) error = r;
+                }
+                return true;
+            }, {}, [] {
+                return std::string("an NVSHMEM collective queued on a stream has not completed (a PE died, or never "
+                                   "joined it); NVSHMEM cannot abort it, so the process should end");
+            });
+        } catch (...) {
+            spare_.insert(spare_.end(), events.begin(), events.end());
+            throw;
+        }
+        spare_.insert(spare_.end(), events.begin(), events.end());
+        if (error != cu::CUDA_SUCCESS) capi::check(drv.cuEventQuery, error);
+    }
+
+    // Before a collective release: as settle(), but a CUDA error must not keep this PE from the
+    // release the other PEs make (it shows again on the next call). A wait that ran out or was
+    // interrupted does: the release would wait for the same PEs.
+    void settle_for_release() {
+        try {
+            settle();
+        } catch (nb::python_error& e) {
+            if (e.matches(PyExc_TimeoutError) || !e.matches(PyExc_Exception)) throw;
         }
     }
 
-    // Before a collective release: as settle(), but a failed wait (a sticky CUDA error) must not
-    // keep this PE from the release the other PEs make; the error shows again on the next call.
-    void settle_for_release() noexcept {
-        try {
-            settle();
-        } catch (...) {
-        }
-    }
+    double timeout() const { return timeout_ > 0 ? timeout_ : default_timeout(); }
+    void set_timeout(double t) { timeout_ = t; }
 
     // After finalize: the events go with the runtime.
     void drop() {
@@ -122,6 +140,64 @@ public:
 private:
     std::vector<std::pair<uintptr_t, void*>> pending_;  // stream, the event recorded after its last collective
     std::vector<void*> spare_;
+    double timeout_ = 0;  // seconds; 0: the process default (init() sets the runtime's)
+};
+
+// --- the watchdog over NVSHMEM's collectives on streams ------------------------------------------
+//
+// NVSHMEM cannot abort an operation. While watched (nvshmem.init(watchdog=True), MPBIND_WATCHDOG=1)
+// each on-stream collective of this PE (and each cuFFTMp execution over NVSHMEM) is tracked; one
+// past the deadline is reported on stderr with the PE, the operation and the flight record, and the
+// process ends (exit status kHangExit) rather than hang.
+constexpr int kHangExit = 70;  // EX_SOFTWARE
+
+class PeWatch : public watch::Tracker {
+public:
+    PeWatch(int pe, int npes, double timeout)
+        : Tracker("NVSHMEM PE " + std::to_string(pe) + " of " + std::to_string(npes), timeout), pe(pe) {}
+    ~PeWatch() override { drop_events(); }
+    const int pe;
+
+    void fail(const watch::Finding& f) override {
+        std::string text = report(label + ": " + f.reason + ". NVSHMEM cannot abort an operation: ending the process " +
+                                  "(exit status " + std::to_string(kHangExit) + ") rather than hang");
+        std::fputs(text.c_str(), stderr);
+        std::fflush(stderr);
+        std::fflush(stdout);
+        std::_Exit(kHangExit);
+    }
+};
+
+std::atomic<PeWatch*> g_pe_watch{nullptr};  // set once, never freed (the watchdog holds it too)
+
+CollectiveFence& fence();
+
+// An on-stream collective's record while watched, from before its library call (one that blocks on
+// the host shows as one that has not returned) to after it; the collective fence's note once
+// queued. When not watched, a relaxed load is its whole cost.
+class Watched {
+public:
+    Watched(const char* op, int64_t bytes, uintptr_t stream) : stream_(stream) {
+        if (op == nullptr) return;
+        w_ = g_pe_watch.load(std::memory_order_relaxed);
+        if (w_ != nullptr) seq_ = w_->begin(op, 0, bytes, "", -1, stream);
+    }
+    ~Watched() {
+        if (seq_ != 0 && !queued_) w_->call_failed(seq_);  // the call raised
+    }
+    Watched(const Watched&) = delete;
+    Watched& operator=(const Watched&) = delete;
+    void queued() {
+        fence().note(stream_);
+        queued_ = true;
+        if (seq_ != 0) w_->enqueued(seq_, stream_);
+    }
+
+private:
+    uintptr_t stream_;
+    PeWatch* w_ = nullptr;
+    uint64_t seq_ = 0;
+    bool queued_ = false;
 };
 
 CollectiveFence& fence() {
@@ -449,6 +525,8 @@ Heap heap_of(RuntimeState& rt) {
 }
 
 enum class Rma { kPut, kGet, kQuiet, kBarrierAll, kSyncAll, kBarrier, kBroadcast, kFcollect, kAlltoall, kReduce };
+constexpr const char* kStepNames[] = {"put",     "get",       "quiet",    "barrier_all", "sync_all",
+                                      "barrier", "broadcast", "fcollect", "alltoall",    "reduce"};
 
 // The arguments of one library call.
 struct Step {
@@ -669,6 +747,9 @@ const Reducer& reducer(arrays::Dtype dtype, int op) {
 }
 
 void issue(const Step& k) {
+    const bool collective = k.kind >= Rma::kBarrierAll;  // the collectives follow RMA in Rma
+    Watched watched(collective ? kStepNames[static_cast<int>(k.kind)] : nullptr, static_cast<int64_t>(k.n),
+                    k.stream);
     const Api& a = api();
     auto* dest = reinterpret_cast<void*>(k.dest);
     auto* src = reinterpret_cast<const void*>(k.src);
@@ -689,7 +770,7 @@ void issue(const Step& k) {
             break;
         }
     }
-    if (k.kind >= Rma::kBarrierAll) fence().note(k.stream);  // the collectives follow RMA in Rma
+    if (collective) watched.queued();
 }
 
 Step plan_sync(Rma kind, const Heap& heap, nb::handle team, nb::handle stream) {
@@ -704,8 +785,7 @@ Step plan_sync(Rma kind, const Heap& heap, nb::handle team, nb::handle stream) {
 
 // A step as the tests see it: (kind, team, dest, src, n, pe, stream, reduce function or None).
 nb::tuple describe_step(const Step& k) {
-    static constexpr const char* kKinds[] = {"put", "get", "quiet", "barrier_all", "sync_all", "barrier",
-                                             "broadcast", "fcollect", "alltoall", "reduce"};
+    const auto& kKinds = kStepNames;
     nb::object fn = nb::none();
     if (k.kind == Rma::kReduce) {
         fn = nb::str((std::string("nvshmemx_") + nvshmem_type(k.dtype) + "_" + kReduceOps[k.op] +
@@ -735,11 +815,22 @@ std::pair<uintptr_t, size_t> allocation_of(nb::handle memory) {
     return {s.ptr, s.nbytes};
 }
 
-void collective_queued(uintptr_t stream) { fence().note(stream); }
+struct CollectiveCall::Impl {
+    Watched watched;
+};
+
+CollectiveCall::CollectiveCall(const char* op, uintptr_t stream)
+    : impl_(op != nullptr ? new Impl{Watched(op, -1, stream)} : nullptr) {}
+
+CollectiveCall::~CollectiveCall() { delete impl_; }
+
+void CollectiveCall::queued() {
+    if (impl_ != nullptr) impl_->watched.queued();
+}
 
 void settle_collectives() { fence().settle(); }
 
-void settle_collectives_for_release() noexcept { fence().settle_for_release(); }
+void settle_collectives_for_release() { fence().settle_for_release(); }
 
 }  // namespace mpbind::nvshmem
 
@@ -942,6 +1033,29 @@ void register_nvshmem(nb::module_& parent) {
        "Element-wise reduction of every member's `src` into `dest` on all members (collective over `team`; "
        "``nvshmemx_<type>_<op>_reduce_on_stream``).\n`op`: sum, prod, min, max for integer and float dtypes; "
        "and, or, xor for integers.");
+
+    m.def("set_deadline", [](nb::handle timeout, nb::handle watchdog) {
+        double t = timeout_arg(timeout, "timeout");
+        bool watched = watchdog_arg(watchdog, "watchdog");
+        fence().set_timeout(t);
+        if (watched && g_pe_watch.load() == nullptr) {
+            RuntimeState& rt = hot_runtime();
+            static std::shared_ptr<PeWatch>* keep = nullptr;  // one runtime per process: never released
+            keep = new std::shared_ptr<PeWatch>(std::make_shared<PeWatch>(rt.pe, rt.npes, t));
+            g_pe_watch.store(keep->get());
+            watch::watch(*keep);
+        }
+        return g_pe_watch.load() != nullptr;
+    }, nb::arg("timeout").none(), nb::arg("watchdog").none(),
+       nb::sig("def set_deadline(timeout: float | None, watchdog: bool | None) -> bool"),
+       "The deadline (seconds; None: MPBIND_TIMEOUT, else 600) of this PE's waits for its collectives on streams, and, "
+       "with `watchdog` (None: MPBIND_WATCHDOG), the watchdog over them from now on: one past the deadline ends the "
+       "process with a report on stderr (NVSHMEM cannot abort it). Whether watched.");
+    m.def("recent_operations", [] {
+        PeWatch* w = g_pe_watch.load();
+        return w ? watch::describe(w->recent()) : nb::list();
+    }, nb::sig("def recent_operations() -> list[dict[str, typing.Any]]"),
+       "The flight record of this PE's collectives on streams (kept while watched), oldest first.");
 
     nb::module_ testing = nb::borrow<nb::module_>(parent.attr("_testing"));
     testing.def("fence_streams", [] { return fence().streams(); },

@@ -11,11 +11,28 @@ namespace mpbind::nvshmem {
 // (base pointer, bytes) of a live mpbind._core.nvshmem.SymmetricMemory; UsageError once freed.
 std::pair<uintptr_t, size_t> allocation_of(nanobind::handle memory);
 
-// The collective fence (nvshmem.cpp) for NVSHMEM collectives that another library makes (cufftmp.cpp):
-// after it queued an on-stream one on `stream`, and before it makes a host-side one (an allocation, a
-// free). The release form never throws: a PE must not skip a collective release the others make.
-void collective_queued(uintptr_t stream);
+// An on-stream NVSHMEM collective that another library makes (cufftmp.cpp), made around its library
+// call: in the watchdog's flight record as `op` from before the call (one that blocks on the host
+// shows as one that has not returned) to queued(), which notes it in the collective fence. `op`
+// nullptr: no collective (nothing is done).
+class CollectiveCall {
+public:
+    CollectiveCall(const char* op, uintptr_t stream);
+    ~CollectiveCall();
+    CollectiveCall(const CollectiveCall&) = delete;
+    CollectiveCall& operator=(const CollectiveCall&) = delete;
+    void queued();
+
+private:
+    struct Impl;
+    Impl* impl_;
+};
+
+// The collective fence before a host-side collective (an allocation, a free): this PE's on-stream
+// collectives complete first, bounded by the runtime's deadline. The release form raises no CUDA
+// error (a PE must not skip a collective release the others make), only a wait that ran out or was
+// interrupted (the release would wait the same way).
 void settle_collectives();
-void settle_collectives_for_release() noexcept;
+void settle_collectives_for_release();
 
 }  // namespace mpbind::nvshmem

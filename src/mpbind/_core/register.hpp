@@ -8,6 +8,7 @@ namespace mpbind {
 
 void register_shared(nanobind::module_& m);   // register_shared.cpp: drain, queued, Registration, ...
 void register_testing(nanobind::module_& m);  // register_testing.cpp: mpbind._core._testing
+void register_watchdog(nanobind::module_& m);  // watchdog.cpp: deadlines, wait_until, the watchdog's state
 
 void register_nccl(nanobind::module_& m);      // nccl.cpp: mpbind._core.nccl
 void register_cublasmp(nanobind::module_& m);  // cublasmp.cpp: mpbind._core.cublasmp
