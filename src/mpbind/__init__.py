@@ -27,13 +27,14 @@ if TYPE_CHECKING:
 __all__ = ["__version__", "drain", "load_libraries", "queued", "registrations", "show_config"]
 
 _SUBMODULES = frozenset(
-    {"bindings", "errors", "nccl", "nvshmem", "cublasmp", "cufftmp", "bootstrap", "distributions", "fft"}
+    {"bindings", "errors", "typing", "nccl", "nvshmem", "cublasmp", "cufftmp", "bootstrap", "distributions", "fft",
+     "matmul", "collective", "kernels"}
 )
 
 
 def show_config() -> None:
     """Print the libraries mpbind finds, their versions and binding coverage, and the GPU."""
-    from mpbind._info import show_config as _show_config
+    from mpbind._infra.info import show_config as _show_config
 
     _show_config()
 
@@ -47,7 +48,7 @@ def load_libraries(*names: str) -> dict[str, str]:
     process loaded first. Loading mpbind's first makes it the one copy; with another copy already
     mapped, the loader uses that one, or raises ``LibraryConflictError`` where it cannot (another
     wheel family, or ``MPBIND_NVSHMEM_PATH`` naming another file)."""
-    from mpbind import _loader
+    from mpbind._infra import loader as _loader
 
     if not names:
         raise TypeError("name the libraries to load, e.g. load_libraries('nvshmem')")
@@ -60,13 +61,13 @@ def load_libraries(*names: str) -> dict[str, str]:
 def drain() -> int:
     """Collect garbage, then run every queued collective release, newest first (reverse creation
     order, the same on every rank whatever order objects were dropped in). Collective: call it on
-    every rank. Kernel libraries dropped without ``close()`` (:mod:`mpbind.nvshmem_kernels`) are
+    every rank. Kernel libraries dropped without ``close()`` (:mod:`mpbind.kernels`) are
     unloaded first, while NVSHMEM is still up. Returns how many ran."""
     import sys
 
     from mpbind import _core
 
-    kernels = sys.modules.get("mpbind.nvshmem_kernels")  # none to unload unless it was imported
+    kernels = sys.modules.get("mpbind.kernels")  # none to unload unless it was imported
     unloaded = kernels.drain() if kernels is not None else 0
     return unloaded + int(_core.drain())
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 
-from mpbind import _args
+from mpbind._infra import args as _args
 from mpbind.errors import UsageError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: import time

@@ -33,8 +33,8 @@ MODULES: tuple[str, ...] = (
     "mpbind.bootstrap",
     "mpbind.distributions",
     "mpbind.fft",
-    "mpbind.collective_matmul",
-    "mpbind.nvshmem_kernels",
+    "mpbind.collective",
+    "mpbind.kernels",
 )
 
 # How a target is called (see Call in fuzz_calls.py).

@@ -12,12 +12,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mpbind import _fft_plan, _matmul_plan, collective_matmul, cublasmp, cufftmp, fft, nccl
+from mpbind import collective as collective_matmul
+from mpbind import cublasmp, cufftmp, fft, nccl
 from mpbind import distributions as dist
+from mpbind import kernels as nk
 from mpbind import nvshmem as nv
-from mpbind import nvshmem_kernels as nk
-from mpbind._interop import device_span
+from mpbind._infra.interop import device_span
 from mpbind.errors import UsageError
+from mpbind.fft import _planner as _fft_plan
+from mpbind.matmul import _planner as _matmul_plan
 
 I64 = 2**63 - 1
 U64 = 2**64 - 1

@@ -12,9 +12,10 @@ import pytest
 
 pytest.importorskip("cuda.core", reason="cuda-core is not installed (pip install 'mpbind[kernels]')")
 
-from mpbind import _kernel_build, collective_matmul  # noqa: E402
-from mpbind import nvshmem_kernels as nk  # noqa: E402
+from mpbind import collective as collective_matmul  # noqa: E402
+from mpbind import kernels as nk  # noqa: E402
 from mpbind.errors import UsageError  # noqa: E402
+from mpbind.kernels import _build as _kernel_build  # noqa: E402
 
 GOOD = (1024, 4096, 4096, "float16", "host", 16)
 

@@ -19,9 +19,9 @@ import pytest
 pytest.importorskip("cuda.core", reason="cuda-core is not installed (pip install 'mpbind[kernels]')")
 
 import mpbind  # noqa: E402
-from mpbind import _kernel_build  # noqa: E402
-from mpbind import nvshmem_kernels as nk  # noqa: E402
+from mpbind import kernels as nk  # noqa: E402
 from mpbind.errors import KernelBuildError, MpbindError, UsageError  # noqa: E402
+from mpbind.kernels import _build as _kernel_build  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EM_CUDA = 190

@@ -6,7 +6,7 @@ too (the module imports the functions it cimports at run time), and so is what a
 ``.pxi`` imports. Not edges: a ``.pxd``'s cimports, which name the C types its declarations use and
 import nothing at run time (``_internal/<lib>.pxd`` declares its function pointers with
 ``cy<lib>.pxd``'s types, and ``cy<lib>.pyx`` calls them); imports under ``if TYPE_CHECKING:``, which
-never run; and an import of a package the importer is in (``import mpbind`` in ``mpbind._info``):
+never run; and an import of a package the importer is in (``import mpbind`` in ``mpbind._infra.info``):
 Python initialises that package before the importer whatever the importer names, and a package
 finding its submodules on first access is how it offers them, not a circle. The graph is of import
 statements: a module imported by a name computed at run time (``importlib.import_module``) is not seen.

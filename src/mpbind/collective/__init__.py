@@ -42,9 +42,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from mpbind import _args, _core, nvshmem
-from mpbind._interop import device_array, dlpack_code, dtype_name, itemsize, stream_handle
-from mpbind._owned import Uncopyable
+from mpbind import _core, nvshmem
+from mpbind._infra import args as _args
+from mpbind._infra.interop import device_array, dlpack_code, dtype_name, itemsize, stream_handle
+from mpbind._infra.owned import Uncopyable
 from mpbind.errors import UsageError
 
 __all__ = ["AllGatherMatmul", "KERNEL_SOURCE"]
@@ -274,7 +275,7 @@ class AllGatherMatmul(Uncopyable):
         self._closed = False
 
     def _load_kernel(self) -> None:
-        from mpbind import nvshmem_kernels as nk
+        from mpbind import kernels as nk
 
         self._library = nk.compile(KERNEL_SOURCE, name="ag_ring").load()
         self._kernel = self._library.kernel(
