@@ -55,7 +55,8 @@ def test_importing_a_module_loads_no_enum(module: str) -> None:
 
 def test_coercion_without_numpy_objects_loads_no_numpy() -> None:
     code = (
-        "from mpbind import _core, _interop\n"
+        "from mpbind import _core\n"
+        "from mpbind._infra import interop as _interop\n"
         "class A:\n"
         "    __cuda_array_interface__ = {'shape': (4, 0), 'typestr': '<f4', 'data': (0, False), 'version': 3}\n"
         "_core.array_info(A())\n"
