@@ -1,9 +1,9 @@
 """mpbind: Python bindings for NCCL, NVSHMEM, cuBLASMp and cuFFTMp.
 
 Importing :mod:`mpbind` is cheap: it loads no shared library and imports no
-compiled module. Submodules (``mpbind.bindings``, ``mpbind.errors``,
-``mpbind.nccl``, ...) are imported on first attribute access, and each library
-is loaded on its first call.
+compiled module. The public modules (``_PUBLIC_MODULES``: ``mpbind.bindings``,
+``mpbind.errors``, ``mpbind.nccl``, ..., ``mpbind.fft``, ``mpbind.matmul``) are
+imported on first attribute access, and each library is loaded on its first call.
 
 The process-wide view of the objects the Pythonic layer owns lives here:
 :func:`drain` runs the collective releases of objects dropped without ``close()``,
@@ -26,10 +26,18 @@ if TYPE_CHECKING:
 
 __all__ = ["__version__", "drain", "load_libraries", "queued", "registrations", "show_config"]
 
-_SUBMODULES = frozenset(
-    {"bindings", "errors", "typing", "nccl", "nvshmem", "cublasmp", "cufftmp", "bootstrap", "distributions", "fft",
-     "matmul", "collective", "kernels"}
+#: Every public module, relative to ``mpbind``, listed once: ``mpbind.<name>`` imports a top-level
+#: one on first access (and ``dir(mpbind)`` shows it), the docs list them, the fuzz sweep calls what
+#: they export, and a test checks that every other module is private. Layers in order: the generated
+#: flat bindings, the error hierarchy and the types the layer's signatures use, the library facades,
+#: then the distributed features and the distributions they take.
+_PUBLIC_MODULES: tuple[str, ...] = (
+    "bindings", "bindings.nccl", "bindings.nvshmem", "bindings.cublasmp", "bindings.cufftmp",
+    "errors", "typing",
+    "nccl", "nvshmem", "cublasmp", "cufftmp", "bootstrap",
+    "distributions", "fft", "matmul", "collective", "kernels",
 )
+_SUBMODULES = frozenset(name for name in _PUBLIC_MODULES if "." not in name)
 
 
 def show_config() -> None:

@@ -17,6 +17,8 @@ import importlib
 from mpbind._infra import args as _args
 from mpbind.errors import UsageError
 
+__all__ = ["allgatherer", "share_unique_id"]
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: import time
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -333,7 +333,7 @@ def _argument(param: Param, obj: Any, heap: Heap) -> Any:
     return address
 
 
-def prepare(params: Sequence[Param], args: Sequence[Any], heap: Heap = _runtime_heap) -> list[Any]:
+def _prepare(params: Sequence[Param], args: Sequence[Any], heap: Heap = _runtime_heap) -> list[Any]:
     """Check `args` against `params` and convert them for the launch (no CUDA call). `heap(ptr,
     nbytes)` says whether a range is symmetric (the runtime's allocation map by default)."""
     if len(args) != len(params):
@@ -588,7 +588,7 @@ class Kernel:
             have = nvshmem.n_pes()
             if have != self._n_pes:
                 raise UsageError(f"{self._name} is written for {self._n_pes} PEs; this runtime has {have}")
-        return prepare(self._params, args)
+        return _prepare(self._params, args)
 
     def launch(self, *args: Any, grid: Any, block: Any, shared_mem: int = 0, stream: Any = None) -> None:
         """Launch on `stream` (any stream; None: the default stream) after checking the arguments."""
