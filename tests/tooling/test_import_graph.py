@@ -327,3 +327,19 @@ def test_a_private_name_import_is_found(tmp_path: Path) -> None:
     })
     assert private_name_imports(src) == {("mpbind.matmul", "mpbind.fft._planner", "_shape"),
                                          ("mpbind.matmul", "mpbind.cublasmp", "_CUDA_TYPES")}
+
+
+def test_docs_design_states_the_same_layers() -> None:
+    design = SRC.parent / "docs" / "DESIGN.md"
+    if not design.is_file():
+        pytest.skip("docs/DESIGN.md is not in this checkout")
+    section = design.read_text().split("## Layout\n", 1)[1].split("\n## ", 1)[0]
+    names = {"package": "package", "features": "feature", "distributions": "distributions", "facades": "facade",
+             "core": "core", "infrastructure": "infra", "bindings": "bindings", "base": "base"}
+    documented = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0] in names:
+            allowed = {names[w.split(" (")[0].strip()] for w in cells[2].split(",")}
+            documented[names[cells[0]]] = frozenset(allowed | {names[cells[0]]})
+    assert documented == {k: v | {k} for k, v in ALLOWED.items()}
