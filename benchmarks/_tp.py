@@ -36,8 +36,9 @@ import torch.distributed  # noqa: E402
 from _torch_gpu import event_median_us, mapped_nccl, relative_error, start_process_group  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-from mpbind import _loader, cublasmp, nccl  # noqa: E402
+from mpbind import cublasmp, matmul, nccl  # noqa: E402
 from mpbind import distributions as dist  # noqa: E402
+from mpbind._infra import loader as _loader  # noqa: E402
 
 Call = Callable[[], Any]
 FP8 = torch.float8_e4m3fn
@@ -156,7 +157,7 @@ class Layer:
     def flop(self) -> float:
         return 2.0 * self.m * self.n * self.k
 
-    def plan(self, x: Any = None, **options: Any) -> cublasmp.PlannedMatmul:
+    def plan(self, x: Any = None, **options: Any) -> matmul.PlannedMatmul:
         """The layer as a planned matmul (on `x` in place of this rank's x, when given)."""
         t, p = self.tensors, self.ranks.size
         m, k, n = self.m, self.k, self.n
@@ -170,7 +171,7 @@ class Layer:
             options["scales"] = {"a": t["w_scale"], "b": t["x_scale"]}
         x = t["x"] if x is None else x
         options.setdefault("handle", self.ranks.handle)
-        return cublasmp.plan_matmul(self.ranks.comm, t["w"].T, x.T, t["out"].T, transa=True, **dists, **options)
+        return matmul.plan(self.ranks.comm, t["w"].T, x.T, t["out"].T, transa=True, **dists, **options)
 
     def registered_x(self, keep: list[Any]) -> Any:
         """A copy of x in ncclMemAlloc memory registered on B's grid: cuBLASMp's AllGather+GEMM may

@@ -49,7 +49,7 @@ import _results  # noqa: E402
 from _torch_gpu import event_median_us, queued_us, relative_error, start_process_group  # noqa: E402
 
 from mpbind import nvshmem  # noqa: E402
-from mpbind.collective_matmul import AllGatherMatmul  # noqa: E402
+from mpbind.collective import AllGatherMatmul  # noqa: E402
 
 SHAPES = ((1024, 4096, 4096), (8192, 8192, 8192))
 Call = Callable[[], Any]

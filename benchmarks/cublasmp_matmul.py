@@ -35,7 +35,7 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from mpbind import _loader  # noqa: E402
+from mpbind._infra import loader as _loader  # noqa: E402
 from mpbind.bindings import cublasmp, nccl  # noqa: E402
 
 MDA = cublasmp.MatmulDescriptorAttribute

@@ -34,7 +34,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from cublasmp_matmul import host_times_us  # noqa: E402  (beside this script)
 
-from mpbind import _loader, cublasmp, nccl  # noqa: E402
+from mpbind import cublasmp, nccl  # noqa: E402
+from mpbind._infra import loader as _loader  # noqa: E402
 from mpbind.bindings import cublasmp as flat  # noqa: E402
 
 

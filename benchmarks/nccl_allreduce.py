@@ -47,7 +47,8 @@ import _results  # noqa: E402
 from _timing import host_times  # noqa: E402
 from _torch_gpu import queued_us  # noqa: E402
 
-from mpbind import _loader, nccl  # noqa: E402
+from mpbind import nccl  # noqa: E402
+from mpbind._infra import loader as _loader  # noqa: E402
 from mpbind.bindings import nccl as flat  # noqa: E402
 
 VARIANTS = ("layer", "watched", "flat", "torch")

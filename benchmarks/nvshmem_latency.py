@@ -55,7 +55,8 @@ import _results  # noqa: E402
 from _pe_placement import add_placement_argument, placement_and_device  # noqa: E402
 from _timing import host_times, ns_per_call  # noqa: E402
 
-from mpbind import _loader, nvshmem  # noqa: E402
+from mpbind import nvshmem  # noqa: E402
+from mpbind._infra import loader as _loader  # noqa: E402
 from mpbind.bindings import nvshmem as nv  # noqa: E402
 
 VARIANTS = ("layer", "flat", "nvshmem4py")

@@ -1,5 +1,5 @@
 """The ring exchange of examples/ring_exchange.py (put a block to the next PE with a signal, wait for
-the previous PE's) from inside a kernel: the CUDA C++ kernel through mpbind.nvshmem_kernels against
+the previous PE's) from inside a kernel: the CUDA C++ kernel through mpbind.kernels against
 the same kernel written with nvshmem4py 0.4.1's Numba-CUDA device API. Each runs in its own job
 (both initialise NVSHMEM); the second run merges the two into one table, CSV and plot.
 
@@ -113,7 +113,7 @@ def _headers_of_the_loaded_nvshmem(cuda: Any) -> None:
     cuda-pathfinder finds, which may be another copy than the host library in use (PyTorch's, in
     an environment that has both): compile against the headers mpbind's kernels use, those of the
     host library loaded."""
-    from mpbind import _kernel_build
+    from mpbind.kernels import _build as _kernel_build
 
     include = _kernel_build.toolchain().nvshmem_include
     rest = cuda.config.CUDA_NVRTC_EXTRA_SEARCH_PATHS.split(":")[1:]

@@ -134,7 +134,7 @@ def _paired(a: argparse.Namespace) -> int:
 
 
 def _anchors(a: argparse.Namespace) -> int:
-    from mpbind import _loader
+    from mpbind._infra import loader as _loader
     from mpbind.bindings import nccl
 
     path = _loader.load("nccl").path

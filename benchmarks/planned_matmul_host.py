@@ -21,7 +21,7 @@ the layout nvmath infers as AG+GEMM), the slowest rank of each:
 
 * cold plan creation: the process's first plan (grids, workspace, registrations; the libraries
   and the NCCL communicator already loaded and made, and the communicator's first collective,
-  where NCCL sets up its connections, timed before it on its own): ``cublasmp.plan_matmul`` against
+  where NCCL sets up its connections, timed before it on its own): ``mpbind.matmul.plan`` against
   nvmath's ``Matmul(...)`` + ``plan()``; then a second plan of the same shapes (warm);
 * host time per ``execute()``, not captured: the median of ``--calls`` calls, the GPU drained
   before each (outside the timed window), as nvmath's figures were measured; mpbind also captured,
@@ -102,7 +102,7 @@ class Phases:
 
     STEPS = (("handle", "mpbind.cublasmp", "Handle"), ("grids", "mpbind.cublasmp", "grid"),
              ("matrices", "mpbind.cublasmp", "Matrix.__init__"),
-             ("descriptor", "mpbind._planned_matmul", "_descriptor"), ("plan", "mpbind._core.cublasmp", "MatmulPlan"))
+             ("descriptor", "mpbind.matmul", "_descriptor"), ("plan", "mpbind._core.cublasmp", "MatmulPlan"))
 
     def __init__(self) -> None:
         self.ms: dict[str, float] = {name: 0.0 for name, _, _ in self.STEPS}
@@ -167,14 +167,15 @@ def flat_call(planned: Any, handle: Any) -> Callable[[], None]:
 def mpbind_side(group: Any, calls: int) -> dict[str, Any]:
     import _tp
 
-    from mpbind import _loader, cublasmp
+    from mpbind import cublasmp, matmul
+    from mpbind._infra import loader as _loader
 
     _loader.load("cublasmp")  # the library loaded before timing, as nvmath's is at import
     ranks = _tp.start(group, port=29543)
     lay = _tp.layer(ranks, "ag", "bf16", SIZE, SIZE, SIZE)
     want = lay.reference()
 
-    def make() -> cublasmp.PlannedMatmul:
+    def make() -> matmul.PlannedMatmul:
         return lay.plan(handle=None, stream=ranks.stream)  # a handle of its own, as nvmath makes its own
 
     # The communicator's first collective sets up NCCL's connections (lazily, since NCCL 2.22); the

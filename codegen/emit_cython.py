@@ -4,7 +4,7 @@ cy<lib>.pxd carries the library's C types as verbatim C (so that compiling needs
 no NVIDIA header, with static asserts pinning sizes and offsets to what clang
 measured on the real headers) plus the nogil C entry points. The entry points
 forward to _internal/<lib>, which holds the function-pointer table filled by
-dlsym on the one handle mpbind._loader opened.
+dlsym on the one handle mpbind._infra.loader opened.
 """
 
 from __future__ import annotations

@@ -274,13 +274,13 @@ def _convert_mpi_comm() -> list[str]:
 def _loading() -> list[str]:
     return [
         "cdef void* open_library(str library) except NULL:",
-        f'{I4}"""The dlopen handle of `library`, which mpbind._loader opens once; every symbol is',
+        f'{I4}"""The dlopen handle of `library`, which mpbind._infra.loader opens once; every symbol is',
         f'{I4}looked up on it."""',
-        f"{I4}from mpbind import _loader",
+        f"{I4}from mpbind._infra import loader as _loader",
         f"{I4}return <void*><intptr_t>_loader.load(library).handle",
         "",
         "",
         "cdef int function_not_found(str library, str name, object since) except -1:",
-        f"{I4}from mpbind import _loader",
+        f"{I4}from mpbind._infra import loader as _loader",
         f"{I4}raise _loader.function_not_found(library, name, since)",
     ]

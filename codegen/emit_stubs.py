@@ -148,6 +148,6 @@ def stub(lib: Library) -> str:
         head.append(f"from typing import {', '.join(typing_names)}")
     own = [n for n in STUB_TYPES if re.search(rf"\b{n}\b", body)]
     if own:
-        head += ["", f"from mpbind._typing import {', '.join(own)}"]
+        head += ["", f"from mpbind.typing import {', '.join(own)}"]
     head.append("")
     return "\n".join(head) + "\n" + body

@@ -568,7 +568,7 @@ class OutStrArray(Role):
 
 # -- CUDA kernel launches: a kernel, a grid or block shape, the kernel's arguments ----------
 # Their conversions are cdef functions of the library's support file (src/mpbind/bindings/
-# _support/<lib>.pxi), named in `helpers`; the stubs name the argument types mpbind._typing defines.
+# _support/<lib>.pxi), named in `helpers`; the stubs name the argument types mpbind.typing defines.
 
 STUB_TYPES = ("Dim3Like", "KernelArguments", "KernelLike")  # imported by a stub that uses them
 

@@ -64,7 +64,7 @@ def main() -> int:
     import torch
 
     from mpbind import nvshmem
-    from mpbind.collective_matmul import AllGatherMatmul
+    from mpbind.collective import AllGatherMatmul
 
     comm, device = _pes.start(a.one_gpu)
     failed = 0

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 import mpbind
-from mpbind import _info
+from mpbind._infra import info as _info
 
 
 def _cuda_check(result: Any) -> Any:

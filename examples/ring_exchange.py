@@ -2,7 +2,7 @@
 with a signal, then waits for the block of the previous PE, and checks it.
 
 The kernel is CUDA C++ that calls NVSHMEM's device API, compiled, linked, loaded and launched with
-``mpbind.nvshmem_kernels``. Two PEs, one per GPU::
+``mpbind.kernels``. Two PEs, one per GPU::
 
     mpirun --allow-run-as-root --bind-to none -np 2 -x NCCL_NVLS_ENABLE=0 -x NVSHMEM_DISABLE_NVLS=1 \\
         -x TORCH_SYMM_MEM_DISABLE_MULTICAST=1 python examples/ring_exchange.py
@@ -63,7 +63,7 @@ def ctas_for(nbytes: int) -> int:
 
 def build(arch: str | None = None) -> Any:
     """The linked cubin (no GPU needed)."""
-    from mpbind import nvshmem_kernels as nk
+    from mpbind import kernels as nk
 
     return nk.compile(SOURCE, name="ring_exchange", arch=arch)
 
@@ -81,8 +81,8 @@ class RingExchange:
     def __init__(self, library: Any, nbytes: int) -> None:
         import torch
 
+        from mpbind import kernels as nk
         from mpbind import nvshmem
-        from mpbind import nvshmem_kernels as nk
 
         self.nbytes = nbytes
         self.pe, self.n_pes = nvshmem.my_pe(), nvshmem.n_pes()

@@ -19,7 +19,7 @@ input features of W2 (its rows):
   reduced and scattered by token while they are computed. y: tokens/N x hidden, laid out as x.
   b2 is added once after it (in torch): every rank's partial product would carry it otherwise.
 
-Both layers are ``cublasmp.plan_matmul`` plans built from distributions; the plans choose the
+Both layers are ``mpbind.matmul.plan`` plans built from distributions; the plans choose the
 algorithms (the example checks they chose these). cuBLASMp is column-major, so a row-major torch
 tensor ``t`` enters as ``t.T``: layer 1 computes ``h^T = W1^T x^T`` (A = W1 rows, transposed),
 layer 2 ``y^T = W2^T h^T``.
@@ -129,7 +129,8 @@ def main() -> int:
     import torch
     import torch.nn.functional as F
 
-    from mpbind import _loader, cublasmp
+    from mpbind import cublasmp, matmul
+    from mpbind._infra import loader as _loader
 
     torch.cuda.set_device(local)
     stream = torch.cuda.Stream()
@@ -155,9 +156,9 @@ def main() -> int:
     comm = _communicator(how)
     layouts = distributions(size, T, H, FF)
     with cublasmp.Handle(stream) as handle:
-        layer1 = cublasmp.plan_matmul(comm, w1_mine.T, x_mine.T, h_mine.T, transa=True, epilogue="gelu_bias",
+        layer1 = matmul.plan(comm, w1_mine.T, x_mine.T, h_mine.T, transa=True, epilogue="gelu_bias",
                                       bias=b1_mine, handle=handle, **layouts["layer1"])
-        layer2 = cublasmp.plan_matmul(comm, w2_mine.T, h_mine.T, y_mine.T, transa=True, handle=handle,
+        layer2 = matmul.plan(comm, w2_mine.T, h_mine.T, y_mine.T, transa=True, handle=handle,
                                       **layouts["layer2"])
         with layer1, layer2:
             for name, planned in (("layer1", layer1), ("layer2", layer2)):
@@ -242,7 +243,7 @@ def on_every_gpu(count: int) -> bool:
     except ImportError:
         print("skipped: tensor-parallel MLP (examples/tp_mlp.py) needs torch (pip install 'mpbind[torch]')")
         return True
-    from mpbind import _loader
+    from mpbind._infra import loader as _loader
     from mpbind.errors import LibraryNotFoundError
 
     try:

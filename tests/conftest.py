@@ -80,7 +80,7 @@ def installed() -> dict[str, Pin]:
 @functools.cache
 def gpu_status() -> tuple[int, str | None]:
     """``(visible CUDA devices, reason when none)``, probed once per test run."""
-    from mpbind._info import gpu_count
+    from mpbind._infra.info import gpu_count
 
     return gpu_count()
 

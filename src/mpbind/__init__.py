@@ -1,9 +1,9 @@
 """mpbind: Python bindings for NCCL, NVSHMEM, cuBLASMp and cuFFTMp.
 
 Importing :mod:`mpbind` is cheap: it loads no shared library and imports no
-compiled module. Submodules (``mpbind.bindings``, ``mpbind.errors``,
-``mpbind.nccl``, ...) are imported on first attribute access, and each library
-is loaded on its first call.
+compiled module. The public modules (``_PUBLIC_MODULES``: ``mpbind.bindings``,
+``mpbind.errors``, ``mpbind.nccl``, ..., ``mpbind.fft``, ``mpbind.matmul``) are
+imported on first attribute access, and each library is loaded on its first call.
 
 The process-wide view of the objects the Pythonic layer owns lives here:
 :func:`drain` runs the collective releases of objects dropped without ``close()``,
@@ -26,14 +26,23 @@ if TYPE_CHECKING:
 
 __all__ = ["__version__", "drain", "load_libraries", "queued", "registrations", "show_config"]
 
-_SUBMODULES = frozenset(
-    {"bindings", "errors", "nccl", "nvshmem", "cublasmp", "cufftmp", "bootstrap", "distributions", "fft"}
+#: Every public module, relative to ``mpbind``, listed once: ``mpbind.<name>`` imports a top-level
+#: one on first access (and ``dir(mpbind)`` shows it), the docs list them, the fuzz sweep calls what
+#: they export, and a test checks that every other module is private. Layers in order: the generated
+#: flat bindings, the error hierarchy and the types the layer's signatures use, the library facades,
+#: then the distributed features and the distributions they take.
+_PUBLIC_MODULES: tuple[str, ...] = (
+    "bindings", "bindings.nccl", "bindings.nvshmem", "bindings.cublasmp", "bindings.cufftmp",
+    "errors", "typing",
+    "nccl", "nvshmem", "cublasmp", "cufftmp", "bootstrap",
+    "distributions", "fft", "matmul", "collective", "kernels",
 )
+_SUBMODULES = frozenset(name for name in _PUBLIC_MODULES if "." not in name)
 
 
 def show_config() -> None:
     """Print the libraries mpbind finds, their versions and binding coverage, and the GPU."""
-    from mpbind._info import show_config as _show_config
+    from mpbind._infra.info import show_config as _show_config
 
     _show_config()
 
@@ -47,7 +56,7 @@ def load_libraries(*names: str) -> dict[str, str]:
     process loaded first. Loading mpbind's first makes it the one copy; with another copy already
     mapped, the loader uses that one, or raises ``LibraryConflictError`` where it cannot (another
     wheel family, or ``MPBIND_NVSHMEM_PATH`` naming another file)."""
-    from mpbind import _loader
+    from mpbind._infra import loader as _loader
 
     if not names:
         raise TypeError("name the libraries to load, e.g. load_libraries('nvshmem')")
@@ -60,13 +69,13 @@ def load_libraries(*names: str) -> dict[str, str]:
 def drain() -> int:
     """Collect garbage, then run every queued collective release, newest first (reverse creation
     order, the same on every rank whatever order objects were dropped in). Collective: call it on
-    every rank. Kernel libraries dropped without ``close()`` (:mod:`mpbind.nvshmem_kernels`) are
+    every rank. Kernel libraries dropped without ``close()`` (:mod:`mpbind.kernels`) are
     unloaded first, while NVSHMEM is still up. Returns how many ran."""
     import sys
 
     from mpbind import _core
 
-    kernels = sys.modules.get("mpbind.nvshmem_kernels")  # none to unload unless it was imported
+    kernels = sys.modules.get("mpbind.kernels")  # none to unload unless it was imported
     unloaded = kernels.drain() if kernels is not None else 0
     return unloaded + int(_core.drain())
 

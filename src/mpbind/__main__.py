@@ -31,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    from mpbind import _info
+    from mpbind._infra import info as _info
 
     if args.command == "info":
         _info.show_config()

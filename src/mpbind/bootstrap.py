@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import importlib
 
-from mpbind import _args
+from mpbind._infra import args as _args
 from mpbind.errors import UsageError
+
+__all__ = ["allgatherer", "share_unique_id"]
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: import time
 if TYPE_CHECKING:

@@ -20,6 +20,9 @@ every object's ``ptr`` is its C handle for it.
 Ownership: a :class:`Matrix` owns its descriptor (the array stays the caller's); a
 :class:`Matmul` owns the matmul descriptor it creates, while one passed in stays the caller's
 unless ``own_descriptor=True``.
+
+Matmuls planned from how each matrix is distributed are built on this module by the feature
+:mod:`mpbind.matmul` (``mpbind.matmul.plan``); this module does not import it.
 """
 
 from __future__ import annotations
@@ -29,11 +32,12 @@ import math
 import numbers
 import struct
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
+from typing import Any, Generic, TypeVar, cast, overload
 
-from mpbind import _args, _core, _interop
-from mpbind._owned import Owned
-from mpbind._typing import Array, Stream
+from mpbind import _core
+from mpbind._infra import args as _args
+from mpbind._infra import interop as _interop
+from mpbind._infra.owned import Owned
 from mpbind.bindings import cublasmp as _flat
 from mpbind.bindings.cublasmp import (
     CublasComputeType,
@@ -48,6 +52,7 @@ from mpbind.bindings.cublasmp import (
 )
 from mpbind.errors import UsageError
 from mpbind.nccl import Communicator
+from mpbind.typing import Array, Stream
 
 __all__ = [
     "CublasComputeType", "CublasOperation", "CudaDataType", "Grid", "GridLayout", "Handle", "Matmul",
@@ -522,30 +527,3 @@ def gemm(handle: Handle, a: Matrix, b: Matrix, c: Matrix, *, transa: bool = Fals
     host = handle.host_workspace(host_bytes)  # lives with the handle: the library may use it after returning
     full: tuple[Any, ...] = (*args, work, device_bytes, host, host_bytes)
     _flat.gemm(*full)
-
-
-# --- matmuls planned from distributions (mpbind.distributions; the decisions: mpbind._matmul_plan) ---
-# Below the layer they build on: plan_matmul makes grids, Matrix objects, a MatmulDescriptor and a Matmul.
-
-# Imported on first use: the planner pulls in dataclasses, inspect and the distributions, about
-# half of what importing this module took.
-if TYPE_CHECKING:
-    from mpbind._matmul_plan import ComputeCapabilityError, MatmulPlan
-    from mpbind._planned_matmul import PlannedMatmul, plan_matmul
-
-_PLANNED = {"ComputeCapabilityError": "mpbind._matmul_plan", "MatmulPlan": "mpbind._matmul_plan",
-            "PlannedMatmul": "mpbind._planned_matmul", "plan_matmul": "mpbind._planned_matmul"}
-
-
-def __getattr__(name: str) -> object:
-    module = _PLANNED.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-__all__ += ["ComputeCapabilityError", "MatmulPlan", "PlannedMatmul", "plan_matmul"]

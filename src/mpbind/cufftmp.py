@@ -28,8 +28,11 @@ import sys
 from collections.abc import Sequence
 
 # drain, queued: process-wide (mpbind.drain(), mpbind.queued()), kept here as aliases.
-from mpbind import _args, _core, _interop, _placement, drain, queued
-from mpbind._owned import Owned
+from mpbind import _core, drain, queued
+from mpbind._infra import args as _args
+from mpbind._infra import interop as _interop
+from mpbind._infra import placement as _placement
+from mpbind._infra.owned import Owned
 from mpbind.bindings.cufftmp import (
     FORWARD,
     INVERSE,
@@ -47,7 +50,7 @@ if TYPE_CHECKING:
 
     import numpy as np
 
-    from mpbind._typing import Array, DTypeLike, Stream
+    from mpbind.typing import Array, DTypeLike, Stream
 
 __all__ = [
     "FORWARD",

@@ -41,8 +41,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from mpbind import _args
-from mpbind._args import INT64_MAX, MAX_NDIM, MAX_RANKS
+from mpbind._infra import args as _args
+from mpbind._infra.args import INT64_MAX, MAX_NDIM, MAX_RANKS
 from mpbind.errors import UsageError
 
 __all__ = [

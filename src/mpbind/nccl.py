@@ -28,10 +28,12 @@ an overrun). The survivors carry on with ``shrink(exclude_ranks)``.
 from __future__ import annotations
 
 # drain, queued, registrations: process-wide (mpbind.drain() ...), kept here as aliases.
-from mpbind import _args, _core, _interop, drain, queued, registrations
+from mpbind import _core, drain, queued, registrations
 from mpbind._core import nccl as _core_nccl
-from mpbind._optional import require
-from mpbind._owned import Owned
+from mpbind._infra import args as _args
+from mpbind._infra import interop as _interop
+from mpbind._infra.optional import require
+from mpbind._infra.owned import Owned
 from mpbind.bindings import nccl as _flat
 from mpbind.bindings.nccl import Config, UniqueId, get_unique_id, get_version
 
@@ -41,9 +43,9 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
     from typing import Any
 
-    from mpbind._typing import Buffer as BufferLike
-    from mpbind._typing import Operand, Stream
     from mpbind.bindings.nccl import DataType, RedOp
+    from mpbind.typing import Buffer as BufferLike
+    from mpbind.typing import Operand, Stream
 
 __all__ = [
     "Buffer", "Communicator", "Config", "DataType", "RedOp", "Registration", "UniqueId", "drain",

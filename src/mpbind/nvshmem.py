@@ -34,7 +34,7 @@ import operator
 import sys
 import threading
 
-from mpbind import _args, _core, _placement
+from mpbind import _core
 
 # RMA, synchronisation and collectives on a stream: the core's functions themselves (typed and
 # documented there, with the reason), each checking its arguments before its one library call.
@@ -50,14 +50,16 @@ from mpbind._core.nvshmem import (
     reduce,
     sync_all,
 )
-from mpbind._interop import (
+from mpbind._infra import args as _args
+from mpbind._infra import placement as _placement
+from mpbind._infra.interop import (
     device_span,
     dlpack_code,
     dtype_name,
     itemsize,
     typestr,
 )
-from mpbind._owned import Owned
+from mpbind._infra.owned import Owned
 from mpbind.errors import MpbindError, UsageError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: import time
@@ -65,7 +67,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
     from typing import Any
 
-    from mpbind._typing import Buffer as BufferLike
+    from mpbind.typing import Buffer as BufferLike
 
 __all__ = [
     "PeerArray",

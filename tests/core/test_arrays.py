@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mpbind import _core, _interop
+from mpbind import _core
+from mpbind._infra import interop as _interop
 from mpbind.errors import UsageError
 
 sys.path.insert(0, str(Path(__file__).parent))

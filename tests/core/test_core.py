@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mpbind import _core, _interop
+from mpbind import _core
+from mpbind._infra import interop as _interop
 from mpbind.errors import MpbindError, UsageError
 
 T = _core._testing

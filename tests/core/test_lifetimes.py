@@ -15,7 +15,7 @@ import pytest
 
 import mpbind
 from mpbind import _core
-from mpbind._owned import Owned
+from mpbind._infra.owned import Owned
 
 DESIGN = Path(__file__).resolve().parents[2] / "docs" / "DESIGN.md"
 COLUMNS = ["kind", "drop", "collective", "parent", "release"]

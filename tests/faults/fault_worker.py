@@ -224,7 +224,7 @@ def case_skip(args: argparse.Namespace) -> None:
 def case_kill_matmul(args: argparse.Namespace) -> None:
     import torch
 
-    from mpbind import cublasmp
+    from mpbind import cublasmp, matmul
     from mpbind import distributions as dist
     from mpbind.errors import MpbindError
 
@@ -239,7 +239,7 @@ def case_kill_matmul(args: argparse.Namespace) -> None:
 
     a, b, d = piece(da, 1.0), piece(db, 2.0), piece(dd, float("nan"))
     handle = cublasmp.Handle()
-    plan = cublasmp.plan_matmul(comm, a, b, d, a_dist=da, b_dist=db, d_dist=dd, handle=handle)
+    plan = matmul.plan(comm, a, b, d, a_dist=da, b_dist=db, d_dist=dd, handle=handle)
     step("planned")
     expected = 2.0 * k
     kept, last_good, doomed_at = None, -1, 0.0

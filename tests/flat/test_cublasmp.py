@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from mpbind import _info
+from mpbind._infra import info as _info
 from mpbind.bindings import cublasmp
 
 REPO = Path(__file__).resolve().parents[2]

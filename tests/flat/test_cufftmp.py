@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from mpbind import _info, _loader
+from mpbind._infra import info as _info
+from mpbind._infra import loader as _loader
 from mpbind.bindings import cufftmp
 from mpbind.errors import CuFFTMpError, UsageError
 

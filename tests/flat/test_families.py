@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from mpbind import _families, _loader
+from mpbind._infra import families as _families
+from mpbind._infra import loader as _loader
 from mpbind.bindings import _status
 from mpbind.errors import CuFFTMpError, LibraryConflictError, LibraryNotFoundError
 
@@ -114,7 +115,7 @@ def test_info_says_which_family_and_version_it_loaded(installed: dict[str, Any])
 
 
 def test_the_family_line_flags_a_mix() -> None:
-    from mpbind._info import LibraryReport, family_line
+    from mpbind._infra.info import LibraryReport, family_line
 
     one = [LibraryReport("nccl", found=True, family="cu12"), LibraryReport("cufftmp", found=True, family="cu12"),
            LibraryReport("cublasmp")]
@@ -266,7 +267,7 @@ def _other(family: str) -> str:
 CONFLICT_REPORT = """
 import ctypes, json, os, pickle
 fake = ctypes.CDLL({fake!r}, mode=os.RTLD_NOW | os.RTLD_GLOBAL)  # another package loads its copy
-from mpbind import _loader
+from mpbind._infra import loader as _loader
 from mpbind.bindings import nccl
 from mpbind.errors import LibraryNotFoundError
 try:
@@ -354,7 +355,7 @@ def test_the_conflict_error_is_a_library_not_found_error() -> None:
 SECOND_NVSHMEM = """
 import ctypes, json, os, pickle
 ctypes.CDLL({first!r}, mode=os.RTLD_NOW | os.RTLD_GLOBAL)  # another package loaded its NVSHMEM first
-from mpbind import _loader
+from mpbind._infra import loader as _loader
 try:
     out = {{"type": None, "path": _loader.load("nvshmem").path}}
 except Exception as exc:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from mpbind import _loader
+from mpbind._infra import loader as _loader
 from mpbind.errors import FunctionNotFoundError, LibraryNotFoundError
 
 ENV_VAR = "MPBIND_NCCL_PATH"
@@ -84,7 +84,7 @@ at_mpbind = nccl_mapped()
 import mpbind.errors
 import mpbind.bindings.nccl as nccl
 at_bindings = nccl_mapped()
-from mpbind import _loader
+from mpbind._infra import loader as _loader
 loaded_flag = _loader.is_loaded("nccl")
 version = nccl.get_version()
 print(json.dumps({"at_mpbind": at_mpbind, "at_bindings": at_bindings, "flag": loaded_flag,
@@ -146,7 +146,7 @@ def test_format_version(code: int, text: str) -> None:
 
 LOAD_REPORT = """
 import json
-from mpbind import _loader
+from mpbind._infra import loader as _loader
 from mpbind.bindings import nccl
 version = nccl.get_version()
 lib = _loader.load("nccl")
@@ -182,7 +182,7 @@ def test_override_wheel_file_itself() -> None:
 
 MISSING_REPORT = """
 import json, pickle
-from mpbind import _loader
+from mpbind._infra import loader as _loader
 from mpbind.errors import LibraryNotFoundError
 from mpbind.bindings import nccl
 try:
@@ -252,7 +252,7 @@ def fake_nccl(tmp_path_factory: pytest.TempPathFactory, c_compiler: str) -> Path
 
 MISSING_SYMBOL_REPORT = """
 import json, pickle
-from mpbind import _loader
+from mpbind._infra import loader as _loader
 from mpbind.errors import FunctionNotFoundError
 from mpbind.bindings import nccl
 from mpbind.bindings._internal import nccl as internal

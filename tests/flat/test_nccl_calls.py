@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from mpbind import _loader
-from mpbind._info import gpu_count
+from mpbind._infra import loader as _loader
+from mpbind._infra.info import gpu_count
 from mpbind.bindings import _status, nccl
 from mpbind.errors import NCCLError, NCCLInvalidArgumentError, UsageError
 

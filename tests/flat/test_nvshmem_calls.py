@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mpbind import _loader
-from mpbind._info import gpu_count
+from mpbind._infra import loader as _loader
+from mpbind._infra.info import gpu_count
 from mpbind.bindings import _status, nvshmem
 from mpbind.errors import (
     LibraryError,

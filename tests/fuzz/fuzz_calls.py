@@ -71,10 +71,10 @@ RECIPES: dict[str, tuple[str, ...]] = {
     "mpbind.distributions.Pencils": ("Pencils((4, 4, 4), (2, 2))",),
     "mpbind.distributions.Replicated": ("Replicated((4, 4), 2)",),
     "mpbind.distributions.Split": ("Split((4, 4), 2)",),
-    "mpbind.nvshmem_kernels.Param": ('value("n", "int32")',),
-    "mpbind.nvshmem_kernels.Cubin": ('Cubin(b"\\x7fELF", "k", "sm_90", ("k",), (), "0", False, "")',),
+    "mpbind.kernels.Param": ('value("n", "int32")',),
+    "mpbind.kernels.Cubin": ('Cubin(b"\\x7fELF", "k", "sm_90", ("k",), (), "0", False, "")',),
     # Called like a function (its __call__): on the runtime of one PE, made here unless one is.
-    "mpbind.collective_matmul.AllGatherMatmul": (
+    "mpbind.collective.AllGatherMatmul": (
         "(mpbind.nvshmem.is_initialized() or mpbind.nvshmem.init(mpbind.bindings.nvshmem.get_uniqueid(), 0, 1), "
         "AllGatherMatmul(8, 8, 8))[1]",),
 }

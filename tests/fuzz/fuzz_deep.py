@@ -40,7 +40,7 @@ import fuzz_values as values_
 from fuzz_targets import CONSTRUCTOR, FUNCTION, METHOD, MODULES, STATIC, Param, Target, params_of
 
 # Modules only the deep sweep calls (the core's intake and check runners, the planners).
-PRIVATE_MODULES = ("mpbind._core", "mpbind._core._testing", "mpbind._fft_plan", "mpbind._matmul_plan")
+PRIVATE_MODULES = ("mpbind._core", "mpbind._core._testing", "mpbind.fft._planner", "mpbind.matmul._planner")
 
 # Target id -> recipes. `instance(<class id>)` is the instance fuzz_calls.RECIPES makes (once per
 # child); without a GPU most cannot be made. `once(<source>)` is made once per child too: a unique
@@ -87,20 +87,21 @@ RECIPES: dict[str, tuple[str, ...]] = {
     "mpbind._core._testing.cublasmp_operand": ("cublasmp_operand(dl((2, 2), strides=(1, 2)), 'a', fixed(2), fixed(2), "
                                                "fixed(2), fixed('float32'), False)",),
     # The planners' pure parts.
-    "mpbind._fft_plan.plan_fft": ("plan_fft((8, 8, 8), 'complex64', 2)", "plan_fft((8, 8), 'float32', 2, kind='r2c')",
-                                  "plan_fft((8, 8, 8), 'float64', 2, kind='r2c', algorithm='boxes')"),
-    "mpbind._fft_plan.FFTSpec.input_side": ("plan_fft((8, 8, 8), 'complex64', 2).input_side(1)",),
-    "mpbind._fft_plan.FFTSpec.buffer_bytes": ("plan_fft((8, 8, 8), 'complex64', 2).buffer_bytes(1)",),
-    "mpbind._fft_plan.FFTSpec.distribution_boxes": ("plan_fft((8, 8, 8), 'complex64', 2).distribution_boxes(1)",),
-    "mpbind._fft_plan.FFTSpec.explain": ("plan_fft((8, 8, 8), 'complex64', 2).explain(1)",),
-    "mpbind._fft_plan.plan_reshape": ("plan_reshape(Split((8, 8, 8), 2), Split((8, 8, 8), 2, 1), 'complex64')",
+    "mpbind.fft._planner.plan_fft": ("plan_fft((8, 8, 8), 'complex64', 2)",
+                                     "plan_fft((8, 8), 'float32', 2, kind='r2c')",
+                                     "plan_fft((8, 8, 8), 'float64', 2, kind='r2c', algorithm='boxes')"),
+    "mpbind.fft._planner.FFTSpec.input_side": ("plan_fft((8, 8, 8), 'complex64', 2).input_side(1)",),
+    "mpbind.fft._planner.FFTSpec.buffer_bytes": ("plan_fft((8, 8, 8), 'complex64', 2).buffer_bytes(1)",),
+    "mpbind.fft._planner.FFTSpec.distribution_boxes": ("plan_fft((8, 8, 8), 'complex64', 2).distribution_boxes(1)",),
+    "mpbind.fft._planner.FFTSpec.explain": ("plan_fft((8, 8, 8), 'complex64', 2).explain(1)",),
+    "mpbind.fft._planner.plan_reshape": ("plan_reshape(Split((8, 8, 8), 2), Split((8, 8, 8), 2, 1), 'complex64')",
                                       "plan_reshape(Split((8, 8), 2), Split((8, 8), 2, 1), 'float32', 4)"),
-    "mpbind._fft_plan.ReshapeSpec.cufftmp_boxes": ("plan_reshape(Split((8, 8), 2), Split((8, 8), 2, 1), "
+    "mpbind.fft._planner.ReshapeSpec.cufftmp_boxes": ("plan_reshape(Split((8, 8), 2), Split((8, 8), 2, 1), "
                                                    "'float32').cufftmp_boxes(1)",),
-    "mpbind._matmul_plan.plan": (
+    "mpbind.matmul._planner.plan": (
         "plan(a=Split((8, 8), 2), b=Split((8, 8), 2), d=Split((8, 8), 2), a_dtype='float32')",
         "plan(a=Split((8, 8), 2, 1), b=Replicated((8, 8), 2), d=Split((8, 8), 2, 1), a_dtype='float32')"),
-    "mpbind._matmul_plan.MatmulPlan.local_shapes": ("plan(a=Split((8, 8), 2), b=Split((8, 8), 2), "
+    "mpbind.matmul._planner.MatmulPlan.local_shapes": ("plan(a=Split((8, 8), 2), b=Split((8, 8), 2), "
                                                     "d=Split((8, 8), 2), a_dtype='float32').local_shapes(1)",),
     "mpbind.fft.DeviceView": ("DeviceView(PTR, (4, 4), (4, 1), 'float32', 0, 64, None)",),
     # The distributions: constructors, and methods with valid instances.
@@ -127,9 +128,9 @@ RECIPES: dict[str, tuple[str, ...]] = {
     "mpbind.distributions.by_rows": ("by_rows((8, 4), 2, (3, 5))",),
     "mpbind.distributions.by_columns": ("by_columns((4, 8), 2, (3, 5))",),
     "mpbind.distributions.numroc": ("numroc(8, 2, 1, 0, 2)",),
-    "mpbind.nvshmem_kernels.value": ("value('n', 'int32')",),
-    "mpbind.nvshmem_kernels.pointer": ("pointer('p', 'float32')",),
-    "mpbind.nvshmem_kernels.symmetric": ("symmetric('s', 'float32')",),
+    "mpbind.kernels.value": ("value('n', 'int32')",),
+    "mpbind.kernels.pointer": ("pointer('p', 'float32')",),
+    "mpbind.kernels.symmetric": ("symmetric('s', 'float32')",),
     # The flat bindings' calls that need no GPU.
     "mpbind.bindings.nccl.get_error_string": ("get_error_string(0)",),
     "mpbind.bindings.nccl.Config.from_ptr": ("Config.from_ptr(Config().ptr)",),

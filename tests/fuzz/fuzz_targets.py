@@ -19,22 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import mpbind
+
+# The public modules (mpbind._PUBLIC_MODULES, the one list) that export something to call: not the
+# package that only holds the flat modules, the exception classes, nor the types for annotations.
+NOT_CALLED = ("bindings", "errors", "typing")
+_CALLED = [m for m in mpbind._PUBLIC_MODULES if m not in NOT_CALLED]
 # The flat bindings, then the Pythonic layer (the package's own functions first).
 MODULES: tuple[str, ...] = (
-    "mpbind.bindings.nccl",
-    "mpbind.bindings.nvshmem",
-    "mpbind.bindings.cublasmp",
-    "mpbind.bindings.cufftmp",
+    *(f"mpbind.{m}" for m in _CALLED if m.startswith("bindings.")),
     "mpbind",
-    "mpbind.nccl",
-    "mpbind.nvshmem",
-    "mpbind.cublasmp",
-    "mpbind.cufftmp",
-    "mpbind.bootstrap",
-    "mpbind.distributions",
-    "mpbind.fft",
-    "mpbind.collective_matmul",
-    "mpbind.nvshmem_kernels",
+    *(f"mpbind.{m}" for m in _CALLED if not m.startswith("bindings.")),
 )
 
 # How a target is called (see Call in fuzz_calls.py).

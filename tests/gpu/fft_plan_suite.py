@@ -551,7 +551,8 @@ def one_nvshmem_copy() -> str:
     """Where torch mapped an NVSHMEM of its own and MPBIND_NVSHMEM_PATH names another file, the loader
     refuses to load a second copy (cuFFTMp would bind to torch's, and our symmetric memory would not be
     symmetric for it); the suite then goes on with the mapped copy, as a user's program would."""
-    from mpbind import _families, _loader
+    from mpbind._infra import families as _families
+    from mpbind._infra import loader as _loader
     from mpbind.errors import LibraryConflictError
 
     mapped = _families.mapped_copies(("libnvshmem_host.so.3",))

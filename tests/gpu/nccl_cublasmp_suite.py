@@ -61,9 +61,9 @@ from mpi4py import MPI  # noqa: E402
 from rank_per_gpu import local_gpu, rank_per_gpu  # noqa: E402
 from runner import Check, Checks, Report, Skip, expect, main  # noqa: E402
 
-from mpbind import _loader  # noqa: E402
 from mpbind import cublasmp as layer_cublasmp  # noqa: E402
 from mpbind import nccl as layer_nccl  # noqa: E402
+from mpbind._infra import loader as _loader  # noqa: E402
 from mpbind.bindings import cublasmp, nccl  # noqa: E402
 from mpbind.errors import UsageError  # noqa: E402
 

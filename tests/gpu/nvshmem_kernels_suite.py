@@ -4,11 +4,11 @@
     mpirun -np 3 python tests/gpu/nvshmem_kernels_suite.py --checks kernels --one-gpu   # 3 PEs on GPU 0 (MPS)
     mpirun -np 2 python tests/gpu/nvshmem_kernels_suite.py --checks collective_matmul [--method host|kernel]
 
-``--checks kernels`` (mpbind.nvshmem_kernels): the ring exchange of examples/ring_exchange.py (8 B,
+``--checks kernels`` (mpbind.kernels): the ring exchange of examples/ring_exchange.py (8 B,
 64 KiB, 16 MiB), a collectively launched kernel with a device-side barrier, and the refusals that
 must come before any launch, identically on every PE (the PEs then still meet in a barrier).
 
-``--checks collective_matmul`` (mpbind.collective_matmul): fp16 and bf16, several shapes, both
+``--checks collective_matmul`` (mpbind.collective): fp16 and bf16, several shapes, both
 buffer parities, checked against the unsharded product; refusals on every PE alike. With PEs on
 one GPU, run under an MPS daemon (NVSHMEM's full multi-PE-per-GPU mode), each PE with its share of
 the SMs (``-x CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=33`` for three).
@@ -33,9 +33,9 @@ mpbind.load_libraries("nvshmem")  # before torch maps its own NVSHMEM: ours is t
 import torch  # noqa: E402
 from runner import Check, Checks, Report, expect, expect_raises, load_example, main  # noqa: E402
 
+from mpbind import kernels as nk  # noqa: E402
 from mpbind import nvshmem  # noqa: E402
-from mpbind import nvshmem_kernels as nk  # noqa: E402
-from mpbind.collective_matmul import AllGatherMatmul  # noqa: E402
+from mpbind.collective import AllGatherMatmul  # noqa: E402
 from mpbind.errors import UsageError  # noqa: E402
 
 

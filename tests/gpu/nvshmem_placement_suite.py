@@ -2,7 +2,7 @@
 
     mpirun -np N python tests/gpu/nvshmem_placement_suite.py --gpus 0,0,1 [--init mpi|uid|uid_via]
 
-PE k runs on GPU ``gpus[k]``. When mpbind's placement check (mpbind._placement.problem) refuses the
+PE k runs on GPU ``gpus[k]``. When mpbind's placement check (mpbind._infra.placement.problem) refuses the
 placement, every PE must raise the same PlacementError before NVSHMEM is entered; otherwise every
 PE must initialise (and finalize). ``--expect refused|initialised`` says which the test wants; a PE
 that neither raises nor returns within the suite's own deadline is reported by mpirun's timeout.
@@ -26,8 +26,8 @@ for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
 from mpi4py import MPI  # noqa: E402
 from runner import Check, Checks, Report, expect, main  # noqa: E402
 
-from mpbind import _placement  # noqa: E402
 from mpbind import nvshmem as nv  # noqa: E402
+from mpbind._infra import placement as _placement  # noqa: E402
 from mpbind.bootstrap import share_unique_id  # noqa: E402
 from mpbind.errors import PlacementError  # noqa: E402
 

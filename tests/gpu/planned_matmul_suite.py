@@ -1,4 +1,4 @@
-"""Matmuls planned from distributions (``cublasmp.plan_matmul``) on 2 or 4 ranks, one GPU each,
+"""Matmuls planned from distributions (``mpbind.matmul.plan``) on 2 or 4 ranks, one GPU each,
 every result compared with torch on the gathered operands.
 
     mpirun -np N python tests/gpu/planned_matmul_suite.py
@@ -35,7 +35,7 @@ import torch  # noqa: E402
 from rank_per_gpu import rank_per_gpu  # noqa: E402
 from runner import Check, Checks, Report, Skip, main  # noqa: E402
 
-from mpbind import cublasmp, nccl  # noqa: E402
+from mpbind import cublasmp, matmul, nccl  # noqa: E402
 from mpbind import distributions as dist  # noqa: E402
 from mpbind.errors import UsageError  # noqa: E402
 
@@ -174,7 +174,7 @@ def planned_matmul(ctx: Ctx, layout: str, type_name: str, expected: str, *, tran
         rows, _ = index_sets(dd, r) if not dd.replicated else (list(range(m)), None)
         bias = bias_full[rows].to(dtype).to("cuda")
         options.update(epilogue=epilogue, bias=bias)
-    plan = cublasmp.plan_matmul(ctx.comm, a, b, d, a_dist=da, b_dist=db, d_dist=dd, transa=transa, transb=transb,
+    plan = matmul.plan(ctx.comm, a, b, d, a_dist=da, b_dist=db, d_dist=dd, transa=transa, transb=transb,
                                 handle=ctx.handle, **options)
     if plan.algorithm != expected:
         raise AssertionError(f"planned {plan.algorithm}, expected {expected}:\n{plan.explain()}")
@@ -214,7 +214,7 @@ def captured(ctx: Ctx, layout: str, type_name: str, expected: str, transa: bool 
     a = local(da, whole(da.shape, SEED, dtype), r, dtype)
     b = local(db, whole(db.shape, SEED + 1, dtype), r, dtype)
     d = empty_local(dd, r, dtype)
-    with cublasmp.plan_matmul(ctx.comm, a, b, d, a_dist=da, b_dist=db, d_dist=dd, transa=transa,
+    with matmul.plan(ctx.comm, a, b, d, a_dist=da, b_dist=db, d_dist=dd, transa=transa,
                               handle=ctx.handle, algo_type=algo_type) as plan:
         if plan.algorithm != expected:
             raise AssertionError(f"planned {plan.algorithm}, expected {expected}")
@@ -246,7 +246,7 @@ def overlapped_capture_refused(ctx: Ctx, layout: str, expected: str) -> str:
     a = local(da, whole(da.shape, SEED, torch.float32), r, torch.float32)
     b = local(db, whole(db.shape, SEED + 1, torch.float32), r, torch.float32)
     d = empty_local(dd, r, torch.float32)
-    with cublasmp.plan_matmul(ctx.comm, a, b, d, a_dist=da, b_dist=db, d_dist=dd, transa=True,
+    with matmul.plan(ctx.comm, a, b, d, a_dist=da, b_dist=db, d_dist=dd, transa=True,
                               handle=ctx.handle) as plan:
         if plan.algorithm != expected:
             raise AssertionError(f"planned {plan.algorithm}, expected {expected}")
@@ -272,7 +272,7 @@ def fp8(ctx: Ctx) -> str:
     d = empty_local(dd, r, torch.bfloat16)
     sa = torch.tensor([0.5], device="cuda")
     sb = torch.tensor([2.0], device="cuda")
-    with cublasmp.plan_matmul(ctx.comm, a, b, d, a_dist=da, b_dist=db, d_dist=dd, transa=True,
+    with matmul.plan(ctx.comm, a, b, d, a_dist=da, b_dist=db, d_dist=dd, transa=True,
                               scales={"a": sa, "b": sb}, handle=ctx.handle) as plan:
         if plan.algorithm != "allgather_gemm":
             raise AssertionError(plan.explain())
@@ -290,7 +290,7 @@ def uneven_allreduce_refused(ctx: Ctx) -> str:
     b = local(db, whole(db.shape, SEED + 1, torch.float32), r, torch.float32)
     d = empty_local(dd, r, torch.float32)
     try:
-        cublasmp.plan_matmul(ctx.comm, a, b, d, a_dist=da, b_dist=db, d_dist=dd, transa=True, handle=ctx.handle)
+        matmul.plan(ctx.comm, a, b, d, a_dist=da, b_dist=db, d_dist=dd, transa=True, handle=ctx.handle)
     except UsageError as exc:
         return str(exc)
     raise AssertionError("uneven k with a replicated D was planned")
@@ -306,7 +306,7 @@ def refused_everywhere(ctx: Ctx) -> str:
     rows, cols = dd.local_shape(r)
     d = empty_local(dd, r, torch.float32) if r != p - 1 else torch.zeros((cols, rows + 1), device="cuda").t()
     try:
-        cublasmp.plan_matmul(ctx.comm, a, b, d, a_dist=da, b_dist=db, d_dist=dd, transa=True, handle=ctx.handle)
+        matmul.plan(ctx.comm, a, b, d, a_dist=da, b_dist=db, d_dist=dd, transa=True, handle=ctx.handle)
     except UsageError as exc:
         return f"{type(exc).__name__}: {exc}"
     raise AssertionError("the plan was not refused")
@@ -325,9 +325,9 @@ def block_scaling_below_sm100(ctx: Ctx) -> str:
     scale_a = torch.zeros(128 * ((m // p + 127) // 128) * 4, dtype=torch.uint8, device="cuda")
     scale_b = torch.zeros(128 * ((n // p + 127) // 128) * 4, dtype=torch.uint8, device="cuda")
     try:
-        cublasmp.plan_matmul(ctx.comm, a, b, d, a_dist=da, b_dist=db, d_dist=dd, transa=True, scaling="mxfp8",
+        matmul.plan(ctx.comm, a, b, d, a_dist=da, b_dist=db, d_dist=dd, transa=True, scaling="mxfp8",
                              scales={"a": scale_a, "b": scale_b}, handle=ctx.handle)
-    except cublasmp.ComputeCapabilityError as exc:
+    except matmul.ComputeCapabilityError as exc:
         if "10.0" not in str(exc):
             raise
         return str(exc)

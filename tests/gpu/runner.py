@@ -416,7 +416,7 @@ def need_library(library: str) -> None:
 
 
 def visible_gpus() -> int:
-    from mpbind._info import gpu_count
+    from mpbind._infra.info import gpu_count
 
     return gpu_count()[0]
 
@@ -425,7 +425,7 @@ def need_gpus(count: int, why: str = "") -> None:
     """Skip unless `count` GPUs are visible (`why`: what needs them)."""
     import pytest
 
-    from mpbind._info import gpu_count
+    from mpbind._infra.info import gpu_count
 
     visible, reason = gpu_count()
     if visible < count:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mpbind import _loader  # noqa: E402
+from mpbind._infra import loader as _loader  # noqa: E402
 from mpbind.errors import CuBLASMpError, LibraryNotFoundError  # noqa: E402
 
 pytestmark = pytest.mark.gpu

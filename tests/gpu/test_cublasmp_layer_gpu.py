@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from mpbind import _loader  # noqa: E402
+from mpbind._infra import loader as _loader  # noqa: E402
 from mpbind.errors import LibraryNotFoundError, UsageError  # noqa: E402
 
 pytestmark = pytest.mark.gpu

@@ -16,7 +16,7 @@ import sys
 import pytest
 from runner import find_mpirun, launch, need_gpus
 
-from mpbind import _loader
+from mpbind._infra import loader as _loader
 
 pytestmark = pytest.mark.gpu
 

@@ -123,7 +123,8 @@ def test_jax_arrays_as_sources(comm: nccl.Communicator) -> None:
 
 def test_matmul_on_new_operands(comm: nccl.Communicator) -> None:
     """A planned matmul runs again on new arrays of the planned shapes; others are refused first."""
-    from mpbind import _loader, cublasmp
+    from mpbind import cublasmp
+    from mpbind._infra import loader as _loader
     from mpbind.errors import LibraryNotFoundError
 
     try:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from mpbind import _loader  # noqa: E402
+from mpbind._infra import loader as _loader  # noqa: E402
 from mpbind.bindings import _coverage, nccl  # noqa: E402
 from mpbind.errors import FunctionNotFoundError, NCCLError  # noqa: E402
 

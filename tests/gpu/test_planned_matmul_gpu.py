@@ -1,4 +1,4 @@
-"""Matmuls planned from distributions (``cublasmp.plan_matmul``) on 2 and 4 ranks, one per GPU,
+"""Matmuls planned from distributions (``mpbind.matmul.plan``) on 2 and 4 ranks, one per GPU,
 under mpirun (``planned_matmul_suite.py``): every algorithm the planner picks, checked against
 torch on the gathered operands, reused on new arrays and captured.
 

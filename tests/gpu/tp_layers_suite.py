@@ -6,7 +6,7 @@ GPU each, every result compared with torch on the whole (seeded, the same on eve
 In torch's row-major terms (weights as ``Linear`` keeps them, out x in), P ranks, M tokens:
 all-gather+GEMM ``all_gather(x) @ w.T`` (x: M/P tokens, w: N/P output features) and
 GEMM+reduce-scatter ``reduce_scatter(h @ w.T)`` (h and w: K/P input features), planned by
-``cublasmp.plan_matmul`` as TN matmuls of the transposes.
+``mpbind.matmul.plan`` as TN matmuls of the transposes.
 
 Checked: every communication setting the benchmarks explore gives the right result (algorithm hint x
 SMs for communication x the type partial products travel in); a bias on GEMM+reduce-scatter is added
@@ -36,7 +36,7 @@ import torch.nn.functional as F  # noqa: E402
 from rank_per_gpu import rank_per_gpu  # noqa: E402
 from runner import Check, Checks, Report, Skip, main  # noqa: E402
 
-from mpbind import cublasmp, nccl  # noqa: E402
+from mpbind import cublasmp, matmul, nccl  # noqa: E402
 from mpbind import distributions as dist  # noqa: E402
 from mpbind.errors import CuBLASMpError  # noqa: E402
 
@@ -114,7 +114,7 @@ def settings_give_the_right_result(ctx: Ctx, op: str) -> str:
                                                  ("communication_type", kind)) if v is not None}
                 out.fill_(float("nan"))
                 try:
-                    with cublasmp.plan_matmul(ctx.comm, w_mine.T, x_mine.T, out.T, transa=True, handle=ctx.handle,
+                    with matmul.plan(ctx.comm, w_mine.T, x_mine.T, out.T, transa=True, handle=ctx.handle,
                                               **layouts(op, m, k, n, p), **options) as planned:
                         planned.execute()
                         torch.cuda.synchronize()
@@ -130,7 +130,7 @@ def bias_on_reduce_scatter_is_added_once(ctx: Ctx) -> str:
     m, k, n = 128 * p, 256 * p, 192
     x, w, x_mine, w_mine, out = operands(ctx, "rs", m, k, n)
     bias = whole((1, n), 5, 0.5)[0].contiguous()  # along D's rows (n): every rank holds all of it
-    with cublasmp.plan_matmul(ctx.comm, w_mine.T, x_mine.T, out.T, transa=True, epilogue="bias", bias=bias,
+    with matmul.plan(ctx.comm, w_mine.T, x_mine.T, out.T, transa=True, epilogue="bias", bias=bias,
                               handle=ctx.handle, **layouts("rs", m, k, n, p)) as planned:
         planned.execute()
         torch.cuda.synchronize()
@@ -150,7 +150,7 @@ def gelu_bias_on_allgather(ctx: Ctx) -> str:
     x, w, x_mine, w_mine, out = operands(ctx, "ag", m, k, n)
     bias = whole((1, n), 6, 0.5)[0]
     bias_mine = bias[ctx.rank * n // p:(ctx.rank + 1) * n // p].contiguous()
-    with cublasmp.plan_matmul(ctx.comm, w_mine.T, x_mine.T, out.T, transa=True, epilogue="gelu_bias",
+    with matmul.plan(ctx.comm, w_mine.T, x_mine.T, out.T, transa=True, epilogue="gelu_bias",
                               bias=bias_mine, handle=ctx.handle, **layouts("ag", m, k, n, p)) as planned:
         planned.execute()
         torch.cuda.synchronize()
@@ -165,7 +165,7 @@ def fp8_against_scaled_mm(ctx: Ctx, op: str) -> str:
     f8 = torch.float8_e4m3fn
     x, w, x_mine, w_mine, out = operands(ctx, op, m, k, n, f8)
     sx, sw = torch.tensor([0.5], device="cuda"), torch.tensor([k**-0.5], device="cuda")
-    with cublasmp.plan_matmul(ctx.comm, w_mine.T, x_mine.T, out.T, transa=True, scales={"a": sw, "b": sx},
+    with matmul.plan(ctx.comm, w_mine.T, x_mine.T, out.T, transa=True, scales={"a": sw, "b": sx},
                               handle=ctx.handle, **layouts(op, m, k, n, p)) as planned:
         planned.execute()
         torch.cuda.synchronize()
@@ -188,7 +188,7 @@ def uneven_plans_one_after_another(ctx: Ctx) -> str:
         w_mine = w[ws.lower[1]:ws.upper[1]].contiguous()
         rows = d_dist.box(r)
         out = torch.full((m, rows.upper[0] - rows.lower[0]), float("nan"), dtype=torch.bfloat16, device="cuda")
-        with cublasmp.plan_matmul(ctx.comm, w_mine.T, x_mine.T, out.T, transa=True, handle=ctx.handle,
+        with matmul.plan(ctx.comm, w_mine.T, x_mine.T, out.T, transa=True, handle=ctx.handle,
                                   a_dist=a_dist, b_dist=b_dist, d_dist=d_dist) as planned:
             if planned.algorithm != "general" or planned.plan.uniform:
                 raise AssertionError(planned.explain())

@@ -1,4 +1,4 @@
-"""The argument readers and checked arithmetic of mpbind._args, at the 2**31, 2**63 and 2**64 edges:
+"""The argument readers and checked arithmetic of mpbind._infra.args, at the 2**31, 2**63 and 2**64 edges:
 a size, count or address computed from a caller's values is refused, naming the quantity, where the
 C type it is handed to would wrap it; integers are read through __index__, sequences no further
 than their limit."""
@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mpbind import _args
+from mpbind._infra import args as _args
 from mpbind.errors import UsageError
 
 I64 = 2**63 - 1

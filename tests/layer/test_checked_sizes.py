@@ -12,12 +12,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mpbind import _fft_plan, _matmul_plan, collective_matmul, cublasmp, cufftmp, fft, nccl
+from mpbind import collective as collective_matmul
+from mpbind import cublasmp, cufftmp, fft, nccl
 from mpbind import distributions as dist
+from mpbind import kernels as nk
 from mpbind import nvshmem as nv
-from mpbind import nvshmem_kernels as nk
-from mpbind._interop import device_span
+from mpbind._infra.interop import device_span
 from mpbind.errors import UsageError
+from mpbind.fft import _planner as _fft_plan
+from mpbind.matmul import _planner as _matmul_plan
 
 I64 = 2**63 - 1
 U64 = 2**64 - 1
@@ -182,7 +185,7 @@ def test_collective_matmul_sizes_beyond_an_int64_are_refused_alike_on_every_pe()
     assert collective_matmul._local_problem(2**20, 2**20, 8, "float16", "host", 2**31 - 1, n_pes=2)[0] == 0
     rows = [[0, 8, 8, 8, 0, 0, 0], [6, -1, -1, -1, 0, 0, -1]]
     with pytest.raises(UsageError, match="refused on PE 1: the ring buffers"):
-        collective_matmul.check_agreement(rows)
+        collective_matmul._check_agreement(rows)
 
 
 @pytest.mark.parametrize(("call", "error", "message"), [
@@ -192,11 +195,11 @@ def test_collective_matmul_sizes_beyond_an_int64_are_refused_alike_on_every_pe()
     (lambda: nk._dims((32, 32, 2), "block"), UsageError, "1024 threads"),
     (lambda: nk._dims((IndexRaises(),), "grid"), TypeError, "__index__ failed"),
     (lambda: nk._shared(2**32), UsageError, r"\[0, 2\*\*32 - 1\]"),
-    (lambda: nk.prepare([nk.value("f", "float32")], [1e39]), UsageError,
+    (lambda: nk._prepare([nk.value("f", "float32")], [1e39]), UsageError,
      "does not fit float32"),
-    (lambda: nk.prepare([nk.value("f", "float64")], [10**400]), UsageError,
+    (lambda: nk._prepare([nk.value("f", "float64")], [10**400]), UsageError,
      "does not fit float64"),
-    (lambda: nk.prepare([nk.value("n", "uint64")], [IndexRaises()]), TypeError,
+    (lambda: nk._prepare([nk.value("n", "uint64")], [IndexRaises()]), TypeError,
      "__index__ failed"),
 ])
 def test_kernel_launch_values_fit_what_cuda_takes(call: Any, error: type[Exception], message: str) -> None:
@@ -208,7 +211,7 @@ def test_kernel_launch_values_at_the_edges_pass() -> None:
     assert nk._dims((2**31 - 1, 65535, 65535), "grid") == (2**31 - 1, 65535, 65535)
     assert nk._dims((1024, 1, 1), "block") == (1024, 1, 1)
     assert nk._shared(2**32 - 1) == 2**32 - 1
-    values = nk.prepare([nk.value("f", "float32"), nk.value("g", "float32")],
+    values = nk._prepare([nk.value("f", "float32"), nk.value("g", "float32")],
                                      [float("inf"), 3.4e38])
     assert math.isinf(values[0].value) and values[1].value == pytest.approx(3.4e38)
 

@@ -12,9 +12,10 @@ import pytest
 
 pytest.importorskip("cuda.core", reason="cuda-core is not installed (pip install 'mpbind[kernels]')")
 
-from mpbind import _kernel_build, collective_matmul  # noqa: E402
-from mpbind import nvshmem_kernels as nk  # noqa: E402
+from mpbind import collective as collective_matmul  # noqa: E402
+from mpbind import kernels as nk  # noqa: E402
 from mpbind.errors import UsageError  # noqa: E402
+from mpbind.kernels import _build as _kernel_build  # noqa: E402
 
 GOOD = (1024, 4096, 4096, "float16", "host", 16)
 
@@ -53,17 +54,17 @@ def _row(*args: object) -> list[int]:
 def test_a_refusal_on_one_pe_is_raised_on_every_pe(args: tuple[object, ...], match: str) -> None:
     rows = [_row(*GOOD), _row(*args), _row(*GOOD)]
     with pytest.raises(UsageError, match=f"refused on PE 1: .*{match}"):
-        collective_matmul.check_agreement(rows)
+        collective_matmul._check_agreement(rows)
 
 
 def test_pes_with_other_shapes_are_refused_naming_the_difference() -> None:
     rows = [_row(*GOOD), _row(*GOOD), _row(1024, 4096, 8192, "float16", "host", 16)]
     with pytest.raises(UsageError, match="n=4096 on PE 0, 8192 on PE 2"):
-        collective_matmul.check_agreement(rows)
+        collective_matmul._check_agreement(rows)
 
 
 def test_the_same_arguments_everywhere_pass() -> None:
-    collective_matmul.check_agreement([_row(*GOOD)] * 4)
+    collective_matmul._check_agreement([_row(*GOOD)] * 4)
     assert collective_matmul._local_problem(*GOOD, n_pes=4) == (0, "float16")
     assert collective_matmul._local_problem(8, 8, 8, "bfloat16", "kernel", 4, n_pes=4) == (0, "bfloat16")
     assert collective_matmul._local_problem(8, 8, 8, "bfloat16", "kernel", None, n_pes=4) == (0, "bfloat16")

@@ -12,17 +12,20 @@ from typing import Any
 
 import pytest
 
-from mpbind import _fft_plan, _matmul_plan, collective_matmul, fft
+from mpbind import collective as collective_matmul
 from mpbind import distributions as dist
-from mpbind._owned import Owned, Parts, Uncopyable
+from mpbind import fft
+from mpbind._infra.owned import Owned, Parts, Uncopyable
+from mpbind.fft import _planner as _fft_plan
+from mpbind.matmul import _planner as _matmul_plan
 
-PUBLIC = ["mpbind.nccl", "mpbind.nvshmem", "mpbind.cublasmp", "mpbind.cufftmp", "mpbind.fft",
-          "mpbind.collective_matmul", "mpbind.nvshmem_kernels"]
+PUBLIC = ["mpbind.nccl", "mpbind.nvshmem", "mpbind.cublasmp", "mpbind.cufftmp", "mpbind.fft", "mpbind.matmul",
+          "mpbind.collective", "mpbind.kernels"]
 
 # Every owning class of the public modules (a test below checks that none is missing).
 OWNING = ["nccl.Communicator", "nvshmem.SymmetricArray", "cublasmp.Matrix", "cublasmp.MatmulDescriptor",
-          "cublasmp.Matmul", "cublasmp.PlannedMatmul", "cufftmp.Plan", "cufftmp.Descriptor", "cufftmp.Reshape",
-          "fft.FFTPlan", "fft.ReshapePlan", "collective_matmul.AllGatherMatmul", "nvshmem_kernels.Library"]
+          "cublasmp.Matmul", "matmul.PlannedMatmul", "cufftmp.Plan", "cufftmp.Descriptor", "cufftmp.Reshape",
+          "fft.FFTPlan", "fft.ReshapePlan", "collective.AllGatherMatmul", "kernels.Library"]
 
 COPIES: list[tuple[str, Callable[[Any], Any]]] = [
     ("copy.copy", copy.copy), ("copy.deepcopy", copy.deepcopy),

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mpbind import _core, _info, cufftmp
+from mpbind import _core, cufftmp
+from mpbind._infra import info as _info
 from mpbind.errors import CuFFTMpError, UsageError
 
 cf = _core.cufftmp

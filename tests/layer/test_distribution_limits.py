@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mpbind import _fft_plan
 from mpbind import distributions as dist
 from mpbind.errors import UsageError
+from mpbind.fft import _planner as _fft_plan
 
 
 def test_a_global_array_of_more_elements_than_an_int64_holds_is_refused() -> None:

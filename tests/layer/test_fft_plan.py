@@ -1,4 +1,4 @@
-"""The arithmetic of distributed FFTs and reshapes (mpbind._fft_plan), without a GPU: which boxes each
+"""The arithmetic of distributed FFTs and reshapes (mpbind.fft._planner), without a GPU: which boxes each
 rank holds on each side per transform type, which pairs run on cuFFTMp's slabs, the padding of the
 real side, the Hermitian-halved shapes, the buffers, what cuFFTMp is asked for, and every refusal."""
 
@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mpbind import _fft_plan as fp
 from mpbind import distributions as dist
 from mpbind.errors import UsageError
+from mpbind.fft import _planner as fp
 
 ROOT = Path(__file__).resolve().parents[2]
 

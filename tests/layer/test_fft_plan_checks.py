@@ -9,11 +9,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mpbind import _fft_plan as fp
-from mpbind import _interop, fft
 from mpbind import distributions as dist
-from mpbind._owned import Parts
+from mpbind import fft
+from mpbind._infra import interop as _interop
+from mpbind._infra.owned import Parts
 from mpbind.errors import UsageError
+from mpbind.fft import _planner as fp
 
 
 class FakeComm:

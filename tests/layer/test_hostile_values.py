@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mpbind import bootstrap, collective_matmul, fft
+from mpbind import bootstrap, fft
+from mpbind import collective as collective_matmul
 from mpbind.errors import UsageError
 
 

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 MODULES = ["mpbind", "mpbind.nccl", "mpbind.nvshmem", "mpbind.cufftmp", "mpbind.cublasmp", "mpbind.bootstrap",
-           "mpbind._interop", "mpbind.fft"]
+           "mpbind._infra.interop", "mpbind.fft"]
 
 
 # cublasmp's matmul-descriptor attributes and fft's plans are Generic classes, which need typing at run time.
@@ -23,7 +23,7 @@ TYPING_FREE = [m for m in MODULES if m not in ("mpbind.cublasmp", "mpbind.fft")]
 
 # The flat bindings make their IntEnums on first use (cublasmp's attribute table names its enums at
 # import); mpbind.nccl re-exports DataType and RedOp the same way.
-ENUM_FREE = ["mpbind", "mpbind.nccl", "mpbind.bootstrap", "mpbind._interop", "mpbind.bindings.nccl",
+ENUM_FREE = ["mpbind", "mpbind.nccl", "mpbind.bootstrap", "mpbind._infra.interop", "mpbind.bindings.nccl",
              "mpbind.bindings.nvshmem", "mpbind.bindings.cufftmp"]
 
 
@@ -55,7 +55,8 @@ def test_importing_a_module_loads_no_enum(module: str) -> None:
 
 def test_coercion_without_numpy_objects_loads_no_numpy() -> None:
     code = (
-        "from mpbind import _core, _interop\n"
+        "from mpbind import _core\n"
+        "from mpbind._infra import interop as _interop\n"
         "class A:\n"
         "    __cuda_array_interface__ = {'shape': (4, 0), 'typestr': '<f4', 'data': (0, False), 'version': 3}\n"
         "_core.array_info(A())\n"

@@ -1,4 +1,4 @@
-"""The distributed matmul planner (mpbind._matmul_plan), without a GPU: distributions in, algorithm,
+"""The distributed matmul planner (mpbind.matmul._planner), without a GPU: distributions in, algorithm,
 grids, descriptors, views and memory out, and every refusal before anything collective.
 
 Besides the decision table, every plan of a sweep over layouts is checked for what cuBLASMp needs:
@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mpbind import _matmul_plan as mp
-from mpbind import cublasmp
+from mpbind import cublasmp, matmul
 from mpbind import distributions as dist
-from mpbind._matmul_plan import ComputeCapabilityError, MatmulPlan, plan
 from mpbind.errors import UsageError
+from mpbind.matmul import _planner as mp
+from mpbind.matmul._planner import ComputeCapabilityError, MatmulPlan, plan
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "core"))
 from dlpack_objects import InterfaceArray  # noqa: E402
@@ -472,9 +472,9 @@ def test_replicated_d_outside_tn_says_why() -> None:
 # --- the executable plan's checks, without a GPU ------------------------------------------------------
 
 
-def test_plan_matmul_needs_a_communicator() -> None:
+def test_matmul_plan_needs_a_communicator() -> None:
     with pytest.raises(TypeError, match="comm must be an mpbind.nccl.Communicator"):
-        cublasmp.plan_matmul(object(), None, None, None, a_dist=BASE["a"], b_dist=BASE["b"],  # type: ignore[arg-type]
+        matmul.plan(object(), None, None, None, a_dist=BASE["a"], b_dist=BASE["b"],  # type: ignore[arg-type]
                              d_dist=BASE["d"])
 
 
@@ -483,8 +483,8 @@ def col_major(shape: tuple[int, int], typestr: str = "<f4", itemsize: int = 4) -
 
 
 def test_local_checks_of_the_arrays() -> None:
-    from mpbind._interop import device_array
-    from mpbind._planned_matmul import _check_local
+    from mpbind._infra.interop import device_array
+    from mpbind.matmul import _check_local
 
     result = planned("rows", "cols", "rows", epilogue="bias")
     good = {"a": col_major((M // 2, K)), "b": col_major((K, N // 2)), "d": col_major((M // 2, N))}
@@ -508,7 +508,7 @@ def test_local_checks_of_the_arrays() -> None:
 
 
 def test_ranks_agree_before_anything_collective(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mpbind import _planned_matmul as pm
+    from mpbind import matmul as pm
 
     result = plan(**FP8)
     comm: Any = object()
@@ -623,7 +623,7 @@ class FakeComm:
 
 
 def build(p: MatmulPlan, rank: int, arrays: dict[str, Any], **extra: Any) -> Any:
-    from mpbind._planned_matmul import PlannedMatmul
+    from mpbind.matmul import PlannedMatmul
 
     options: dict[str, Any] = dict(bias=None, aux=None, scales={}, handle=None, stream=None, algo_type=None,
                                    sm_count=None)
@@ -721,7 +721,7 @@ def test_bias_gradients_and_communication_type_reach_the_descriptor(monkeypatch:
 
 
 def test_uneven_plans_take_one_workspace_size_on_every_rank(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mpbind import _planned_matmul as pm
+    from mpbind import matmul as pm
 
     rec = Recorder(monkeypatch)
     p = planned("cols~", "cols", "rows~", True)  # the AG+GEMM layout, uneven: general, pieces differ by rank
@@ -751,7 +751,7 @@ def test_uneven_plans_take_one_workspace_size_on_every_rank(monkeypatch: pytest.
 def test_device_bytes_asks_the_library(monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 
-    from mpbind import _planned_matmul as pm
+    from mpbind import matmul as pm
     from mpbind.bindings import cublasmp as flat
 
     calls: list[tuple[Any, ...]] = []
@@ -774,7 +774,7 @@ def test_device_bytes_asks_the_library(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_communication_settings_are_checked_and_agreed(monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 
-    from mpbind import _planned_matmul as pm
+    from mpbind import matmul as pm
     from mpbind import nccl
 
     assert pm._settings(cublasmp.MatmulAlgoType.SPLIT_P2P, 8) == (cublasmp.MatmulAlgoType.SPLIT_P2P, 8)
@@ -801,7 +801,7 @@ def test_communication_settings_are_checked_and_agreed(monkeypatch: pytest.Monke
     for options in ({}, {"communication_sm_count": 8}, {"communication_sm_count": 8},
                     {"algo_type": cublasmp.MatmulAlgoType.ATOMIC_P2P}, {"algo_type": 99}):
         with pytest.raises(RuntimeError, match="stop before building"):
-            cublasmp.plan_matmul(comm, arrays["a"], arrays["b"], arrays["d"], a_dist=BASE["a"], b_dist=BASE["b"],
+            matmul.plan(comm, arrays["a"], arrays["b"], arrays["d"], a_dist=BASE["a"], b_dist=BASE["b"],
                                  d_dist=BASE["d"], **options)
     prints = [f for f, _ in seen]
     assert prints[1] == prints[2] and len({prints[0], prints[1], prints[3]}) == 3  # the settings are agreed on

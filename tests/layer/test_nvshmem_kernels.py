@@ -19,9 +19,9 @@ import pytest
 pytest.importorskip("cuda.core", reason="cuda-core is not installed (pip install 'mpbind[kernels]')")
 
 import mpbind  # noqa: E402
-from mpbind import _kernel_build  # noqa: E402
-from mpbind import nvshmem_kernels as nk  # noqa: E402
+from mpbind import kernels as nk  # noqa: E402
 from mpbind.errors import KernelBuildError, MpbindError, UsageError  # noqa: E402
+from mpbind.kernels import _build as _kernel_build  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EM_CUDA = 190
@@ -213,12 +213,12 @@ def test_arguments_are_converted_for_the_launch() -> None:
 
     dst = FakeDeviceArray(HEAP[0] + 4096, 16)
     src = FakeDeviceArray(0x10000, 16)
-    out = nk.prepare(PARAMS, (dst, src, 16, 0.5), heap=in_heap)
+    out = nk._prepare(PARAMS, (dst, src, 16, 0.5), heap=in_heap)
     assert out[0] == HEAP[0] + 4096 and out[1] == 0x10000
     assert isinstance(out[2], ctypes.c_uint64) and out[2].value == 16
     assert isinstance(out[3], ctypes.c_float) and out[3].value == 0.5
     # Addresses are taken as they are; a symmetric one must still lie in the heap.
-    assert nk.prepare(PARAMS, (HEAP[0], 0x10000, 1, 1), heap=in_heap)[:2] == [HEAP[0], 0x10000]
+    assert nk._prepare(PARAMS, (HEAP[0], 0x10000, 1, 1), heap=in_heap)[:2] == [HEAP[0], 0x10000]
 
 
 class IndexableArray:
@@ -237,10 +237,10 @@ class IndexableArray:
 
 
 def test_an_array_with_index_is_a_pointer_not_an_int() -> None:
-    out = nk.prepare(PARAMS, (IndexableArray(HEAP[0], 16), IndexableArray(0x10000, 16), 16, 0.5), heap=in_heap)
+    out = nk._prepare(PARAMS, (IndexableArray(HEAP[0], 16), IndexableArray(0x10000, 16), 16, 0.5), heap=in_heap)
     assert out[:2] == [HEAP[0], 0x10000]
     with pytest.raises(UsageError, match="not in NVSHMEM's symmetric"):
-        nk.prepare(PARAMS, (IndexableArray(0x10000, 16), 0x20000, 16, 1.0), heap=in_heap)
+        nk._prepare(PARAMS, (IndexableArray(0x10000, 16), 0x20000, 16, 1.0), heap=in_heap)
 
 
 @pytest.mark.parametrize(("args", "error", "match"), [
@@ -260,7 +260,7 @@ def test_an_array_with_index_is_a_pointer_not_an_int() -> None:
 def test_bad_arguments_are_refused_before_the_launch(args: tuple[Any, ...], error: type[Exception],
                                                      match: str) -> None:
     with pytest.raises(error, match=match):
-        nk.prepare(PARAMS, args, heap=in_heap)
+        nk._prepare(PARAMS, args, heap=in_heap)
 
 
 def test_grid_and_block_shapes_are_checked() -> None:

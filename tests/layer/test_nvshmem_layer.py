@@ -19,7 +19,7 @@ import pytest
 
 from mpbind import _core
 from mpbind import nvshmem as nv
-from mpbind._info import gpu_count
+from mpbind._infra.info import gpu_count
 from mpbind.errors import UsageError
 
 CHILD_TIMEOUT_S = 60

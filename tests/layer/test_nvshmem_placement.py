@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from mpbind import _placement
 from mpbind import nvshmem as nv
+from mpbind._infra import placement as _placement
 from mpbind.errors import PlacementError, UsageError
 
 A0, A1, B0 = ("a", "00" * 16), ("a", "11" * 16), ("b", "00" * 16)  # host a GPUs 0 and 1, host b GPU 0

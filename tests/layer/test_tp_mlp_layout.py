@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from mpbind._matmul_plan import plan
+from mpbind.matmul._planner import plan
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tp_mlp.py"
 
@@ -61,7 +61,7 @@ def test_the_demo_step(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFi
 
     monkeypatch.setattr(tp.subprocess, "run", run)
     monkeypatch.setitem(sys.modules, "torch", object())  # present, as far as the step can tell
-    from mpbind import _loader
+    from mpbind._infra import loader as _loader
     from mpbind.errors import LibraryNotFoundError
 
     def missing(name: str) -> Any:

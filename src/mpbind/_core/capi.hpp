@@ -1,5 +1,5 @@
 // Calls from the core into the libraries, through the C entry points the generated cy<lib>
-// modules export in __pyx_capi__ (so there is one loader, mpbind._loader, and one dlsym table).
+// modules export in __pyx_capi__ (so there is one loader, mpbind._infra.loader, and one dlsym table).
 //
 // The function tables themselves are generated from the IR (bindings/_core_abi/<lib>.hpp, listed in
 // codegen/specs/core.toml): each entry knows its C prototype, the signature Cython recorded

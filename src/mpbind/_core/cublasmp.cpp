@@ -491,10 +491,10 @@ void register_cublasmp(nb::module_& parent) {
         call(api().cublasMpCreate, &h, reinterpret_cast<void*>(s));
         new (self) Handle(std::make_shared<HandleState>(h, s));
     }, nb::arg("stream").none() = nb::none(),
-       nb::sig("def __init__(self, stream: mpbind._typing.Stream = None) -> None"))
+       nb::sig("def __init__(self, stream: mpbind.typing.Stream = None) -> None"))
         .def_prop_ro("stream", [](Handle& h) { return h.get().stream; })
         .def("set_stream", [](Handle& h, nb::handle s) { h.get().set_stream(stream_handle(s)); },
-             nb::arg("stream").none(), nb::sig("def set_stream(self, stream: mpbind._typing.Stream) -> None"))
+             nb::arg("stream").none(), nb::sig("def set_stream(self, stream: mpbind.typing.Stream) -> None"))
         .def("host_workspace", [](Handle& h, size_t nbytes) {
             return reinterpret_cast<uintptr_t>(h.get().host_workspace(nbytes));
         }, nb::arg("nbytes"), "A host workspace of at least `nbytes` that lives as long as the handle.");

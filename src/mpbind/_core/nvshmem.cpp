@@ -971,24 +971,24 @@ void register_nvshmem(nb::module_& parent) {
     m.def("put", [](nb::handle dest, nb::handle src, nb::handle pe, nb::handle stream) {
         issue(plan_rma(Rma::kPut, heap_of(hot_runtime()), dest, src, pe, stream));
     }, nb::arg("dest").none(), nb::arg("src").none(), nb::arg("pe").none(), nb::arg("stream").none() = none,
-       nb::sig("def put(dest: mpbind._typing.Array, src: mpbind._typing.Array, pe: int, "
-               "stream: mpbind._typing.Stream = None) -> None"),
+       nb::sig("def put(dest: mpbind.typing.Array, src: mpbind.typing.Array, pe: int, "
+               "stream: mpbind.typing.Stream = None) -> None"),
        "Copy local `src` into symmetric `dest` on PE `pe`, on `stream` (``nvshmemx_putmem_on_stream``).\n"
        "Complete it with :func:`quiet`; make it visible to `pe` with a barrier.");
     m.def("get", [](nb::handle dest, nb::handle src, nb::handle pe, nb::handle stream) {
         issue(plan_rma(Rma::kGet, heap_of(hot_runtime()), dest, src, pe, stream));
     }, nb::arg("dest").none(), nb::arg("src").none(), nb::arg("pe").none(), nb::arg("stream").none() = none,
-       nb::sig("def get(dest: mpbind._typing.Array, src: mpbind._typing.Array, pe: int, "
-               "stream: mpbind._typing.Stream = None) -> None"),
+       nb::sig("def get(dest: mpbind.typing.Array, src: mpbind.typing.Array, pe: int, "
+               "stream: mpbind.typing.Stream = None) -> None"),
        "Copy symmetric `src` from PE `pe` into local `dest`, on `stream` (``nvshmemx_getmem_on_stream``).");
     for (auto [name, kind, sig, doc] : {
-             std::tuple{"quiet", Rma::kQuiet, "def quiet(stream: mpbind._typing.Stream = None) -> None",
+             std::tuple{"quiet", Rma::kQuiet, "def quiet(stream: mpbind.typing.Stream = None) -> None",
                         "Complete this PE's outstanding RMA on `stream` (``nvshmemx_quiet_on_stream``)."},
              std::tuple{"barrier_all", Rma::kBarrierAll,
-                        "def barrier_all(stream: mpbind._typing.Stream = None) -> None",
+                        "def barrier_all(stream: mpbind.typing.Stream = None) -> None",
                         "Barrier over all PEs with completion of their RMA, on `stream` (collective; "
                         "``nvshmemx_barrier_all_on_stream``)."},
-             std::tuple{"sync_all", Rma::kSyncAll, "def sync_all(stream: mpbind._typing.Stream = None) -> None",
+             std::tuple{"sync_all", Rma::kSyncAll, "def sync_all(stream: mpbind.typing.Stream = None) -> None",
                         "Barrier over all PEs without completing RMA, on `stream` (collective; "
                         "``nvshmemx_sync_all_on_stream``)."}}) {
         m.def(name, [kind = kind](nb::handle stream) {
@@ -998,29 +998,29 @@ void register_nvshmem(nb::module_& parent) {
     m.def("barrier", [](nb::handle team, nb::handle stream) {
         issue(plan_sync(Rma::kBarrier, heap_of(hot_runtime()), team, stream));
     }, nb::arg("team").none() = none, nb::arg("stream").none() = none,
-       nb::sig("def barrier(team: Team | None = None, stream: mpbind._typing.Stream = None) -> None"),
+       nb::sig("def barrier(team: Team | None = None, stream: mpbind.typing.Stream = None) -> None"),
        "Barrier over `team` with completion of RMA, on `stream` (collective over the team; "
        "``nvshmemx_barrier_on_stream``).");
     m.def("broadcast", [](nb::handle dest, nb::handle src, nb::handle root, nb::handle team, nb::handle stream) {
         issue(plan_collective(Rma::kBroadcast, heap_of(hot_runtime()), -1, dest, src, root, team, stream));
     }, nb::arg("dest").none(), nb::arg("src").none(), nb::arg("root").none(), nb::arg("team").none() = none,
        nb::arg("stream").none() = none,
-       nb::sig("def broadcast(dest: mpbind._typing.Array, src: mpbind._typing.Array, root: int, "
-               "team: Team | None = None, stream: mpbind._typing.Stream = None) -> None"),
+       nb::sig("def broadcast(dest: mpbind.typing.Array, src: mpbind.typing.Array, root: int, "
+               "team: Team | None = None, stream: mpbind.typing.Stream = None) -> None"),
        "Copy `src` of the team's PE `root` into `dest` on every member (collective over `team`; "
        "``nvshmemx_broadcastmem_on_stream``).");
     m.def("fcollect", [](nb::handle dest, nb::handle src, nb::handle team, nb::handle stream) {
         issue(plan_collective(Rma::kFcollect, heap_of(hot_runtime()), -1, dest, src, nb::none(), team, stream));
     }, nb::arg("dest").none(), nb::arg("src").none(), nb::arg("team").none() = none, nb::arg("stream").none() = none,
-       nb::sig("def fcollect(dest: mpbind._typing.Array, src: mpbind._typing.Array, team: Team | None = None, "
-               "stream: mpbind._typing.Stream = None) -> None"),
+       nb::sig("def fcollect(dest: mpbind.typing.Array, src: mpbind.typing.Array, team: Team | None = None, "
+               "stream: mpbind.typing.Stream = None) -> None"),
        "Concatenate every member's `src` into `dest`, in team order (collective over `team`; "
        "``nvshmemx_fcollectmem_on_stream``).\n`dest` holds team-size times `src`'s elements.");
     m.def("alltoall", [](nb::handle dest, nb::handle src, nb::handle team, nb::handle stream) {
         issue(plan_collective(Rma::kAlltoall, heap_of(hot_runtime()), -1, dest, src, nb::none(), team, stream));
     }, nb::arg("dest").none(), nb::arg("src").none(), nb::arg("team").none() = none, nb::arg("stream").none() = none,
-       nb::sig("def alltoall(dest: mpbind._typing.Array, src: mpbind._typing.Array, team: Team | None = None, "
-               "stream: mpbind._typing.Stream = None) -> None"),
+       nb::sig("def alltoall(dest: mpbind.typing.Array, src: mpbind.typing.Array, team: Team | None = None, "
+               "stream: mpbind.typing.Stream = None) -> None"),
        "Block j of `src` goes to member j, into block i of its `dest` (i: this PE); both hold team-size equal "
        "blocks (collective over `team`; ``nvshmemx_alltoallmem_on_stream``).");
     m.def("reduce", [](nb::handle op, nb::handle dest, nb::handle src, nb::handle team, nb::handle stream) {
@@ -1028,8 +1028,8 @@ void register_nvshmem(nb::module_& parent) {
         issue(plan_collective(Rma::kReduce, heap_of(hot_runtime()), o, dest, src, nb::none(), team, stream));
     }, nb::arg("op").none(), nb::arg("dest").none(), nb::arg("src").none(), nb::arg("team").none() = none,
        nb::arg("stream").none() = none,
-       nb::sig("def reduce(op: str, dest: mpbind._typing.Array, src: mpbind._typing.Array, team: Team | None = None, "
-               "stream: mpbind._typing.Stream = None) -> None"),
+       nb::sig("def reduce(op: str, dest: mpbind.typing.Array, src: mpbind.typing.Array, team: Team | None = None, "
+               "stream: mpbind.typing.Stream = None) -> None"),
        "Element-wise reduction of every member's `src` into `dest` on all members (collective over `team`; "
        "``nvshmemx_<type>_<op>_reduce_on_stream``).\n`op`: sum, prod, min, max for integer and float dtypes; "
        "and, or, xor for integers.");

@@ -10,6 +10,8 @@ Each loaded library records the wheel that installed it (`owner`: distribution,
 version, family), told from the installed distributions' file lists. A process
 that already holds the other family's copy of a library (another package loaded
 it) gets LibraryConflictError before mpbind opens its own.
+
+Private to mpbind (:mod:`mpbind._infra`): not public API; its names change without notice.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ import os
 import threading
 from dataclasses import dataclass
 
-from mpbind import _families
-from mpbind._families import Owner
+from mpbind._infra import families as _families
+from mpbind._infra.families import Owner
 from mpbind.errors import FunctionNotFoundError, LibraryConflictError, LibraryNotFoundError
 
 

@@ -2,7 +2,7 @@
 
 ::
 
-    from mpbind import nvshmem, nvshmem_kernels as nk
+    from mpbind import kernels as nk, nvshmem
 
     RING = r'''
     #include <nvshmem.h>
@@ -25,7 +25,7 @@
 **Building** (:func:`compile`) needs no GPU: NVRTC compiles the source against the NVSHMEM headers
 of the installed wheel (and the CUDA headers they include, found by ``cuda.pathfinder``), nvJitLink
 links it with NVSHMEM's ``libnvshmem_device.a``, and the linked cubin is cached on disk (see
-:mod:`mpbind._kernel_build`). A source that does not compile or link raises
+:mod:`mpbind.kernels._build`). A source that does not compile or link raises
 :class:`~mpbind.errors.KernelBuildError` carrying the compiler's or linker's log.
 
 **Loading** (:meth:`Cubin.load`) needs the NVSHMEM runtime (``mpbind.nvshmem.init``): the cubin is
@@ -60,9 +60,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from mpbind import _args, _kernel_build
-from mpbind._owned import Owned
+from mpbind._infra import args as _args
+from mpbind._infra.owned import Owned
 from mpbind.errors import LibraryNotFoundError, UsageError
+from mpbind.kernels import _build as _kernel_build
 
 __all__ = [
     "Cubin",
@@ -224,7 +225,7 @@ def _ctype_name(ctype: str, what: str) -> str:
 def _element_type(dtype: Any, what: str) -> str | None:
     if dtype is None:
         return None
-    from mpbind._interop import dtype_name
+    from mpbind._infra.interop import dtype_name
 
     try:
         return dtype_name(dtype)
@@ -285,7 +286,7 @@ def _span(obj: Any, what: str) -> tuple[int, int, str | None, bool]:
     if isinstance(obj, PeerArray):
         raise UsageError(f"{what}: a PeerArray is another PE's copy, not symmetric memory of this PE; "
                          "pass the SymmetricArray itself (its .base)")
-    from mpbind._interop import array_info
+    from mpbind._infra.interop import array_info
 
     info = array_info(obj, what)
     if info.device == -1:
@@ -332,7 +333,7 @@ def _argument(param: Param, obj: Any, heap: Heap) -> Any:
     return address
 
 
-def prepare(params: Sequence[Param], args: Sequence[Any], heap: Heap = _runtime_heap) -> list[Any]:
+def _prepare(params: Sequence[Param], args: Sequence[Any], heap: Heap = _runtime_heap) -> list[Any]:
     """Check `args` against `params` and convert them for the launch (no CUDA call). `heap(ptr,
     nbytes)` says whether a range is symmetric (the runtime's allocation map by default)."""
     if len(args) != len(params):
@@ -404,7 +405,7 @@ class _LibraryState:
             return
         # Never released from the garbage collector: park it (loaded) until drain().
         warnings.warn(f"kernel library {self.name} (serial {self.serial}) dropped without close(); it stays "
-                      "loaded until mpbind.drain() (or nvshmem_kernels.drain())", ResourceWarning, stacklevel=2)
+                      "loaded until mpbind.drain() (or mpbind.kernels.drain())", ResourceWarning, stacklevel=2)
         revived = _LibraryState.__new__(_LibraryState)
         revived.__dict__.update(self.__dict__)
         with _lock:
@@ -413,7 +414,7 @@ class _LibraryState:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"device={self.device}"
-        return f"<nvshmem_kernels.Library {self.name} {state} (serial {self.serial})>"
+        return f"<kernels.Library {self.name} {state} (serial {self.serial})>"
 
 
 def _nvshmem_alive() -> bool:
@@ -526,7 +527,7 @@ class Library(Owned):
 def _stream(stream: Any) -> Any:
     from cuda.core import Stream
 
-    from mpbind._interop import stream_handle
+    from mpbind._infra.interop import stream_handle
 
     return Stream.from_handle(stream_handle(stream))
 
@@ -587,7 +588,7 @@ class Kernel:
             have = nvshmem.n_pes()
             if have != self._n_pes:
                 raise UsageError(f"{self._name} is written for {self._n_pes} PEs; this runtime has {have}")
-        return prepare(self._params, args)
+        return _prepare(self._params, args)
 
     def launch(self, *args: Any, grid: Any, block: Any, shared_mem: int = 0, stream: Any = None) -> None:
         """Launch on `stream` (any stream; None: the default stream) after checking the arguments."""
@@ -651,7 +652,7 @@ class Kernel:
 
 
 def _stream_int(stream: Any) -> int:
-    from mpbind._interop import stream_handle
+    from mpbind._infra.interop import stream_handle
 
     return stream_handle(stream)
 

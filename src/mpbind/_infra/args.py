@@ -5,6 +5,8 @@ Sizes, counts and addresses the layer computes from a caller's values (an elemen
 size, a pitch, a workspace size, an end address) go through :func:`checked` (or :func:`product`,
 :func:`span`) before they reach C: Python ints never wrap, but the ``int``, ``int64_t`` or
 ``size_t`` they are handed to would, and the library would then take a small number for a huge one.
+
+Private to mpbind (:mod:`mpbind._infra`): not public API; its names change without notice.
 """
 
 from __future__ import annotations

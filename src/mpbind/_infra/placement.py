@@ -9,6 +9,8 @@ So before initialising, every PE tells the others its GPU (host name and device 
 channel the job already has (its MPI communicator, a torch.distributed group, or an allgather
 callable); each then checks the same list with :func:`problem` and raises the same
 :class:`~mpbind.errors.PlacementError`, before any PE enters NVSHMEM.
+
+Private to mpbind (:mod:`mpbind._infra`): not public API; its names change without notice.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ NVIDIA ships each library in one wheel per CUDA major version, its *family* (`nv
 (`nvidia/nccl/lib/libnccl.so.2`), so a path does not tell them apart: the installed distribution
 whose file list (its RECORD) holds the file does, and where two do (both families installed over one
 another), the one whose recorded size and digest the file has.
+
+Private to mpbind (:mod:`mpbind._infra`): not public API; its names change without notice.
 """
 
 from __future__ import annotations

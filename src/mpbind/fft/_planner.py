@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from mpbind import _args
+from mpbind._infra import args as _args
 from mpbind.distributions import Box, Distribution, Split
 from mpbind.errors import UsageError
 
@@ -108,7 +108,7 @@ class Side:
 
 
 def _itemsize(dtype: str) -> int:
-    from mpbind import _interop  # the core knows every dtype name; only reached for reshapes
+    from mpbind._infra import interop as _interop  # the core knows every dtype name; only reached for reshapes
 
     return _interop.itemsize(dtype)
 

@@ -1,6 +1,6 @@
-"""A planned distributed matmul made of the layer's cuBLASMp objects (``cublasmp.plan_matmul``).
+"""A planned distributed matmul made of the layer's cuBLASMp objects (``mpbind.matmul.plan``).
 
-The decisions are :mod:`mpbind._matmul_plan`'s, from values every rank passes alike. What only
+The decisions are :mod:`mpbind.matmul._planner`'s, from values every rank passes alike. What only
 this rank knows (its arrays' shapes, types and device, its GPU's compute capability) is checked
 here, and the ranks agree on the outcome before anything else collective runs: one all-gather of
 (fingerprint of the plan's values, refused or not, compute capability) per rank, which every rank
@@ -20,19 +20,22 @@ import ctypes
 from collections.abc import Mapping
 from typing import Any
 
-from mpbind import _args, _core, _interop, cublasmp, nccl
-from mpbind._matmul_plan import EPILOGUES, ComputeCapabilityError, MatmulPlan, block_scale_elements, plan
-from mpbind._owned import Owned, Parts
-from mpbind._typing import Array, Stream
+from mpbind import _core, cublasmp, nccl
+from mpbind._infra import args as _args
+from mpbind._infra import interop as _interop
+from mpbind._infra.owned import Owned, Parts
 from mpbind.distributions import Distribution
 from mpbind.errors import UsageError
+from mpbind.matmul._planner import EPILOGUES, ComputeCapabilityError, MatmulPlan, block_scale_elements
+from mpbind.matmul._planner import plan as decide
+from mpbind.typing import Array, Stream
 
-__all__ = ["PlannedMatmul", "plan_matmul"]
+__all__ = ["ComputeCapabilityError", "MatmulPlan", "PlannedMatmul", "plan"]
 
 _SCALE_DTYPES = {"tensor": ("float32",), "mxfp8": ("float8_e8m0fnu", "uint8"), "nvfp4": ("float8_e4m3fn", "uint8")}
 
 
-def plan_matmul(comm: nccl.Communicator, a: Array, b: Array, d: Array, *, a_dist: Distribution, b_dist: Distribution,
+def plan(comm: nccl.Communicator, a: Array, b: Array, d: Array, *, a_dist: Distribution, b_dist: Distribution,
                 d_dist: Distribution, c: Array | None = None, c_dist: Distribution | None = None,
                 transa: bool = False, transb: bool = False, alpha: complex = 1.0, beta: complex = 0.0,
                 epilogue: str | None = None, bias: Array | None = None, aux: Array | None = None,
@@ -83,7 +86,7 @@ def plan_matmul(comm: nccl.Communicator, a: Array, b: Array, d: Array, *, a_dist
         dtypes = {name: info.dtype for name, info in infos.items()}
         if (c is None) != (c_dist is None):
             raise UsageError("c and c_dist go together")
-        the_plan = plan(a=a_dist, b=b_dist, c=c_dist, d=d_dist, a_dtype=dtypes["a"], b_dtype=dtypes["b"],
+        the_plan = decide(a=a_dist, b=b_dist, c=c_dist, d=d_dist, a_dtype=dtypes["a"], b_dtype=dtypes["b"],
                         c_dtype=dtypes.get("c"), d_dtype=dtypes["d"], transa=transa, transb=transb, alpha=alpha,
                         beta=beta, epilogue=epilogue, compute_type=compute_type, scaling=scaling,
                         scales=tuple(scales), compute_capability=None, communication_type=communication_type)
@@ -286,7 +289,7 @@ class PlannedMatmul(Owned):
     plan: MatmulPlan
 
     def __init__(self, *args: object, **kwargs: object) -> None:
-        raise TypeError("planned matmuls come from mpbind.cublasmp.plan_matmul()")
+        raise TypeError("planned matmuls come from mpbind.matmul.plan()")
 
     @classmethod
     def _build(cls, comm: nccl.Communicator, p: MatmulPlan, arrays: dict[str, Array | None], bias: Array | None,

@@ -8,7 +8,7 @@ one dimension are equal in every matrix that has it, ``mbA == mbD``, ``nbB == nb
 ``kbA == kbB``), the part of a replicated operand each rank hands over, the compute type, the
 memory the algorithm needs, and the reasons (``explain()``). Every refusal is a ``UsageError``
 naming the operand and what was expected, the same on every rank since it depends only on these
-values. ``mpbind.cublasmp.plan_matmul`` turns a plan into cuBLASMp objects.
+values. ``mpbind.matmul.plan`` turns a plan into cuBLASMp objects.
 
 The algorithms follow cuBLASMp's tensor-parallel guide ("Using cuBLASMp for Tensor Parallelism"):
 
@@ -37,7 +37,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from mpbind import _args
+from mpbind._infra import args as _args
 from mpbind.bindings.cublasmp import CublasComputeType, CudaDataType, GridLayout, MatmulEpilogue, MatmulMatrixScale
 from mpbind.distributions import BlockCyclicArgs, Distribution, Replicated, numroc
 from mpbind.errors import UsageError

@@ -12,11 +12,14 @@ is imported only when a NumPy object is given.
 
 Streams: ``None`` (the default stream), an int, or an object with ``__cuda_stream__``,
 ``.cuda_stream`` (PyTorch) or ``.ptr`` (CuPy).
+
+Private to mpbind (:mod:`mpbind._infra`): not public API; its names change without notice.
 """
 
 from __future__ import annotations
 
-from mpbind import _args, _core
+from mpbind import _core
+from mpbind._infra import args as _args
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: import time
 if TYPE_CHECKING:

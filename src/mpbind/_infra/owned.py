@@ -9,6 +9,8 @@ reimplements these: it adds its own queries and operations only. Objects a calle
 Owning objects are not copied: ``copy.copy``, ``copy.deepcopy`` and pickling raise ``TypeError``
 (:class:`Uncopyable`). A shallow copy would share the handle, so that closing one closes both; a
 deep copy or a pickle cannot make a second library resource.
+
+Private to mpbind (:mod:`mpbind._infra`): not public API; its names change without notice.
 """
 
 from __future__ import annotations

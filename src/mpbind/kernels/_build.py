@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mpbind import _loader
+from mpbind._infra import loader as _loader
 from mpbind.errors import KernelBuildError, LibraryNotFoundError, MissingDependencyError, UsageError
 
 __all__ = ["Toolchain", "build", "cache_dir", "current_arch", "kernel_symbols", "toolchain"]

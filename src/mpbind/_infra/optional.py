@@ -1,5 +1,8 @@
 """Optional dependencies (the extras of pyproject.toml): imported when a call needs one, or an error
-that names the extra installing it."""
+that names the extra installing it.
+
+Private to mpbind (:mod:`mpbind._infra`): not public API; its names change without notice.
+"""
 
 from __future__ import annotations
 

@@ -3,6 +3,8 @@
 Backs ``python -m mpbind info``, ``python -m mpbind coverage`` and
 :func:`mpbind.show_config`. Every probe is independent and never raises: a
 failure is reported as text.
+
+Private to mpbind (:mod:`mpbind._infra`): not public API; its names change without notice.
 """
 
 from __future__ import annotations
@@ -115,9 +117,9 @@ def summarize(entries: list[CoverageEntry]) -> CoverageSummary:
 def library_names() -> tuple[list[str], str | None]:
     """Names of the libraries mpbind knows, in order, or the reason they are unknown."""
     try:
-        from mpbind import _loader
+        from mpbind._infra import loader as _loader
     except Exception as exc:
-        return ["nccl", "nvshmem", "cublasmp", "cufftmp"], f"mpbind._loader: {_describe(exc)}"
+        return ["nccl", "nvshmem", "cublasmp", "cufftmp"], f"mpbind._infra.loader: {_describe(exc)}"
     return list(_loader.LIBRARIES), None
 
 
@@ -139,7 +141,7 @@ def library_report(
     try:
         import os
 
-        from mpbind import _loader
+        from mpbind._infra import loader as _loader
 
         spec = _loader.LIBRARIES[name]
         report.env_var = spec.env_var

@@ -20,7 +20,7 @@ A plan says what each rank gives and gets (:attr:`FFTPlan.input_shape`, ``output
 ``input_dtype``, ``output_dtype``, :meth:`FFTPlan.explain`) and runs again on new data. The input
 and output distributions are :mod:`mpbind.distributions` values of the global arrays (for R2C the
 output's last axis is ``n // 2 + 1``; for C2R that is the input's): cuFFTMp's slabs by default,
-any box per rank otherwise (:mod:`mpbind._fft_plan` says how each pair runs).
+any box per rank otherwise (:mod:`mpbind.fft._planner` says how each pair runs).
 
 Arrays. cuFFTMp transforms in place in NVSHMEM memory. ``execute(x)`` takes this rank's piece as
 a device array of any library (PyTorch, CuPy, DLPack, ``__cuda_array_interface__``), C-contiguous,
@@ -56,12 +56,15 @@ import ctypes
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from mpbind import _args, _core, _fft_plan, _interop, cufftmp, nvshmem
-from mpbind._fft_plan import Algorithm, FFTSpec, Kind, ReshapeSpec, Side, plan_fft, row_major
-from mpbind._owned import Owned, Parts
-from mpbind._typing import Array, Stream
+from mpbind import _core, cufftmp, nvshmem
+from mpbind._infra import args as _args
+from mpbind._infra import interop as _interop
+from mpbind._infra.owned import Owned, Parts
 from mpbind.distributions import Distribution
 from mpbind.errors import UsageError
+from mpbind.fft import _planner as _fft_plan
+from mpbind.fft._planner import Algorithm, FFTSpec, Kind, ReshapeSpec, Side, plan_fft, row_major
+from mpbind.typing import Array, Stream
 
 __all__ = ["FORWARD", "INVERSE", "DeviceView", "FFTPlan", "ReshapePlan", "plan", "plan_reshape"]
 
@@ -266,7 +269,7 @@ def _exchange(comm: Any, mine: tuple[int, int]) -> list[tuple[int, int]]:
     """Every rank's (digest, status): over `comm` (mpi4py), or NVSHMEM's world (fixed-size fcollect)."""
     if comm is not None:
         return [(int(d), int(v)) for d, v in comm.allgather(mine)]
-    from mpbind.collective_matmul import _agree as fcollect_ints  # a fixed-size exchange: it cannot hang
+    from mpbind.collective import _agree as fcollect_ints  # a fixed-size exchange: it cannot hang
 
     return [(d, v) for d, v in fcollect_ints(list(mine))]
 

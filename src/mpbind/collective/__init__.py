@@ -42,9 +42,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from mpbind import _args, _core, nvshmem
-from mpbind._interop import device_array, dlpack_code, dtype_name, itemsize, stream_handle
-from mpbind._owned import Uncopyable
+from mpbind import _core, nvshmem
+from mpbind._infra import args as _args
+from mpbind._infra.interop import device_array, dlpack_code, dtype_name, itemsize, stream_handle
+from mpbind._infra.owned import Uncopyable
 from mpbind.errors import UsageError
 
 __all__ = ["AllGatherMatmul", "KERNEL_SOURCE"]
@@ -179,7 +180,7 @@ def _read(array: Any) -> list[int]:
     return list(data)
 
 
-def check_agreement(rows: list[list[int]]) -> None:
+def _check_agreement(rows: list[list[int]]) -> None:
     """Raise the same UsageError on every PE when a PE refused its arguments or the PEs differ."""
     for pe, row in enumerate(rows):
         if row[0]:
@@ -245,7 +246,7 @@ class AllGatherMatmul(Uncopyable):
         ctas_code = -1 if code else 0 if ctas is None else ctas  # a positive int or None once code is 0
         values = [code, *(v if isinstance(v, int) and not code else -1 for v in (m, k, n)), dtype_code, method_code,
                   ctas_code]
-        check_agreement(_agree(values))  # collective, fixed size: the same verdict on every PE
+        _check_agreement(_agree(values))  # collective, fixed size: the same verdict on every PE
         assert name is not None
         self.m, self.k, self.n, self.dtype, self.method = m, k, n, name, method
         self.ctas = DEFAULT_CTAS if ctas is None else ctas
@@ -274,7 +275,7 @@ class AllGatherMatmul(Uncopyable):
         self._closed = False
 
     def _load_kernel(self) -> None:
-        from mpbind import nvshmem_kernels as nk
+        from mpbind import kernels as nk
 
         self._library = nk.compile(KERNEL_SOURCE, name="ag_ring").load()
         self._kernel = self._library.kernel(
