@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 __all__ = ["__version__", "drain", "load_libraries", "queued", "registrations", "show_config"]
 
 _SUBMODULES = frozenset(
-    {"bindings", "errors", "nccl", "nvshmem", "cublasmp", "cufftmp", "bootstrap", "distributions", "fft"}
+    {"bindings", "errors", "nccl", "nvshmem", "cublasmp", "cufftmp", "bootstrap", "process_group", "distributions",
+     "fft"}
 )
 
 

@@ -31,6 +31,7 @@ MODULES: tuple[str, ...] = (
     "mpbind.cublasmp",
     "mpbind.cufftmp",
     "mpbind.bootstrap",
+    "mpbind.process_group",
     "mpbind.distributions",
     "mpbind.fft",
     "mpbind.collective_matmul",

@@ -18,7 +18,7 @@ pytest.importorskip("mypy")
 
 MODULES = ("mpbind.nccl", "mpbind.cublasmp", "mpbind.nvshmem", "mpbind.cufftmp", "mpbind._interop",
            "mpbind._typing", "mpbind._args", "mpbind._placement", "mpbind._optional", "mpbind.bootstrap",
-           "mpbind.fft", "mpbind._fft_plan")
+           "mpbind.process_group", "mpbind.fft", "mpbind._fft_plan")
 LAYER = ("mpbind.nccl", "mpbind.nvshmem", "mpbind.cublasmp", "mpbind.cufftmp")
 # Optional extras (torch, mpi4py) and cuda-bindings ship no types.
 MYPY_CONFIG = "[mypy]\n[mypy-torch.*,mpi4py.*,cuda.*]\nignore_missing_imports = True\n"
