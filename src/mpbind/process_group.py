@@ -296,6 +296,9 @@ class MPIProcessGroup(ProcessGroup):
     """The ranks of an mpi4py communicator. Exchanges are non-blocking MPI all-gathers of int64
     buffers, waited for at most `timeout` seconds (None: ``MPBIND_TIMEOUT``, else 600)."""
 
+    comm: Any
+    timeout: float
+
     def __init__(self, comm: Any, *, timeout: float | None = None) -> None:
         if not all(hasattr(comm, name) for name in ("Get_rank", "Get_size", "Iallgather")):
             raise TypeError(f"comm must be an mpi4py communicator, not {type(comm).__name__}")
@@ -324,6 +327,9 @@ class TorchProcessGroup(ProcessGroup):
     """The ranks of a torch.distributed process group (None: the default group). Exchanges are
     asynchronous all-gathers of int64 tensors (on the current CUDA device where the group's backend
     is NCCL), waited for at most `timeout` seconds (None: ``MPBIND_TIMEOUT``, else 600)."""
+
+    group: Any
+    timeout: float
 
     def __init__(self, group: Any = None, *, timeout: float | None = None) -> None:
         dist = require("torch.distributed", "TorchProcessGroup")
@@ -360,6 +366,8 @@ class NCCLProcessGroup(ProcessGroup):
     """The ranks of an :class:`mpbind.nccl.Communicator`. An exchange is one ``ncclAllGather`` of a
     small device buffer on the legacy default stream, waited for at most the communicator's
     ``timeout``; the communicator's device must be current."""
+
+    comm: Any
 
     def __init__(self, comm: Any) -> None:
         nccl = sys.modules.get("mpbind.nccl")  # loaded wherever a Communicator exists
@@ -417,6 +425,7 @@ class NVSHMEMProcessGroup(ProcessGroup):
     ``timeout``); NVSHMEM must be initialised."""
 
     unit = "PE"
+    team: Any
 
     def __init__(self, team: Any = None) -> None:
         from mpbind import _core

@@ -257,6 +257,21 @@ def test_mpi4py_one_rank() -> None:
     assert group._allgather_frame(frame) == [frame]  # the MPI call itself, which one rank skips
 
 
+def test_torch_one_rank() -> None:
+    dist = pytest.importorskip("torch.distributed", reason="torch is an optional extra")
+    if not dist.is_available():
+        pytest.skip("this torch has no torch.distributed")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        group = pg.process_group(dist)
+        assert isinstance(group, pg.TorchProcessGroup) and (group.rank, group.nranks) == (0, 1)
+        frame = list(range(pg.FRAME_WORDS))
+        assert group._allgather_frame(frame) == [frame]  # the torch call itself, which one rank skips
+        assert pg.process_group(dist.group.WORLD).nranks == 1
+    finally:
+        dist.destroy_process_group()
+
+
 RANKS = """
 from mpi4py import MPI
 from mpbind import process_group as pg
