@@ -34,7 +34,7 @@ __all__ = ["__version__", "drain", "load_libraries", "queued", "registrations", 
 _PUBLIC_MODULES: tuple[str, ...] = (
     "bindings", "bindings.nccl", "bindings.nvshmem", "bindings.cublasmp", "bindings.cufftmp",
     "errors", "typing",
-    "nccl", "nvshmem", "cublasmp", "cufftmp", "bootstrap",
+    "nccl", "nvshmem", "cublasmp", "cufftmp", "bootstrap", "process_group",
     "distributions", "fft", "matmul", "collective", "kernels",
 )
 _SUBMODULES = frozenset(name for name in _PUBLIC_MODULES if "." not in name)

@@ -134,7 +134,9 @@ def _check_placement(comm: Any) -> None:
     if it is not yet), the PEs compare their GPUs over it: PlacementError on every PE where NVSHMEM
     would hang."""
     if comm is not None and not isinstance(comm, int):
-        _placement.check(comm.allgather, None, "cuFFTMp (through NVSHMEM)")
+        from mpbind.process_group import MPIProcessGroup
+
+        _placement.check(MPIProcessGroup(comm), None, "cuFFTMp (through NVSHMEM)")
 
 
 def _subformat(value: Any, name: str) -> int:

@@ -133,8 +133,11 @@ def init(unique_id: Any = None, rank: int | None = None, nranks: int | None = No
     Before NVSHMEM initialises, the PEs compare their GPUs (host and device UUID) and raise
     :class:`~mpbind.errors.PlacementError` on every PE when NVSHMEM could not initialise with
     that placement (a different number of PEs on each GPU hangs it). They do so over
-    ``mpi_comm``, or over ``placement_via`` (an mpi4py communicator, a torch.distributed group or
-    an ``allgather(obj) -> list`` callable) with a unique id; without either nothing is checked.
+    ``mpi_comm``, or over ``placement_via`` with a unique id: a
+    :class:`~mpbind.process_group.ProcessGroup` or anything
+    :func:`~mpbind.process_group.process_group` takes (an mpi4py communicator, a torch.distributed
+    group, an ``allgather(data: bytes) -> Sequence[bytes]`` callable); without either nothing is
+    checked.
 
     NVSHMEM's initialisation waits until every PE has called it; here it waits at most `timeout`
     seconds (None: ``MPBIND_TIMEOUT``, else 600) and Ctrl-C interrupts it. With ``mpi_comm`` the PEs
@@ -168,7 +171,7 @@ def init(unique_id: Any = None, rank: int | None = None, nranks: int | None = No
     if mpi_comm is not None:
         if unique_id is not None or rank is not None or nranks is not None:
             raise UsageError("pass either mpi_comm= or unique_id= with rank= and nranks=, not both")
-        if not (hasattr(mpi_comm, "Get_rank") and hasattr(mpi_comm, "Get_size") and hasattr(mpi_comm, "allgather")):
+        if not all(hasattr(mpi_comm, name) for name in ("Get_rank", "Get_size", "Iallgather")):
             raise TypeError(f"mpi_comm must be an mpi4py communicator, not {type(mpi_comm).__name__}")
         method = bootstrap or "mpi"
         rank, nranks = int(mpi_comm.Get_rank()), int(mpi_comm.Get_size())
@@ -182,13 +185,14 @@ def init(unique_id: Any = None, rank: int | None = None, nranks: int | None = No
         rank = _args.integer(rank, "rank", minimum=0, maximum=nranks - 1)
     else:
         raise UsageError("init() needs unique_id= with rank= and nranks=, or mpi_comm=")
-    gather = None
-    if placement_via is not None:
-        from mpbind.bootstrap import allgatherer
+    group = None
+    if placement_via is not None or mpi_comm is not None:
+        from mpbind.process_group import process_group
 
-        gather = allgatherer(placement_via)
-    elif mpi_comm is not None:
-        gather = mpi_comm.allgather
+        group = process_group(mpi_comm if placement_via is None else placement_via, rank=rank, nranks=nranks,
+                              timeout=seconds, what="mpi_comm" if placement_via is None else "placement_via")
+        if group.nranks != nranks:
+            raise UsageError(f"placement_via spans {group.nranks} processes; init was given nranks={nranks}")
 
     params = {"bootstrap": method, "rank": str(rank), "nranks": str(nranks),
               "device": "current" if device is None else str(device)}
@@ -221,8 +225,8 @@ def init(unique_id: Any = None, rank: int | None = None, nranks: int | None = No
     what = f"nvshmem.init (rank {rank} of {nranks}, {method} bootstrap)"
     if mpi_comm is not None:
         _arrival(mpi_comm, seconds, what)  # every PE is here, or every PE that is raises naming who is not
-    if gather is not None:
-        _placement.check(gather, device)  # collective; the same PlacementError on every PE
+    if group is not None:
+        _placement.check(group, device)  # collective; the same PlacementError on every PE
 
     def run_init() -> None:
         _select_device(device)

@@ -6,7 +6,9 @@ ends) are refused at once, before anything is allocated or waited for."""
 from __future__ import annotations
 
 import math
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,6 +23,9 @@ from mpbind._infra.interop import device_span
 from mpbind.errors import UsageError
 from mpbind.fft import _planner as _fft_plan
 from mpbind.matmul import _planner as _matmul_plan
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fake_groups import Scripted, sent  # noqa: E402
 
 I64 = 2**63 - 1
 U64 = 2**64 - 1
@@ -183,9 +188,9 @@ def test_collective_matmul_sizes_beyond_an_int64_are_refused_alike_on_every_pe()
     assert collective_matmul._local_problem(2**20, 2**20, 2**40, "float16", "host", None, n_pes=8)[0] == 6
     assert collective_matmul._local_problem(2**20, 2**20, 8, "float16", "host", 2**31, n_pes=2)[0] == 5
     assert collective_matmul._local_problem(2**20, 2**20, 8, "float16", "host", 2**31 - 1, n_pes=2)[0] == 0
-    rows = [[0, 8, 8, 8, 0, 0, 0], [6, -1, -1, -1, 0, 0, -1]]
+    huge = sent(lambda group: collective_matmul._agreed(group, 2**41, 2**20, 8, "float16", "host", None))
     with pytest.raises(UsageError, match="refused on PE 1: the ring buffers"):
-        collective_matmul._check_agreement(rows)
+        collective_matmul._agreed(Scripted(huge, unit="PE"), 8, 8, 8, "float16", "host", None)
 
 
 @pytest.mark.parametrize(("call", "error", "message"), [
@@ -251,8 +256,8 @@ def test_fft_plan_refuses_an_endless_shape_on_every_rank() -> None:
         def Get_size(self) -> int:  # noqa: N802
             return 1
 
-        def allgather(self, obj: Any) -> list[Any]:
-            return [obj]
+        def Iallgather(self, send: Any, recv: Any) -> Any:  # noqa: N802
+            raise AssertionError("one rank exchanges nothing")
 
     _quick(lambda: fft.plan(OneRank(), range(10**12), "complex64"), UsageError, "shape has more than 64 entries")
     _quick(lambda: fft.plan(OneRank(), (8, 8), "complex64", stream=2**70), UsageError, "stream")

@@ -5,6 +5,7 @@ exchange), naming the PE and what differs."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,9 @@ from mpbind import collective as collective_matmul  # noqa: E402
 from mpbind import kernels as nk  # noqa: E402
 from mpbind.errors import UsageError  # noqa: E402
 from mpbind.kernels import _build as _kernel_build  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fake_groups import Scripted, sent  # noqa: E402
 
 GOOD = (1024, 4096, 4096, "float16", "host", 16)
 
@@ -37,11 +41,14 @@ def test_the_ring_kernel_compiles_and_links(cache: None) -> None:
     assert cubin.uses_nvshmem
 
 
-def _row(*args: object) -> list[int]:
-    code, name = collective_matmul._local_problem(*args, n_pes=3)
-    m, k, n, dtype, method, ctas = args
-    return [code, m, k, n, collective_matmul._DTYPES.index(name) if name else -1,
-            collective_matmul._METHODS.index(method) if method in collective_matmul._METHODS else -1, ctas]
+def _sent(*args: object) -> list[int]:
+    """What a PE making the plan with `args` sends in the agreement."""
+    return sent(lambda group: collective_matmul._agreed(group, *args))
+
+
+def _agreed(mine: tuple[object, ...], *others: tuple[object, ...]) -> str:
+    """PE 0's side of the agreement, the other PEs having passed `others`."""
+    return collective_matmul._agreed(Scripted(*(_sent(*o) for o in others), unit="PE"), *mine)
 
 
 @pytest.mark.parametrize(("args", "match"), [
@@ -52,19 +59,20 @@ def _row(*args: object) -> list[int]:
     ((1024, 4096, 4096, "float16", "kernel", 0), "ctas"),
 ])
 def test_a_refusal_on_one_pe_is_raised_on_every_pe(args: tuple[object, ...], match: str) -> None:
-    rows = [_row(*GOOD), _row(*args), _row(*GOOD)]
-    with pytest.raises(UsageError, match=f"refused on PE 1: .*{match}"):
-        collective_matmul._check_agreement(rows)
+    with pytest.raises(UsageError, match=f"^AllGatherMatmul refused on PE 1: .*{match}"):
+        _agreed(GOOD, args, GOOD)
+    with pytest.raises(UsageError, match=f"^AllGatherMatmul refused on PE 0: .*{match}"):
+        _agreed(args, GOOD, GOOD)
 
 
 def test_pes_with_other_shapes_are_refused_naming_the_difference() -> None:
-    rows = [_row(*GOOD), _row(*GOOD), _row(1024, 4096, 8192, "float16", "host", 16)]
-    with pytest.raises(UsageError, match="n=4096 on PE 0, 8192 on PE 2"):
-        collective_matmul._check_agreement(rows)
+    with pytest.raises(UsageError, match="same arguments on every PE: PE 2 passed others than PE 0 "
+                                         r"\(n=4096 on PE 0, 8192 on PE 2\)"):
+        _agreed(GOOD, GOOD, (1024, 4096, 8192, "float16", "host", 16))
 
 
 def test_the_same_arguments_everywhere_pass() -> None:
-    collective_matmul._check_agreement([_row(*GOOD)] * 4)
+    assert _agreed(GOOD, GOOD, GOOD, GOOD) == "float16"
     assert collective_matmul._local_problem(*GOOD, n_pes=4) == (0, "float16")
     assert collective_matmul._local_problem(8, 8, 8, "bfloat16", "kernel", 4, n_pes=4) == (0, "bfloat16")
     assert collective_matmul._local_problem(8, 8, 8, "bfloat16", "kernel", None, n_pes=4) == (0, "bfloat16")

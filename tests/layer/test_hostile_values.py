@@ -12,6 +12,7 @@ import pytest
 
 from mpbind import bootstrap, fft
 from mpbind import collective as collective_matmul
+from mpbind import process_group
 from mpbind.errors import UsageError
 
 
@@ -93,9 +94,9 @@ def test_device_view_takes_numpy_integers_and_other_layouts() -> None:
 
 @pytest.mark.parametrize("obj", [_no_module_instance(), OddModule()], ids=["no __module__", "int __module__"])
 def test_helpers_reading_an_object_class_never_assume_its_module(obj: Any) -> None:
-    assert bootstrap._torch_group(obj) == (None, None)
+    assert process_group._torch_group(obj) == (None, None)
     with pytest.raises(TypeError, match="via must be"):
-        bootstrap.allgatherer(obj)
+        process_group.process_group(obj)
     with pytest.raises(UsageError, match="share_unique_id: via must be"):
         bootstrap.share_unique_id("nccl", obj)
     with pytest.raises(UsageError, match="AllGatherMatmul needs arrays of a framework with from_dlpack"):

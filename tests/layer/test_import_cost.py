@@ -14,7 +14,7 @@ import sys
 import pytest
 
 MODULES = ["mpbind", "mpbind.nccl", "mpbind.nvshmem", "mpbind.cufftmp", "mpbind.cublasmp", "mpbind.bootstrap",
-           "mpbind._infra.interop", "mpbind.fft"]
+           "mpbind.process_group", "mpbind._infra.interop", "mpbind.fft"]
 
 
 # cublasmp's matmul-descriptor attributes and fft's plans are Generic classes, which need typing at run time.
@@ -23,7 +23,7 @@ TYPING_FREE = [m for m in MODULES if m not in ("mpbind.cublasmp", "mpbind.fft")]
 
 # The flat bindings make their IntEnums on first use (cublasmp's attribute table names its enums at
 # import); mpbind.nccl re-exports DataType and RedOp the same way.
-ENUM_FREE = ["mpbind", "mpbind.nccl", "mpbind.bootstrap", "mpbind._infra.interop", "mpbind.bindings.nccl",
+ENUM_FREE = ["mpbind", "mpbind.nccl", "mpbind.bootstrap", "mpbind.process_group", "mpbind._infra.interop", "mpbind.bindings.nccl",
              "mpbind.bindings.nvshmem", "mpbind.bindings.cufftmp"]
 
 

@@ -18,7 +18,7 @@ pytest.importorskip("mypy")
 
 MODULES = ("mpbind.nccl", "mpbind.cublasmp", "mpbind.nvshmem", "mpbind.cufftmp", "mpbind._infra.interop",
            "mpbind.typing", "mpbind._infra.args", "mpbind._infra.placement", "mpbind._infra.optional",
-           "mpbind.bootstrap", "mpbind.fft")  # a package: -p mpbind.fft checks fft._planner too
+           "mpbind.bootstrap", "mpbind.process_group", "mpbind.fft")  # a package: -p mpbind.fft checks fft._planner too
 LAYER = ("mpbind.nccl", "mpbind.nvshmem", "mpbind.cublasmp", "mpbind.cufftmp")
 # Optional extras (torch, mpi4py) and cuda-bindings ship no types.
 MYPY_CONFIG = "[mypy]\n[mypy-torch.*,mpi4py.*,cuda.*]\nignore_missing_imports = True\n"

@@ -26,6 +26,9 @@ from mpbind.matmul._planner import ComputeCapabilityError, MatmulPlan, plan
 sys.path.insert(0, str(Path(__file__).parents[1] / "core"))
 from dlpack_objects import InterfaceArray  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parent))
+from fake_groups import Scripted  # noqa: E402
+
 CT = cublasmp.CublasComputeType
 GL = cublasmp.GridLayout
 
@@ -507,31 +510,15 @@ def test_local_checks_of_the_arrays() -> None:
         check(good, bias, aux=InterfaceArray((8,), "<f4"))
 
 
-def test_ranks_agree_before_anything_collective(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ranks_agree_on_the_gpus_a_plan_needs() -> None:
     from mpbind import matmul as pm
 
     result = plan(**FP8)
-    comm: Any = object()
-
-    def gathered(words: list[tuple[int, int, int]]) -> None:
-        monkeypatch.setattr(pm, "_all_gather", lambda comm, mine, nranks: words)
-
-    gathered([(5, 0, 90), (5, 0, 90)])
-    pm._agree(comm, 0, 2, 5, None, (9, 0), result)  # everyone accepted the same plan
-    gathered([(5, 0, 90), (6, 0, 90)])
-    with pytest.raises(UsageError, match=r"ranks \[1\] passed other distributions"):
-        pm._agree(comm, 0, 2, 5, None, (9, 0), result)
-    gathered([(5, 0, 90), (5, 1, 90)])
-    with pytest.raises(UsageError, match=r"rank \[1\] refused this matmul"):
-        pm._agree(comm, 0, 2, 5, None, (9, 0), result)
-    gathered([(5, 0, 90), (5, 2, 80)])
+    pm._agree_on_capability(Scripted([90]), result, (9, 0))  # every GPU new enough
+    group = Scripted([80], [75])
     with pytest.raises(ComputeCapabilityError, match=r"rank 1's GPU is 8\.0 \(sm_80\)"):
-        pm._agree(comm, 0, 2, 5, None, (9, 0), result)
-    gathered([(5, 1, 90), (5, 0, 90)])
-    own = UsageError("a: rank 0's local array is 1 x 1")
-    with pytest.raises(UsageError, match="rank 0's local array"):
-        pm._agree(comm, 0, 2, 5, own, (9, 0), result)
-    pm._agree(comm, 0, 1, 5, None, (0, 0), result)  # one rank: nothing to exchange
+        pm._agree_on_capability(group, result, (9, 0))  # the first rank too old is named, on every rank
+    assert group.sent == [[90]]
 
 
 # --- the plan, built from the layer's objects (recorded by doubles: no library) ------------------
@@ -733,7 +720,8 @@ def test_uneven_plans_take_one_workspace_size_on_every_rank(monkeypatch: pytest.
         return 100
 
     monkeypatch.setattr(pm, "_device_bytes", device_bytes)
-    monkeypatch.setattr(pm, "_all_gather", lambda comm, mine, nranks: [mine, (300, 0, 0)])
+    group = Scripted([300])
+    monkeypatch.setattr(pm, "NCCLProcessGroup", lambda comm: group)
     rows = p.d.local_shape(0)[0]
     build(p, 0, {"a": np.zeros((K, rows)), "b": np.zeros((K, N // 2)), "d": np.zeros((rows, N))})
     assert asked == [((M, N, K), 4, 4, ["a", "b", "d"])]
@@ -741,8 +729,9 @@ def test_uneven_plans_take_one_workspace_size_on_every_rank(monkeypatch: pytest.
     assert workspace.nbytes == 300  # the largest any rank needs
     assert workspace.grid == rec.matrices[2]["grid"]  # D's grid, where the plan looks for it
     assert workspace.served == [[m["grid"] for m in rec.matrices]]
+    assert group.sent == [[100]]
     # Equal pieces on every rank: cuBLASMp asks the same everywhere, nothing is exchanged.
-    monkeypatch.setattr(pm, "_all_gather", lambda comm, mine, nranks: pytest.fail("exchanged"))
+    monkeypatch.setattr(pm, "NCCLProcessGroup", lambda comm: pytest.fail("exchanged"))
     build(planned("cols", "cols", "rows", True), 0,
           {"a": np.zeros((K, M // 2)), "b": np.zeros((K, N // 2)), "d": np.zeros((M // 2, N))})
     assert len(asked) == 1 and len(rec.workspaces) == 1
@@ -790,13 +779,13 @@ def test_communication_settings_are_checked_and_agreed(monkeypatch: pytest.Monke
 
     comm = nccl.Communicator.__new__(nccl.Communicator)
     object.__setattr__(comm, "_core", SimpleNamespace(rank=0, size=2, device=0))
-    seen: list[tuple[int, Exception | None]] = []
+    seen: list[tuple[int, BaseException | None]] = []
 
-    def agree(comm: Any, rank: int, nranks: int, fingerprint: int, failure: Exception | None, *rest: Any) -> None:
-        seen.append((fingerprint, failure))
+    def agree(group: Any, what: str, values: int, failure: BaseException | None, **kwargs: Any) -> None:
+        seen.append((values, failure))
         raise RuntimeError("stop before building")
 
-    monkeypatch.setattr(pm, "_agree", agree)
+    monkeypatch.setattr(pm, "agree", agree)
     arrays = {"a": col_major((M // 2, K)), "b": col_major((K, N // 2)), "d": col_major((M // 2, N))}
     for options in ({}, {"communication_sm_count": 8}, {"communication_sm_count": 8},
                     {"algo_type": cublasmp.MatmulAlgoType.ATOMIC_P2P}, {"algo_type": 99}):

@@ -1,16 +1,22 @@
-"""The check of the PEs' placement on GPUs before NVSHMEM initialises, and the notice of a long wait."""
+"""The check of the PEs' placement on GPUs before NVSHMEM initialises (the same PlacementError on every
+PE, from one fixed-size exchange), and the notice of a long wait."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mpbind import nvshmem as nv
 from mpbind._infra import placement as _placement
+from mpbind import process_group as pg
 from mpbind.errors import PlacementError, UsageError
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fake_groups import ThreadWorld, same_error  # noqa: E402
 
 A0, A1, B0 = ("a", "00" * 16), ("a", "11" * 16), ("b", "00" * 16)  # host a GPUs 0 and 1, host b GPU 0
 UID = b"\0" * 128
@@ -41,23 +47,58 @@ def test_unevenly_strided_pes_on_a_gpu_are_refused() -> None:
     assert found is not None and "evenly strided" in found and "0, 1, 3" in found
 
 
+def frames_of(gpus: list[Any]) -> list[bytes]:
+    """The frames PEs on `gpus` send in the placement exchange."""
+    frames: list[bytes] = []
+
+    def record(data: bytes) -> list[bytes]:
+        frames.append(data)
+        return [data, data]
+
+    for gpu in gpus:
+        _placement.exchange(pg.CallableProcessGroup(0, 2, allgather=record), gpu)
+    return frames
+
+
 def test_every_pe_raises_the_same_error() -> None:
-    placements = [A0, A0, A1]
+    frames = frames_of([A0, A0, A1])
     messages = []
-    for _pe in range(3):
+    for pe in range(3):
         with pytest.raises(PlacementError) as info:
-            _placement.check(lambda _mine: placements, None)
+            _placement.check(pg.CallableProcessGroup(pe, 3, allgather=lambda _mine: frames), None)
         messages.append(str(info.value))
     assert len(set(messages)) == 1 and "NVSHMEM cannot initialise 3 PEs" in messages[0]
     assert isinstance(info.value, UsageError)
 
 
-def test_init_checks_the_placement_before_initialising() -> None:
-    sent: list[Any] = []
+def test_placements_travel_in_fixed_records() -> None:
+    for gpu in (A0, ("h" * 300, "ab" * 16), None):
+        record = _placement.encode(gpu)
+        assert len(record) == _placement.GPU_BYTES
+        back = _placement.decode(record)
+        assert back == (None if gpu is None else (gpu[0][:255], gpu[1]))  # a host name is at most 255 bytes
 
-    def allgather(mine: Any) -> list[Any]:
+
+def test_every_pe_raises_the_same_placement_error() -> None:
+    world = ThreadWorld(3)
+    gpus = [A0, A0, A1]  # PEs 0 and 1 on GPU 0 of host a, PE 2 on its GPU 1
+    assert world.run(lambda g: _placement.exchange(g, gpus[g.rank])) == [gpus] * 3
+
+    def check(g: pg.ProcessGroup) -> None:
+        found = _placement.problem(_placement.exchange(g, gpus[g.rank]))
+        if found:
+            raise PlacementError(found)
+
+    assert "2 + 1 PEs on 2 GPUs" in same_error(world.run(check), PlacementError)
+
+
+def test_init_checks_the_placement_before_initialising() -> None:
+    frames = frames_of([A0, A0, A1])
+    sent: list[bytes] = []
+
+    def allgather(mine: bytes) -> list[bytes]:
         sent.append(mine)
-        return [A0, A0, A1]
+        return frames
 
     with pytest.raises(PlacementError, match="2 \\+ 1 PEs on 2 GPUs"):
         nv.init(UID, 0, 3, placement_via=allgather)

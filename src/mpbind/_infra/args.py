@@ -159,26 +159,3 @@ def boolean(value: Any, name: str) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, not {type(value).__name__}")
     return value
-
-
-def agreement_digest(*values: Any) -> int:
-    """A 64-bit digest of `values` for ranks to compare (their reprs are alike on every rank that
-    passed the same values)."""
-    import hashlib  # here: only plans that agree across ranks need it
-
-    return int.from_bytes(hashlib.blake2b(_digest_text(values).encode(), digest_size=8).digest(), "little",
-                          signed=True)
-
-
-def _digest_text(value: Any) -> str:
-    """repr(value), with ints in hex where an int is too long for decimal text (repr would raise)."""
-    try:
-        return repr(value)
-    except ValueError:
-        if isinstance(value, int):
-            return hex(value)
-        if isinstance(value, (tuple, list)):
-            return f"{type(value).__name__}({', '.join(map(_digest_text, value))})"
-        if isinstance(value, dict):
-            return f"dict({', '.join(f'{_digest_text(k)}: {_digest_text(v)}' for k, v in value.items())})"
-        return f"<unprintable {type(value).__name__}>"

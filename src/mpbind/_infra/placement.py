@@ -6,11 +6,10 @@ placed 2 + 1 on two GPUs) ``nvshmemx_init_attr`` never returns on any PE. With P
 that are not evenly strided it exits the process ("Could not form NVSHMEMI_TEAM_SAME_GPU").
 
 So before initialising, every PE tells the others its GPU (host name and device UUID) over the
-channel the job already has (its MPI communicator, a torch.distributed group, or an allgather
-callable); each then checks the same list with :func:`problem` and raises the same
-:class:`~mpbind.errors.PlacementError`, before any PE enters NVSHMEM.
-
-Private to mpbind (:mod:`mpbind._infra`): not public API; its names change without notice.
+channel the job already has (a :class:`~mpbind.process_group.ProcessGroup`: its MPI communicator,
+a torch.distributed group, a callable), in one fixed-size exchange; each then checks the same list
+with :func:`problem` and raises the same :class:`~mpbind.errors.PlacementError`, before any PE
+enters NVSHMEM.
 """
 
 from __future__ import annotations
@@ -19,10 +18,9 @@ from mpbind.errors import PlacementError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: import time
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
-    from typing import Any
+    from collections.abc import Sequence
 
-    Allgather = Callable[[Any], Sequence[Any]]
+    from mpbind.process_group import ProcessGroup
 
 #: A PE's GPU: (host name, device UUID as hex), or None when it could not be told.
 Gpu = tuple[str, str] | None
@@ -86,10 +84,36 @@ def _pes(pes: list[int]) -> str:
     return ", ".join(map(str, pes))
 
 
-def check(allgather: Allgather, device: int | None, library: str = "NVSHMEM") -> None:
-    """Collective over the PEs that `allgather` reaches (in PE order): exchange GPUs, then raise
+# A GPU as it travels: known (1 byte), the device UUID (16 bytes), the host name (UTF-8, NUL-padded;
+# Linux's are at most 64 bytes, DNS names at most 253).
+_UUID, _HOST = 16, 255
+GPU_BYTES = 1 + _UUID + _HOST
+
+
+def encode(gpu: Gpu) -> bytes:
+    """`gpu` as the fixed-size record the PEs exchange."""
+    if gpu is None:
+        return bytes(GPU_BYTES)
+    host = gpu[0].encode("utf-8", "replace")[:_HOST]
+    return b"\1" + bytes.fromhex(gpu[1])[:_UUID].ljust(_UUID, b"\0") + host.ljust(_HOST, b"\0")
+
+
+def decode(record: bytes) -> Gpu:
+    """The GPU a record of :func:`encode` holds."""
+    if len(record) != GPU_BYTES or record[0] != 1:
+        return None
+    return record[1 + _UUID:].rstrip(b"\0").decode("utf-8", "replace"), record[1:1 + _UUID].hex()
+
+
+def exchange(group: ProcessGroup, gpu: Gpu) -> list[Gpu]:
+    """Every PE's GPU (in PE order), this one's being `gpu`. Collective over `group`."""
+    return [decode(record) for record in group.allgather_bytes(encode(gpu))]
+
+
+def check(group: ProcessGroup, device: int | None, library: str = "NVSHMEM") -> None:
+    """Collective over the PEs of `group` (in PE order): exchange GPUs, then raise
     :class:`PlacementError` on every PE alike when :func:`problem` finds one."""
-    gpus = list(allgather(this_gpu(device)))
-    found = problem([None if g is None else (str(g[0]), str(g[1])) for g in gpus])
+    gpus = exchange(group, this_gpu(device))
+    found = problem(gpus)
     if found is not None:
         raise PlacementError(f"{library} cannot initialise {len(gpus)} PEs placed this way: {found}")

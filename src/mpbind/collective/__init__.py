@@ -30,10 +30,10 @@ wrong on its own (PyTorch 2.11 with CUDA 13.0, 42 of an H200's 132 SMs: fp16 and
 the half-chunk GEMM of m = 256, k = 512, n = 384): pass a ``gemm`` you trust there.
 
 Checks: the plan's arguments (shapes, dtype, method, GPU) are compared across the PEs when it is made,
-through a fixed-size exchange that cannot itself hang, and every PE raises the same ``UsageError``
-when any PE's are wrong or differ; a call then checks its arrays against the plan (shape, dtype,
-device, contiguity) before any NVSHMEM call. Plans are collective objects: make, call and close them
-on every PE in the same order.
+through a fixed-size exchange that cannot itself hang (:func:`mpbind.process_group.agree`), and every
+PE raises the same ``UsageError`` when any PE's are wrong or differ; a call then checks its arrays
+against the plan (shape, dtype, device, contiguity) before any NVSHMEM call. Plans are collective
+objects: make, call and close them on every PE in the same order.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from mpbind._infra import args as _args
 from mpbind._infra.interop import device_array, dlpack_code, dtype_name, itemsize, stream_handle
 from mpbind._infra.owned import Uncopyable
 from mpbind.errors import UsageError
+from mpbind.process_group import NVSHMEMProcessGroup, ProcessGroup, agree, smallest
 
 __all__ = ["AllGatherMatmul", "KERNEL_SOURCE"]
 
@@ -96,7 +97,7 @@ extern "C" __global__ void ag_ring(char* slots, const char* x, unsigned long lon
 
 _METHODS = ("host", "kernel")
 _DTYPES = ("float16", "bfloat16", "float32")
-# Refusals agreed on every PE: a code travels, the message is the same everywhere.
+# A PE's refusal, by the code _local_problem finds: its message travels in the agreement.
 _PROBLEMS = {
     1: "m, k and n must be positive ints",
     2: "m (rows of x per PE) must be even: each chunk travels as two halves",
@@ -105,7 +106,6 @@ _PROBLEMS = {
     5: "ctas must be a positive int (at most 2**31 - 1, a grid's width) or None",
     6: "the ring buffers (2 * P * m * k elements) and out (P * m x n) must fit an int64 of bytes",
 }
-_FIELDS = 7  # problem, m, k, n, dtype, method, ctas (0: the default)
 DEFAULT_CTAS = 16
 
 
@@ -135,63 +135,17 @@ def _local_problem(m: Any, k: Any, n: Any, dtype: Any, method: Any, ctas: Any, *
     return 0, name
 
 
-def _agree(values: list[int]) -> list[list[int]]:
-    """Every PE's `values` (a fixed number of int64s), through symmetric memory of a fixed size, so
-    that the exchange itself is the same on every PE whatever the values."""
-    fields = len(values)
-    mine = nvshmem.zeros(fields, "int64")
-    every = nvshmem.zeros(fields * nvshmem.n_pes(), "int64")
-    try:
-        _fill(mine, values)
-        nvshmem.fcollect(every, mine)
-        nvshmem.quiet()
-        got = _read(every)
-    finally:
-        every.free()
-        mine.free()
-    return [got[i * fields:(i + 1) * fields] for i in range(nvshmem.n_pes())]
-
-
-def _fill(array: Any, values: list[int]) -> None:
-    import ctypes
-
-    from cuda.bindings import runtime as cudart
-
-    data = (ctypes.c_int64 * len(values))(*values)
-    (err,) = cudart.cudaMemcpy(array.ptr, ctypes.addressof(data), ctypes.sizeof(data),
-                               cudart.cudaMemcpyKind.cudaMemcpyHostToDevice)
-    if err != cudart.cudaError_t.cudaSuccess:
-        raise RuntimeError(f"cudaMemcpy failed: {err.name}")
-
-
-def _read(array: Any) -> list[int]:
-    import ctypes
-
-    from cuda.bindings import runtime as cudart
-
-    (err,) = cudart.cudaDeviceSynchronize()
-    if err != cudart.cudaError_t.cudaSuccess:
-        raise RuntimeError(f"cudaDeviceSynchronize failed: {err.name}")
-    data = (ctypes.c_int64 * array.size)()
-    (err,) = cudart.cudaMemcpy(ctypes.addressof(data), array.ptr, ctypes.sizeof(data),
-                               cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost)
-    if err != cudart.cudaError_t.cudaSuccess:
-        raise RuntimeError(f"cudaMemcpy failed: {err.name}")
-    return list(data)
-
-
-def _check_agreement(rows: list[list[int]]) -> None:
-    """Raise the same UsageError on every PE when a PE refused its arguments or the PEs differ."""
-    for pe, row in enumerate(rows):
-        if row[0]:
-            raise UsageError(f"AllGatherMatmul refused on PE {pe}: {_PROBLEMS.get(row[0], 'bad arguments')}")
-    first = rows[0][1:]
-    for pe, row in enumerate(rows):
-        if row[1:] != first:
-            names = ("m", "k", "n", "dtype", "method", "ctas")
-            diff = [f"{name}={a} on PE 0, {b} on PE {pe}" for name, a, b in zip(names, first, row[1:], strict=True)
-                    if a != b]
-            raise UsageError("AllGatherMatmul needs the same arguments on every PE: " + "; ".join(diff))
+def _agreed(group: ProcessGroup, m: Any, k: Any, n: Any, dtype: Any, method: Any, ctas: Any) -> str:
+    """The plan's arguments agreed by every PE of `group` (one fixed-size exchange): the dtype's name,
+    or the same UsageError on every PE when any PE's are wrong or differ."""
+    code, name = _local_problem(m, k, n, dtype, method, ctas, n_pes=group.nranks)
+    failure = UsageError(_PROBLEMS[code]) if code else None
+    values = [-1] * 6 if code else [m, k, n, _DTYPES.index(name or ""), _METHODS.index(method),
+                                    0 if ctas is None else ctas]  # ints in an int64 once code is 0
+    agree(group, "AllGatherMatmul", values, failure, described="arguments",
+          names=("m", "k", "n", "dtype", "method", "ctas"))
+    assert name is not None
+    return name
 
 
 def _framework(obj: Any) -> Any:
@@ -240,14 +194,7 @@ class AllGatherMatmul(Uncopyable):
             raise UsageError("AllGatherMatmul needs NVSHMEM collectives, which its limited multi-PE-per-GPU mode "
                              "(PEs sharing a GPU without an MPS thread limit) lacks: run under CUDA MPS with "
                              "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE set, or with one PE per GPU")
-        code, name = _local_problem(m, k, n, dtype, method, ctas, n_pes=nvshmem.n_pes())
-        dtype_code = _DTYPES.index(name) if name else -1
-        method_code = _METHODS.index(method) if method in _METHODS else -1
-        ctas_code = -1 if code else 0 if ctas is None else ctas  # a positive int or None once code is 0
-        values = [code, *(v if isinstance(v, int) and not code else -1 for v in (m, k, n)), dtype_code, method_code,
-                  ctas_code]
-        _check_agreement(_agree(values))  # collective, fixed size: the same verdict on every PE
-        assert name is not None
+        name = _agreed(NVSHMEMProcessGroup(), m, k, n, dtype, method, ctas)  # the same verdict on every PE
         self.m, self.k, self.n, self.dtype, self.method = m, k, n, name, method
         self.ctas = DEFAULT_CTAS if ctas is None else ctas
         self.n_pes, self.pe = nvshmem.n_pes(), nvshmem.my_pe()
@@ -270,7 +217,7 @@ class AllGatherMatmul(Uncopyable):
             if ctas is None:  # what fits beside the other PEs on this GPU; the smallest of every PE's,
                 # since each PE waits for its neighbours' puts counted per CTA (every PE takes this branch)
                 fits = max(1, min(DEFAULT_CTAS, self._kernel.max_collective_grid(512)))
-                self.ctas = min(row[0] for row in _agree([fits]))
+                self.ctas = smallest(NVSHMEMProcessGroup(), fits)
         nvshmem.barrier_all()  # every PE's buffers exist and are zeroed before any put
         self._closed = False
 

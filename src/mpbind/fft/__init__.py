@@ -39,9 +39,10 @@ They can be passed to the next plan (an R2C output to a C2R plan): a view over a
 room enough runs copy-free too. Work is queued on the plan's stream.
 
 Refusals. Making a plan is collective: every rank passes the same global values (shape, dtype,
-distributions) and the ranks agree on them in one small exchange (over the MPI communicator, or
-NVSHMEM when ``comm`` is None) before anything else collective runs, so a refusal is the same
-:class:`~mpbind.errors.UsageError` on every rank. ``execute`` checks this rank's array against the
+distributions) and the ranks agree on them in one small exchange (:func:`mpbind.process_group.decided`
+over the MPI communicator, or NVSHMEM when ``comm`` is None) before anything else collective runs,
+so a refusal is the same :class:`~mpbind.errors.UsageError` (``TypeError`` for a wrong kind of
+argument) with the same message on every rank. ``execute`` checks this rank's array against the
 plan (dtype, shape, device, contiguity) before any library call; those checks read only the array
 and the plan, so a program that passes each rank the piece the plan states passes them everywhere.
 
@@ -53,7 +54,7 @@ rank; dropped unclosed they wait for :func:`mpbind.drain`, as every collective r
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Generic, TypeVar
 
 from mpbind import _core, cufftmp, nvshmem
@@ -64,6 +65,7 @@ from mpbind.distributions import Distribution
 from mpbind.errors import UsageError
 from mpbind.fft import _planner as _fft_plan
 from mpbind.fft._planner import Algorithm, FFTSpec, Kind, ReshapeSpec, Side, plan_fft, row_major
+from mpbind.process_group import MPIProcessGroup, NVSHMEMProcessGroup, ProcessGroup, decided, digest, largest
 from mpbind.typing import Array, Stream
 
 __all__ = ["FORWARD", "INVERSE", "DeviceView", "FFTPlan", "ReshapePlan", "plan", "plan_reshape"]
@@ -264,49 +266,7 @@ def _copy(dst: int, dst_pitch: int, src: int, src_pitch: int, row_bytes: int, ro
 
 # --- agreeing ---------------------------------------------------------------------------------------------
 
-
-def _exchange(comm: Any, mine: tuple[int, int]) -> list[tuple[int, int]]:
-    """Every rank's (digest, status): over `comm` (mpi4py), or NVSHMEM's world (fixed-size fcollect)."""
-    if comm is not None:
-        return [(int(d), int(v)) for d, v in comm.allgather(mine)]
-    from mpbind.collective import _agree as fcollect_ints  # a fixed-size exchange: it cannot hang
-
-    return [(d, v) for d, v in fcollect_ints(list(mine))]
-
-
-def _agree(comm: Any, rank: int, what: str, digest: int, failure: BaseException | None) -> None:
-    """Raise on every rank when a rank refused or passed other values than this one; else return.
-    Every rank calls it unconditionally."""
-    rows = _exchange(comm, (digest, 0 if failure is None else 1))
-    if failure is not None:
-        raise failure
-    refused = [r for r, (_, status) in enumerate(rows) if status]
-    if refused:
-        who = "ranks" if len(refused) > 1 else "rank"
-        raise UsageError(f"{who} {refused} refused this {what} (their own error says why); no rank went on")
-    differ = [r for r, (d, _) in enumerate(rows) if d != digest]
-    if differ:
-        raise UsageError(f"ranks {differ} passed another shape, dtype, kind or distributions than rank {rank}: a "
-                         f"{what} needs the same values on every rank")
-
-
-_T = TypeVar("_T")
-
-
-def _decided(comm: Any, rank: int, what: str, digest: int, decide: Callable[[], _T]) -> _T:
-    """`decide()` (the pure planner and this rank's checks), then the ranks' agreement on its outcome:
-    the same refusal on every rank, or the decision. Every rank calls it unconditionally."""
-    failure: BaseException | None = None
-    decision: _T | None = None
-    try:
-        decision = decide()
-    except (UsageError, TypeError, OverflowError) as exc:
-        failure = exc
-    except ValueError as exc:  # a dtype name the core does not know
-        failure = UsageError(f"dtype: {exc}")
-    _agree(comm, rank, what, digest, failure)
-    assert decision is not None
-    return decision
+_FFT_VALUES = "shape, dtype, kind, distributions and algorithm"
 
 
 def _dtype_key(dtype: Any) -> str:
@@ -317,21 +277,16 @@ def _dtype_key(dtype: Any) -> str:
         return repr(dtype)
 
 
-def _largest(comm: Any, mine: int) -> int:
-    """The largest of every rank's `mine`: a size that differs by rank, agreed before a symmetric allocation."""
-    return max(n for _, n in _exchange(comm, (0, int(mine))))
-
-
-def _where(comm: Any) -> tuple[int, int]:
-    """(rank, size) of `comm` (mpi4py), or of NVSHMEM's world when `comm` is None."""
+def _group(comm: Any) -> ProcessGroup:
+    """The ranks a plan spans: `comm` (mpi4py), or NVSHMEM's world when `comm` is None."""
     if comm is None:
         if not nvshmem.is_initialized():
             raise UsageError("comm=None plans over NVSHMEM's world: initialise it first (mpbind.nvshmem.init), "
                              "or pass an mpi4py communicator")
-        return nvshmem.my_pe(), nvshmem.n_pes()
-    if not (hasattr(comm, "Get_rank") and hasattr(comm, "allgather")):
+        return NVSHMEMProcessGroup()
+    if not all(hasattr(comm, name) for name in ("Get_rank", "Get_size", "Iallgather")):
         raise TypeError(f"comm must be an mpi4py communicator or None, not {type(comm).__name__}")
-    return int(comm.Get_rank()), int(comm.Get_size())
+    return MPIProcessGroup(comm)
 
 
 def _runtime(comm: Any, size: int) -> int:
@@ -413,7 +368,8 @@ def plan(comm: Any, shape: Sequence[int], dtype: Any, kind: Kind | None = None, 
 
     Collective: every rank calls it with the same values; a refusal is raised on every rank before
     anything collective. NVSHMEM is initialised over `comm` when it is not yet."""
-    rank, size = _where(comm)
+    group = _group(comm)
+    rank, size = group.rank, group.nranks
 
     shape_key: Any = shape
     try:  # read once, and no further than a shape goes: a generator is read here, a huge range refused
@@ -427,9 +383,9 @@ def plan(comm: Any, shape: Sequence[int], dtype: Any, kind: Kind | None = None, 
         _interop.stream_handle(stream)  # a bad stream is refused here, before anything collective
         return spec
 
-    digest = _args.agreement_digest(shape_key, _dtype_key(dtype), kind, repr(input), repr(output), algorithm)
-    spec = _decided(comm, rank, "plan", digest, decide)
-    return FFTPlan._make(comm, spec, rank, stream)
+    values = digest(shape_key, _dtype_key(dtype), kind, repr(input), repr(output), algorithm)
+    spec = decided(group, "fft.plan", values, decide, described=_FFT_VALUES)
+    return FFTPlan._make(comm, group, spec, rank, stream)
 
 
 class FFTPlan(_Plan[FFTSpec]):
@@ -439,7 +395,7 @@ class FFTPlan(_Plan[FFTSpec]):
         raise TypeError("FFT plans come from mpbind.fft.plan()")
 
     @classmethod
-    def _make(cls, comm: Any, spec: FFTSpec, rank: int, stream: Stream) -> FFTPlan:
+    def _make(cls, comm: Any, group: ProcessGroup, spec: FFTSpec, rank: int, stream: Stream) -> FFTPlan:
         device = _runtime(comm, spec.nranks)
         p = cufftmp.Plan()
         try:
@@ -474,7 +430,7 @@ class FFTPlan(_Plan[FFTSpec]):
         self._buffer = int(desc.data)
         # Whether an array is used in place must be decided alike on every rank (cuFFTMp writes into the
         # other ranks' memory at the address each passes): sizes are the largest over the ranks.
-        self._room = _largest(comm, desc.nbytes)
+        self._room = largest(group, desc.nbytes)
         self._need = max(spec.max_buffer_bytes, self._room if spec.algorithm == "boxes" else 0)
         self._slabs = spec.algorithm == "slabs"
         self._exec = p._core.exec
@@ -656,7 +612,8 @@ def plan_reshape(comm: Any, input: Distribution, output: Distribution, dtype: An
     """Plan moving a global array of `dtype` elements from the `input` distribution to `output` (1-D to
     3-D, any element size) over `comm` (an mpi4py communicator, or None for NVSHMEM's world).
     Collective, with the same agreement as :func:`plan`."""
-    rank, size = _where(comm)
+    group = _group(comm)
+    rank, size = group.rank, group.nranks
 
     def decide() -> ReshapeSpec:
         spec = _fft_plan.plan_reshape(input, output, _interop.dtype_name(dtype))
@@ -665,8 +622,9 @@ def plan_reshape(comm: Any, input: Distribution, output: Distribution, dtype: An
         _interop.stream_handle(stream)
         return spec
 
-    spec = _decided(comm, rank, "reshape", _args.agreement_digest(_dtype_key(dtype), repr(input), repr(output)), decide)
-    return ReshapePlan._make(comm, spec, rank, stream)
+    spec = decided(group, "fft.plan_reshape", digest(_dtype_key(dtype), repr(input), repr(output)), decide,
+                   described="dtype and distributions")
+    return ReshapePlan._make(comm, group, spec, rank, stream)
 
 
 class ReshapePlan(_Plan[ReshapeSpec]):
@@ -676,7 +634,7 @@ class ReshapePlan(_Plan[ReshapeSpec]):
         raise TypeError("reshape plans come from mpbind.fft.plan_reshape()")
 
     @classmethod
-    def _make(cls, comm: Any, spec: ReshapeSpec, rank: int, stream: Stream) -> ReshapePlan:
+    def _make(cls, comm: Any, group: ProcessGroup, spec: ReshapeSpec, rank: int, stream: Stream) -> ReshapePlan:
         device = _runtime(comm, spec.nranks)
         (lo_in, up_in, st_in), (lo_out, up_out, st_out) = spec.cufftmp_boxes(rank)
         owned: list[Any] = []
@@ -684,7 +642,7 @@ class ReshapePlan(_Plan[ReshapeSpec]):
             r = cufftmp.Reshape.create(comm, spec.unit, (lo_in, up_in), (lo_out, up_out), input_strides=st_in,
                                        output_strides=st_out)
             owned.append(r)
-            work = _largest(comm, r.workspace_size)
+            work = largest(group, r.workspace_size)
             # Symmetric memory is allocated alike on every rank: the largest piece of each side.
             owned.append(nvshmem.empty(spec.max_input_bytes, "uint8"))
             owned.append(nvshmem.empty(spec.max_output_bytes, "uint8"))

@@ -2,9 +2,10 @@
 
 The decisions are :mod:`mpbind.matmul._planner`'s, from values every rank passes alike. What only
 this rank knows (its arrays' shapes, types and device, its GPU's compute capability) is checked
-here, and the ranks agree on the outcome before anything else collective runs: one all-gather of
-(fingerprint of the plan's values, refused or not, compute capability) per rank, which every rank
-enters unconditionally. A refusal on one rank then raises on every rank, so that no rank goes on
+here, and the ranks agree on the outcome before anything else collective runs
+(:func:`mpbind.process_group.agree` over the communicator: a digest of the plan's values and whether
+this rank refused, which every rank sends unconditionally), then on their GPUs' compute capability
+where the plan needs one. A refusal on one rank then raises on every rank, so that no rank goes on
 into a grid creation or a workspace allocation another rank will never reach.
 
 Then the plan is built from the existing layer: ``cublasmp.grid`` (cached grids), ``Matrix`` (its
@@ -21,13 +22,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from mpbind import _core, cublasmp, nccl
-from mpbind._infra import args as _args
 from mpbind._infra import interop as _interop
 from mpbind._infra.owned import Owned, Parts
 from mpbind.distributions import Distribution
 from mpbind.errors import UsageError
 from mpbind.matmul._planner import EPILOGUES, ComputeCapabilityError, MatmulPlan, block_scale_elements
 from mpbind.matmul._planner import plan as decide
+from mpbind.process_group import NCCLProcessGroup, ProcessGroup, agree, digest, largest
 from mpbind.typing import Array, Stream
 
 __all__ = ["ComputeCapabilityError", "MatmulPlan", "PlannedMatmul", "plan"]
@@ -72,13 +73,13 @@ def plan(comm: nccl.Communicator, a: Array, b: Array, d: Array, *, a_dist: Distr
     """
     if not isinstance(comm, nccl.Communicator):
         raise TypeError(f"comm must be an mpbind.nccl.Communicator, not {type(comm).__name__}")
-    rank, nranks = comm.rank, comm.size
+    rank = comm.rank
     arrays = {"a": a, "b": b, "c": c, "d": d}
     dists = {"a": a_dist, "b": b_dist, "c": c_dist, "d": d_dist}
     scales = dict(scales or {})
     failure: Exception | None = None
     the_plan: MatmulPlan | None = None
-    capability = (0, 0)
+    capability: tuple[int, int] | None = None
     dtypes: dict[str, str] = {}
     try:
         infos = {name: _interop.device_array(x, name, writable=name == "d", contiguous=False)
@@ -94,14 +95,16 @@ def plan(comm: nccl.Communicator, a: Array, b: Array, d: Array, *, a_dist: Distr
         _check_local(the_plan, rank, comm.device, arrays, infos, bias, aux, scales)
         if the_plan.required_capability is not None:
             capability = _capability(comm.device)
-            the_plan.require(capability)
     except (UsageError, TypeError, ValueError, OverflowError) as exc:  # every refusal is agreed, whatever its kind
         failure = exc
-    fingerprint = _args.agreement_digest(dists, dtypes, transa, transb, alpha, beta, epilogue, compute_type, scaling,
-                               sorted(scales), bias is not None, aux is not None, _plain(algo_type),
-                               _plain(communication_sm_count), _plain(communication_type))
-    _agree(comm, rank, nranks, fingerprint, failure, capability, the_plan)
-    assert the_plan is not None  # _agree raised otherwise
+    values = digest(dists, dtypes, transa, transb, alpha, beta, epilogue, compute_type, scaling, sorted(scales),
+                    bias is not None, aux is not None, _plain(algo_type), _plain(communication_sm_count),
+                    _plain(communication_type))
+    group = NCCLProcessGroup(comm)
+    agree(group, "cublasmp.plan_matmul", values, failure, described="distributions, types and options")
+    assert the_plan is not None  # agree raised otherwise
+    if capability is not None:  # the same plan on every rank: every rank or none needs a capability
+        _agree_on_capability(group, the_plan, capability)
     return PlannedMatmul._build(comm, the_plan, arrays, bias, aux, scales, handle, stream, algo_type,
                                 communication_sm_count)
 
@@ -207,54 +210,11 @@ def _capability(device: int) -> tuple[int, int]:
 # --- agreeing ---------------------------------------------------------------------------------------
 
 
-def _agree(comm: nccl.Communicator, rank: int, nranks: int, fingerprint: int, failure: Exception | None,
-           capability: tuple[int, int], the_plan: MatmulPlan | None) -> None:
-    """Raise on every rank when any rank refused the plan or passed other values; else return."""
-    mine = (fingerprint, 0 if failure is None else 2 if isinstance(failure, ComputeCapabilityError) else 1,
-            capability[0] * 10 + capability[1])
-    words = [mine] if nranks == 1 else _all_gather(comm, mine, nranks)
-    if failure is not None:
-        raise failure
-    differ = [r for r, w in enumerate(words) if w[0] != fingerprint]
-    if differ:
-        raise UsageError(f"ranks {differ} passed other distributions, types or options than rank {rank}: a plan "
-                         "needs the same values on every rank")
-    for r, (_, status, cc) in enumerate(words):
-        if status == 2 and the_plan is not None and the_plan.required_capability is not None:
-            raise ComputeCapabilityError(_feature_name(the_plan), (cc // 10, cc % 10), the_plan.required_capability,
-                                         f"rank {r}'s GPU")
-    refused = [r for r, w in enumerate(words) if w[1]]
-    if refused:
-        raise UsageError(f"rank{'s' if len(refused) > 1 else ''} {refused} refused this matmul (its arrays disagree "
-                         "with the plan; its own error says how); no rank went on")
-
-
-def _feature_name(p: MatmulPlan) -> str:
-    return {"mxfp8": "MXFP8 block scaling", "nvfp4": "NVFP4 block scaling"}.get(p.scaling or "", "FP8 matmul")
-
-
-def _all_gather(comm: nccl.Communicator, mine: tuple[int, int, int], nranks: int) -> list[tuple[int, int, int]]:
-    """Every rank's three int64 words, through NCCL on the legacy default stream."""
-    from cuda.bindings import driver
-
-    n = 3 * nranks
-    buf = nccl.mem_alloc(8 * (n + 3))
-    try:
-        host = (ctypes.c_int64 * (n + 3))(*([0] * n), *mine)
-        _ok(driver.cuMemcpyHtoD(buf.ptr + 8 * n, ctypes.addressof(host) + 8 * n, 24), "cuMemcpyHtoD")
-        comm.all_gather((buf.ptr + 8 * n, 3, "int64"), (buf.ptr, n, "int64"), stream=0)
-        _ok(driver.cuStreamSynchronize(0), "cuStreamSynchronize")
-        _ok(driver.cuMemcpyDtoH(ctypes.addressof(host), buf.ptr, 8 * n), "cuMemcpyDtoH")
-    finally:
-        buf.close()
-    return [(host[3 * r], host[3 * r + 1], host[3 * r + 2]) for r in range(nranks)]
-
-
-def _ok(result: tuple[Any, ...], what: str) -> None:
-    from cuda.bindings import driver
-
-    if result[0] != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"{what} failed while the ranks agreed on a plan: {result[0].name}")
+def _agree_on_capability(group: ProcessGroup, p: MatmulPlan, capability: tuple[int, int]) -> None:
+    """ComputeCapabilityError on every rank, naming the first rank whose GPU is too old for the plan."""
+    rows = group.allgather_ints([capability[0] * 10 + capability[1]])
+    for r, (cc,) in enumerate(rows):
+        p.require((cc // 10, cc % 10), f"rank {r}'s GPU")
 
 
 # --- the plan, built --------------------------------------------------------------------------------
@@ -335,7 +295,7 @@ class PlannedMatmul(Owned):
         alpha = cublasmp._scalar(p.alpha, compute, is_complex, "alpha")
         beta = cublasmp._scalar(p.beta, compute, is_complex, "beta")
         if p.algorithm != "local" and not p.uniform:
-            _agree_on_workspace(comm, handle, descriptor, operands, (m, n, k), alpha, beta)
+            _agree_on_workspace(NCCLProcessGroup(comm), handle, descriptor, operands, (m, n, k), alpha, beta)
         keep = (operands, descriptor, bias, aux, dict(scales))
         core = _core.cublasmp.MatmulPlan(
             handle, descriptor._core, m, n, k, alpha, operands["a"].operand(), operands["b"].operand(), beta,
@@ -431,7 +391,7 @@ class PlannedMatmul(Owned):
     _shapes: dict[str, tuple[int, int]]
 
 
-def _agree_on_workspace(comm: nccl.Communicator, handle: cublasmp.Handle, descriptor: cublasmp.MatmulDescriptor,
+def _agree_on_workspace(group: ProcessGroup, handle: cublasmp.Handle, descriptor: cublasmp.MatmulDescriptor,
                         operands: dict[str, cublasmp.Matrix], mnk: tuple[int, int, int], alpha: bytes,
                         beta: bytes) -> None:
     """Take the shared workspace of D's grid at the largest size any rank needs, on every rank.
@@ -442,7 +402,7 @@ def _agree_on_workspace(comm: nccl.Communicator, handle: cublasmp.Handle, descri
     one rank could grow it (a collective ``cublasMpMalloc``) while another reuses it, and wait
     forever. Asked here at one size everywhere, the plan then finds it large enough on every rank."""
     mine = _device_bytes(handle, descriptor, operands, mnk, alpha, beta)
-    agreed = max(words[0] for words in _all_gather(comm, (mine, 0, 0), comm.size))
+    agreed = largest(group, mine)
     if agreed > 0:
         workspace = _core.cublasmp.shared_workspace(operands["d"].grid, agreed)
         workspace.serve([o.grid for o in operands.values()])  # every rank, even one that needs none itself
