@@ -56,8 +56,8 @@ import ctypes
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from mpbind import _args, _core, _fft_plan, _interop, cufftmp, nvshmem
-from mpbind._fft_plan import Algorithm, FFTSpec, Kind, ReshapeSpec, Side, plan_fft, row_major
+from mpbind import _args, _core, _fft_plan, _interop, cufftmp, distributions, nvshmem
+from mpbind._fft_plan import Algorithm, FFTSpec, Kind, ReshapeSpec, Side, plan_fft
 from mpbind._owned import Owned, Parts
 from mpbind._typing import Array, Stream
 from mpbind.distributions import Distribution
@@ -193,9 +193,9 @@ def _operand(x: Any, what: str, side: Side, device: int, need: int, writable: bo
         raise UsageError(f"{what} is on device {dev}; the plan runs on device {device}")
     if shape == side.shape and _same_layout(shape, strides, side.strides):
         stored = True  # laid out as the plan stores it (a padded real side included)
-    elif shape == side.storage and _same_layout(shape, strides, row_major(shape)):
+    elif shape == side.storage and _same_layout(shape, strides, distributions.row_major_strides(shape)):
         stored = True  # the padded storage itself
-    elif shape == side.shape and _same_layout(shape, strides, row_major(shape)):
+    elif shape == side.shape and _same_layout(shape, strides, distributions.row_major_strides(shape)):
         stored = False  # packed, the plan pads it
     elif shape != side.shape and shape != side.storage:
         extra = f" (or {side.storage} padded)" if side.padded else ""
@@ -203,21 +203,13 @@ def _operand(x: Any, what: str, side: Side, device: int, need: int, writable: bo
     else:
         raise UsageError(f"{what} must be C-contiguous (strides {strides} elements for shape {shape}); "
                          f"copy it with .contiguous() / cupy.ascontiguousarray first")
-    last = side.shape[-1] if side.shape else 1
-    rows = 1
-    for n in side.shape[:-1]:
-        rows *= n
-    size = side.itemsize
-    if stored:
-        pitch = side.storage[-1] * size
-    else:
-        pitch = last * size
+    rows, row_bytes, pitch = distributions.pitched_rows(side.shape, side.itemsize, side.storage if stored else None)
     in_place = False
     if stored and not readonly:
         if room < 0:
             room = _symmetric_room(ptr, need)
         in_place = room >= need
-    return _Operand(ptr, dev, in_place, rows, last * size, pitch)
+    return _Operand(ptr, dev, in_place, rows, row_bytes, pitch)
 
 
 def _role(what: str) -> str:

@@ -250,7 +250,7 @@ def test_a_wrong_device_and_a_wrong_out_are_refused(monkeypatch: pytest.MonkeyPa
 
 def test_box_plans_store_packed(monkeypatch: pytest.MonkeyPatch) -> None:
     shape = (8, 6, 5)
-    spec = fp.plan_fft(shape, "float32", 2, output=dist.Split(fp.complex_shape(shape), 2, axis=2))
+    spec = fp.plan_fft(shape, "float32", 2, output=dist.Split(dist.hermitian_shape(shape), 2, axis=2))
     p, rec = assembled(spec, 1, monkeypatch)
     y = p.execute(DeviceArray((4, 6, 5), np.float32, ptr=0x5000))
     assert rec.calls[0] == ("copy", 0x1000, 5 * 4, 0x5000, 5 * 4, 5 * 4, 24, 0)
