@@ -20,12 +20,12 @@ import ctypes
 from collections.abc import Mapping
 from typing import Any
 
-from mpbind import _args, _core, _interop, cublasmp, nccl
+from mpbind import _args, _core, _cuda, _interop, cublasmp, nccl
 from mpbind._matmul_plan import EPILOGUES, ComputeCapabilityError, MatmulPlan, block_scale_elements, plan
 from mpbind._owned import Owned, Parts
 from mpbind._typing import Array, Stream
 from mpbind.distributions import Distribution
-from mpbind.errors import UsageError
+from mpbind.errors import CudaError, UsageError
 
 __all__ = ["PlannedMatmul", "plan_matmul"]
 
@@ -188,17 +188,10 @@ def _shape(shape: tuple[int, ...]) -> str:
 
 
 def _capability(device: int) -> tuple[int, int]:
-    from cuda.bindings import driver
-
-    attr = driver.CUdevice_attribute
-    (err,) = driver.cuInit(0)
-    values = []
-    for which in (attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR):
-        err, value = driver.cuDeviceGetAttribute(which, device)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            raise UsageError(f"cannot read device {device}'s compute capability ({err.name})")
-        values.append(int(value))
-    return values[0], values[1]
+    try:
+        return _cuda.compute_capability(device)
+    except CudaError as exc:  # a refusal like the others: agreed by every rank
+        raise UsageError(f"cannot read device {device}'s compute capability ({exc})") from None
 
 
 # --- agreeing ---------------------------------------------------------------------------------------
@@ -232,26 +225,16 @@ def _feature_name(p: MatmulPlan) -> str:
 
 def _all_gather(comm: nccl.Communicator, mine: tuple[int, int, int], nranks: int) -> list[tuple[int, int, int]]:
     """Every rank's three int64 words, through NCCL on the legacy default stream."""
-    from cuda.bindings import driver
-
     n = 3 * nranks
     buf = nccl.mem_alloc(8 * (n + 3))
     try:
-        host = (ctypes.c_int64 * (n + 3))(*([0] * n), *mine)
-        _ok(driver.cuMemcpyHtoD(buf.ptr + 8 * n, ctypes.addressof(host) + 8 * n, 24), "cuMemcpyHtoD")
+        _cuda.write_int64s(buf.ptr + 8 * n, list(mine))
         comm.all_gather((buf.ptr + 8 * n, 3, "int64"), (buf.ptr, n, "int64"), stream=0)
-        _ok(driver.cuStreamSynchronize(0), "cuStreamSynchronize")
-        _ok(driver.cuMemcpyDtoH(ctypes.addressof(host), buf.ptr, 8 * n), "cuMemcpyDtoH")
+        _cuda.synchronize_stream(0)
+        words = _cuda.read_int64s(buf.ptr, n)
     finally:
         buf.close()
-    return [(host[3 * r], host[3 * r + 1], host[3 * r + 2]) for r in range(nranks)]
-
-
-def _ok(result: tuple[Any, ...], what: str) -> None:
-    from cuda.bindings import driver
-
-    if result[0] != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"{what} failed while the ranks agreed on a plan: {result[0].name}")
+    return [(words[3 * r], words[3 * r + 1], words[3 * r + 2]) for r in range(nranks)]
 
 
 # --- the plan, built --------------------------------------------------------------------------------

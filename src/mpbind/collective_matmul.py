@@ -42,7 +42,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from mpbind import _args, _core, nvshmem
+from mpbind import _args, _core, _cuda, nvshmem
 from mpbind._interop import device_array, dlpack_code, dtype_name, itemsize, stream_handle
 from mpbind._owned import Uncopyable
 from mpbind.errors import UsageError
@@ -152,31 +152,12 @@ def _agree(values: list[int]) -> list[list[int]]:
 
 
 def _fill(array: Any, values: list[int]) -> None:
-    import ctypes
-
-    from cuda.bindings import runtime as cudart
-
-    data = (ctypes.c_int64 * len(values))(*values)
-    (err,) = cudart.cudaMemcpy(array.ptr, ctypes.addressof(data), ctypes.sizeof(data),
-                               cudart.cudaMemcpyKind.cudaMemcpyHostToDevice)
-    if err != cudart.cudaError_t.cudaSuccess:
-        raise RuntimeError(f"cudaMemcpy failed: {err.name}")
+    _cuda.write_int64s(array.ptr, values)
 
 
 def _read(array: Any) -> list[int]:
-    import ctypes
-
-    from cuda.bindings import runtime as cudart
-
-    (err,) = cudart.cudaDeviceSynchronize()
-    if err != cudart.cudaError_t.cudaSuccess:
-        raise RuntimeError(f"cudaDeviceSynchronize failed: {err.name}")
-    data = (ctypes.c_int64 * array.size)()
-    (err,) = cudart.cudaMemcpy(ctypes.addressof(data), array.ptr, ctypes.sizeof(data),
-                               cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost)
-    if err != cudart.cudaError_t.cudaSuccess:
-        raise RuntimeError(f"cudaMemcpy failed: {err.name}")
-    return list(data)
+    _cuda.synchronize_device()
+    return _cuda.read_int64s(array.ptr, array.size)
 
 
 def check_agreement(rows: list[list[int]]) -> None:

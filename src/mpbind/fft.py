@@ -56,7 +56,7 @@ import ctypes
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from mpbind import _args, _core, _fft_plan, _interop, cufftmp, distributions, nvshmem
+from mpbind import _args, _core, _cuda, _fft_plan, _interop, cufftmp, distributions, nvshmem
 from mpbind._fft_plan import Algorithm, FFTSpec, Kind, ReshapeSpec, Side, plan_fft
 from mpbind._owned import Owned, Parts
 from mpbind._typing import Array, Stream
@@ -221,34 +221,6 @@ def _symmetric_room(ptr: int, need: int) -> int:
     if not nvshmem.is_initialized():
         return 0
     return need if _core.nvshmem.containing(ptr, need) is not None else 0
-
-
-# --- device copies ---------------------------------------------------------------------------------------
-
-
-def _cudart() -> Any:
-    from cuda.bindings import runtime as cudart
-
-    return cudart
-
-
-def _check(result: Any, what: str) -> None:
-    err = result[0] if isinstance(result, tuple) else result
-    if int(err) != 0:
-        raise RuntimeError(f"{what} failed: {getattr(err, 'name', err)}")
-
-
-def _copy(dst: int, dst_pitch: int, src: int, src_pitch: int, row_bytes: int, rows: int, stream: int) -> None:
-    """`rows` rows of `row_bytes` bytes from `src` to `dst` (device memory), on `stream`."""
-    if rows == 0 or row_bytes == 0:
-        return
-    cudart = _cudart()
-    kind = cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
-    if src_pitch == row_bytes and dst_pitch == row_bytes:
-        _check(cudart.cudaMemcpyAsync(dst, src, rows * row_bytes, kind, stream), "cudaMemcpyAsync")
-    else:
-        _check(cudart.cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, kind, stream),
-               "cudaMemcpy2DAsync")
 
 
 # --- agreeing ---------------------------------------------------------------------------------------------
@@ -567,14 +539,14 @@ class FFTPlan(_Plan[FFTSpec]):
                 ptr, room, owner = op.ptr, self._need, x
             else:
                 self._live()
-                _copy(self._buffer, src.storage[-1] * src.itemsize, op.ptr, op.pitch, op.row_bytes, op.rows,
-                      self._stream)
+                _cuda.copy_2d_async(self._buffer, src.storage[-1] * src.itemsize, op.ptr, op.pitch, op.row_bytes,
+                                    op.rows, self._stream)
                 ptr, room, owner = self._buffer, self._room, self._desc
         self._run(ptr, d)
         result = self._view(ptr, dst, room, owner)
         if target is not None:
-            _copy(target.ptr, target.pitch, ptr, dst.storage[-1] * dst.itemsize, target.row_bytes, target.rows,
-                  self._stream)
+            _cuda.copy_2d_async(target.ptr, target.pitch, ptr, dst.storage[-1] * dst.itemsize, target.row_bytes,
+                                target.rows, self._stream)
             return out
         self._last = (x, d, result) if in_place else None
         return result
@@ -718,7 +690,7 @@ class ReshapePlan(_Plan[ReshapeSpec]):
             op = _operand(x, "x", src, self._device, self.spec.max_input_bytes, writable=False)
             in_ptr = op.ptr
             if not op.in_place:
-                _copy(self._in_buf.ptr, op.row_bytes, op.ptr, op.pitch, op.row_bytes, op.rows, s)
+                _cuda.copy_2d_async(self._in_buf.ptr, op.row_bytes, op.ptr, op.pitch, op.row_bytes, op.rows, s)
                 in_ptr = self._in_buf.ptr
         target = None
         out_ptr = self._out_buf.ptr
@@ -732,7 +704,7 @@ class ReshapePlan(_Plan[ReshapeSpec]):
         if target is None:
             return self._view(out_ptr, dst, self._out_buf.nbytes, self._out_buf)
         if not target.in_place:
-            _copy(target.ptr, target.pitch, out_ptr, target.row_bytes, target.row_bytes, target.rows, s)
+            _cuda.copy_2d_async(target.ptr, target.pitch, out_ptr, target.row_bytes, target.row_bytes, target.rows, s)
         return out
 
     __call__ = execute

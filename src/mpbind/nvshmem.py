@@ -34,7 +34,7 @@ import operator
 import sys
 import threading
 
-from mpbind import _args, _core, _placement
+from mpbind import _args, _core, _cuda, _placement
 
 # RMA, synchronisation and collectives on a stream: the core's functions themselves (typed and
 # documented there, with the reason), each checking its arguments before its one library call.
@@ -58,7 +58,7 @@ from mpbind._interop import (
     typestr,
 )
 from mpbind._owned import Owned
-from mpbind.errors import MpbindError, UsageError
+from mpbind.errors import CudaError, UsageError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: import time
 if TYPE_CHECKING:
@@ -278,10 +278,10 @@ def _bounded(init: Callable[[], None], device: int | None, seconds: float, what:
 
 
 def _current_device() -> int | None:
-    from cuda.bindings import runtime as cudart
-
-    err, current = cudart.cudaGetDevice()
-    return int(current) if err == cudart.cudaError_t.cudaSuccess else None
+    try:
+        return _cuda.current_device()
+    except CudaError:
+        return None
 
 
 def _mpi_allows_threads() -> bool:
@@ -382,14 +382,10 @@ def _never() -> None:
 
 def _select_device(device: int | None) -> None:
     """Make `device` current and its primary context exist: NVSHMEM initialises on the current context."""
-    from cuda.bindings import runtime as cudart
-
     if device is not None:
-        (err,) = cudart.cudaSetDevice(device)
-        if err != cudart.cudaError_t.cudaSuccess:
-            raise MpbindError(f"cudaSetDevice({device}) failed: {err.name}")
+        _cuda.set_device(device)
     # Only a warm-up: without a usable GPU, NVSHMEM's own initialisation reports the error.
-    cudart.cudaFree(0)
+    _cuda.ensure_context()
 
 
 def runtime() -> Runtime:
@@ -433,10 +429,8 @@ def _device() -> int:
     dev = rt.params.get("device", "current")
     if dev != "current":
         return int(dev)
-    from cuda.bindings import runtime as cudart
-
-    err, current = cudart.cudaGetDevice()
-    return int(current) if err == cudart.cudaError_t.cudaSuccess else 0
+    current = _current_device()
+    return 0 if current is None else current
 
 
 def _pes_sharing_this_gpu() -> int:

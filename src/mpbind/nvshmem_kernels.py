@@ -60,7 +60,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from mpbind import _args, _kernel_build
+from mpbind import _args, _cuda, _kernel_build
 from mpbind._owned import Owned
 from mpbind.errors import LibraryNotFoundError, UsageError
 
@@ -388,9 +388,7 @@ class _LibraryState:
         if self.closed:
             return
         self.closed = True
-        from cuda.core import Device
-
-        Device(self.device).sync()  # no kernel of it may still run when it is unloaded
+        _cuda.synchronize_device()  # no kernel of it may still run when it is unloaded
         try:
             if self.registered and _nvshmem_alive():
                 from mpbind.bindings import nvshmem as flat
@@ -427,9 +425,7 @@ def _current_device() -> int:
 
     if nvshmem.is_initialized():
         return nvshmem._device()
-    from cuda.core import Device
-
-    return int(Device().device_id)
+    return _cuda.current_device()
 
 
 def drain() -> int:
@@ -608,11 +604,9 @@ class Kernel:
         Divided even where an MPS thread limit already shrank the SMs this PE sees: the limit caps
         how many SMs a PE uses, it does not keep the PEs off each other's (eight PEs at 12 % each,
         each launching all the room it saw, hung)."""
-        from cuda.core import Device
-
         threads = math.prod(_dims(block, "block"))
         per_sm = self._kernel.occupancy.max_active_blocks_per_multiprocessor(threads, _shared(shared_mem))
-        room = int(per_sm) * int(Device(self._library.device).properties.multiprocessor_count)
+        room = int(per_sm) * _cuda.multiprocessor_count(self._library.device)
         from mpbind import nvshmem
 
         return room // nvshmem._pes_sharing_this_gpu()

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from mpbind import _cuda, _interop, fft
 from mpbind import _fft_plan as fp
-from mpbind import _interop, fft
 from mpbind import distributions as dist
 from mpbind._owned import Parts
 from mpbind.errors import UsageError
@@ -166,7 +166,7 @@ def assembled(spec: fp.FFTSpec, rank: int, monkeypatch: pytest.MonkeyPatch, symm
 
     p._run = run  # type: ignore[method-assign]
     monkeypatch.setattr(fft, "_symmetric_room", lambda ptr, need: need if ptr in symmetric else 0)
-    monkeypatch.setattr(fft, "_copy", lambda *a: rec.calls.append(("copy", *a)))
+    monkeypatch.setattr(_cuda, "copy_2d_async", lambda *a: rec.calls.append(("copy", *a)))
     return p, rec
 
 
