@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             try:
                 data = _info.coverage_json()
-            except RuntimeError as exc:
+            except _info.CoverageUnavailableError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 1
             json.dump(data, sys.stdout, indent=2)

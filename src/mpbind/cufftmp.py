@@ -182,13 +182,6 @@ def _ndim(values: Any, name: str) -> int:
     return len(_sequence(values, name))
 
 
-def _split(n: int, parts: int, k: int) -> tuple[int, int]:
-    """cuFFTMp's slab split: the first ``n % parts`` parts get one more."""
-    base, extra = divmod(n, parts)
-    start = k * base + min(k, extra)
-    return start, start + base + (1 if k < extra else 0)
-
-
 def _box(box: Box, ndim: int, what: str) -> tuple[list[int], list[int]]:
     try:
         lower, upper = box
@@ -203,10 +196,10 @@ def _box(box: Box, ndim: int, what: str) -> tuple[list[int], list[int]]:
 
 
 def _box_strides(lower: Sequence[int], upper: Sequence[int]) -> list[int]:
-    """Row-major strides in elements of the box [lower, upper) (an empty extent counts as 1)."""
-    extents = tuple(max(up - lo, 1) for lo, up in zip(lower, upper, strict=True))
-    _args.product(extents, f"the box [{list(lower)}, {list(upper)})'s element count")
-    return list(_interop.c_strides(extents))
+    from mpbind import distributions  # here: it imports typing and dataclasses, which this module does not
+
+    extents = [up - lo for lo, up in zip(lower, upper, strict=True)]
+    return list(distributions.row_major_strides(extents, f"the box [{list(lower)}, {list(upper)})'s element count"))
 
 
 def _boxes(input_box: Box, output_box: Box, ndim: int, input_strides: Sequence[int] | None,
@@ -355,25 +348,27 @@ class Plan(Owned):
         where = _rank_size(self._comm)
         if where is None:
             return None
+        from mpbind import distributions  # here: it imports typing and dataclasses, which this module does not
+
         rank, size = where
         if len(dims) == 2:
             if t not in _COMPLEX:
                 return None
             nx, ny = dims
-            x0, x1 = _split(nx, size, rank)
-            y0, y1 = _split(ny, size, rank)
+            x0, x1 = distributions.slab(nx, size, rank)
+            y0, y1 = distributions.slab(ny, size, rank)
             a2: Shape = (x1 - x0, ny)
             b2: Shape = (nx, y1 - y0)
             return {FORWARD: (a2, b2), INVERSE: (b2, a2)}
         nx, ny, nz = dims
-        x0, x1 = _split(nx, size, rank)
-        y0, y1 = _split(ny, size, rank)
+        x0, x1 = distributions.slab(nx, size, rank)
+        y0, y1 = distributions.slab(ny, size, rank)
         if t in _COMPLEX:
             xs: Shape = (x1 - x0, ny, nz)
             ys: Shape = (nx, y1 - y0, nz)
             return {FORWARD: (xs, ys), INVERSE: (ys, xs)}
-        real_x: Shape = (x1 - x0, ny, 2 * (nz // 2 + 1))  # in-place padding
-        cplx_y: Shape = (nx, y1 - y0, nz // 2 + 1)
+        real_x = distributions.padded_real_shape((x1 - x0, ny, nz))  # stored padded: the transform is in place
+        cplx_y = distributions.hermitian_shape((nx, y1 - y0, nz))
         if t in _REAL_INPUT:
             return {FORWARD: (real_x, cplx_y)}
         return {INVERSE: (cplx_y, real_x)}

@@ -24,6 +24,11 @@ Conversions for the planners: :meth:`~Distribution.to_block_cyclic` (a cuBLASMp 
 arguments, :class:`BlockCyclicArgs`) for 2-D arrays, and :meth:`~Distribution.to_cufftmp` (the box
 corners and row-major strides cuFFTMp takes) for box-shaped pieces.
 
+Layout arithmetic lives here and nowhere else in the package: :func:`slab` (cuFFTMp's slab split),
+:func:`row_major_strides`, :func:`hermitian_shape` and :func:`padded_real_shape` (a real
+transform's halved and in-place padded last axis), :func:`pitched_rows` (how a pitched copy moves a
+piece) and :func:`cufftmp_box` (a box as cuFFTMp takes it, in 3-D and in units of another size).
+
 Limits, checked when a value is made: at most ``MAX_RANKS`` (2**20) ranks, far above any job, so
 that a mistyped rank count is refused at once instead of building a per-rank tuple until memory
 runs out; at most ``MAX_NDIM`` (64) axes; extents, coordinates and a global array's element count
@@ -47,7 +52,8 @@ from mpbind.errors import UsageError
 
 __all__ = [
     "BlockCyclic", "BlockCyclicArgs", "Box", "Boxes", "Distribution", "Pencils", "Replicated", "Split", "by_columns",
-    "by_rows", "numroc", "MAX_BOXES", "MAX_NDIM", "MAX_RANKS",
+    "by_rows", "cufftmp_box", "hermitian_shape", "numroc", "padded_real_shape", "pitched_rows", "row_major_strides",
+    "slab", "MAX_BOXES", "MAX_NDIM", "MAX_RANKS",
 ]
 
 Shape = tuple[int, ...]
@@ -75,6 +81,79 @@ def numroc(n: int, nb: int, iproc: int, isrc: int, nprocs: int) -> int:
     elif mydist == extra:
         count += n % nb
     return count
+
+
+# --- layout arithmetic (the one home of slab, box, stride and pitch arithmetic) ---------------------
+
+
+def slab(extent: int, parts: int, part: int) -> tuple[int, int]:
+    """``[start, stop)`` of `part` when `extent` is split into `parts` slabs as cuFFTMp splits it
+    (and :class:`Split` by default): the first ``extent % parts`` slabs one longer."""
+    extent, parts = _int(extent, "extent"), _int(parts, "parts", 1)
+    part = _int(part, "part")
+    if part >= parts:
+        raise UsageError(f"part {part} is out of range for {parts} slabs")
+    base, extra = divmod(extent, parts)
+    start = part * base + min(part, extra)
+    return start, start + base + (1 if part < extra else 0)
+
+
+def row_major_strides(shape: Sequence[int], what: str | None = None) -> Shape:
+    """Row-major strides in elements of a piece of `shape`, an empty extent counting as 1 (as cuFFTMp
+    takes strides). With `what`, the span they describe (the product of the extents, empty ones as 1)
+    is checked to fit an int64, the C type they are handed to (:class:`~mpbind.errors.UsageError`
+    naming `what`)."""
+    extents = tuple(max(int(n), 1) for n in shape)
+    if what is not None:
+        _args.product(extents, what)
+    out: list[int] = []
+    step = 1
+    for extent in reversed(extents):
+        out.append(step)
+        step *= extent
+    return tuple(reversed(out))
+
+
+def hermitian_shape(shape: Sequence[int]) -> Shape:
+    """The Hermitian half of a real transform's `shape`: the last axis ``n // 2 + 1`` long."""
+    s = tuple(shape)
+    return (*s[:-1], s[-1] // 2 + 1)
+
+
+def padded_real_shape(shape: Sequence[int]) -> Shape:
+    """How an in-place real-to-complex transform stores a real piece of `shape`: the last axis padded
+    to ``2 * (n // 2 + 1)`` reals, the bytes of its Hermitian half."""
+    s = tuple(shape)
+    return (*s[:-1], 2 * (s[-1] // 2 + 1))
+
+
+def pitched_rows(shape: Sequence[int], itemsize: int, storage: Sequence[int] | None = None) -> tuple[int, int, int]:
+    """``(rows, row_bytes, pitch)`` of a row-major piece of `shape` with `itemsize`-byte elements, as a
+    pitched copy moves it: its rows (every axis but the last), the bytes of one row, and the bytes from
+    one row to the next in `storage` (its stored shape, the last axis padded; default `shape`)."""
+    dims = tuple(shape)
+    stored = tuple(storage) if storage is not None else dims
+    last, stored_last = (dims[-1] if dims else 1), (stored[-1] if stored else 1)
+    return math.prod(dims[:-1]), last * itemsize, stored_last * itemsize
+
+
+def cufftmp_box(box: Box, ndim: int | None = None, scale: tuple[int, int] = (1, 1)) -> tuple[Shape, Shape, Shape]:
+    """``(lower, upper, strides)`` of `box` as cuFFTMp takes a box: row-major strides; with `ndim`, as
+    an `ndim`-D box (leading axes of extent 1 added); with `scale` ``(num, den)``, its last axis in
+    units of ``num / den`` elements (a 2-byte element as half a 4-byte unit is ``(1, 2)``; the caller
+    makes sure the edges are multiples of `den`)."""
+    if not isinstance(box, Box):
+        raise TypeError(f"box must be a Box, not {type(box).__name__}")
+    lead = 0 if ndim is None else _int(ndim, "ndim") - len(box.lower)
+    if lead < 0:
+        raise UsageError(f"a {len(box.lower)}-D box cannot be described as {ndim}-D")
+    num, den = _int(scale[0], "scale[0]", 1), _int(scale[1], "scale[1]", 1)
+    lower = (0,) * lead + box.lower
+    upper = (1,) * lead + box.upper
+    if (num, den) != (1, 1):
+        lower = (*lower[:-1], lower[-1] * num // den)
+        upper = (*upper[:-1], upper[-1] * num // den)
+    return lower, upper, row_major_strides(tuple(u - lo for lo, u in zip(lower, upper, strict=True)))
 
 
 # --- argument checks (every rank runs them on the same values) ------------------------------------
@@ -216,12 +295,7 @@ class Box:
 
     def strides(self) -> Shape:
         """Row-major strides of the box in elements (an empty extent counts as 1, as cuFFTMp expects)."""
-        out: list[int] = []
-        step = 1
-        for extent in reversed(self.shape):
-            out.append(step)
-            step *= max(extent, 1)
-        return tuple(reversed(out))
+        return row_major_strides(self.shape)
 
     def __repr__(self) -> str:
         return f"Box({list(self.lower)}, {list(self.upper)})"
@@ -350,8 +424,7 @@ class Distribution:
 
     def to_cufftmp(self, rank: int) -> tuple[Shape, Shape, Shape]:
         """(lower, upper, strides) of `rank`'s box as cuFFTMp takes them (row-major strides)."""
-        box = self.box(rank)
-        return box.lower, box.upper, box.strides()
+        return cufftmp_box(self.box(rank))
 
     # helpers shared by the subclasses
     def _rank(self, rank: Any) -> int:

@@ -9,7 +9,8 @@
     │  ├─ NCCLError      ─ one subclass per ncclResult_t value
     │  ├─ NVSHMEMError   ─ …
     │  ├─ CuBLASMpError  ─ …
-    │  └─ CuFFTMpError   ─ …
+    │  ├─ CuFFTMpError   ─ …
+    │  └─ CudaError      a CUDA runtime or driver call of the layer (a copy, a wait, a device query)
     ├─ WaitTimeoutError       (also TimeoutError): a wait of the layer ran past its deadline
     ├─ CommunicatorAbortedError  a communicator failed and was aborted or revoked
     │  └─ CollectiveTimeoutError (also TimeoutError): an operation on it ran past its deadline
@@ -241,6 +242,14 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_status.__all__))
 
 
+class CudaError(LibraryError):
+    """A CUDA runtime or driver call the layer makes itself (a small copy, a wait, a device query or
+    setting) failed. ``function`` names the call, ``status`` is CUDA's code, ``status_name`` its
+    name (``cudaErrorInvalidValue``, ``CUDA_ERROR_INVALID_DEVICE``) and ``description`` CUDA's text."""
+
+    library = "cuda"
+
+
 class KernelBuildError(MpbindError):
     """Device code failed to compile (NVRTC) or link (nvJitLink). ``stage`` is ``"compile"`` or
     ``"link"``, ``name`` the program's name, ``arch`` its architecture and ``log`` the compiler's or
@@ -258,4 +267,4 @@ class KernelBuildError(MpbindError):
         return (type(self), (self.stage, self.name, self.arch, self.log))
 
 
-_BASE_NAMES.append("KernelBuildError")
+_BASE_NAMES += ["KernelBuildError", "CudaError"]

@@ -51,6 +51,7 @@ from mpbind._core.nvshmem import (
     sync_all,
 )
 from mpbind._infra import args as _args
+from mpbind._infra import cuda as _cuda
 from mpbind._infra import placement as _placement
 from mpbind._infra.interop import (
     device_span,
@@ -60,7 +61,7 @@ from mpbind._infra.interop import (
     typestr,
 )
 from mpbind._infra.owned import Owned
-from mpbind.errors import MpbindError, UsageError
+from mpbind.errors import CudaError, UsageError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: import time
 if TYPE_CHECKING:
@@ -284,10 +285,10 @@ def _bounded(init: Callable[[], None], device: int | None, seconds: float, what:
 
 
 def _current_device() -> int | None:
-    from cuda.bindings import runtime as cudart
-
-    err, current = cudart.cudaGetDevice()
-    return int(current) if err == cudart.cudaError_t.cudaSuccess else None
+    try:
+        return _cuda.current_device()
+    except CudaError:
+        return None
 
 
 def _mpi_allows_threads() -> bool:
@@ -388,14 +389,10 @@ def _never() -> None:
 
 def _select_device(device: int | None) -> None:
     """Make `device` current and its primary context exist: NVSHMEM initialises on the current context."""
-    from cuda.bindings import runtime as cudart
-
     if device is not None:
-        (err,) = cudart.cudaSetDevice(device)
-        if err != cudart.cudaError_t.cudaSuccess:
-            raise MpbindError(f"cudaSetDevice({device}) failed: {err.name}")
+        _cuda.set_device(device)
     # Only a warm-up: without a usable GPU, NVSHMEM's own initialisation reports the error.
-    cudart.cudaFree(0)
+    _cuda.ensure_context()
 
 
 def runtime() -> Runtime:
@@ -439,10 +436,8 @@ def _device() -> int:
     dev = rt.params.get("device", "current")
     if dev != "current":
         return int(dev)
-    from cuda.bindings import runtime as cudart
-
-    err, current = cudart.cudaGetDevice()
-    return int(current) if err == cudart.cudaError_t.cudaSuccess else 0
+    current = _current_device()
+    return 0 if current is None else current
 
 
 def _pes_sharing_this_gpu() -> int:

@@ -258,35 +258,16 @@ def _wait(ready: Callable[[], object], timeout: float, what: str, keep: Any) -> 
         raise
 
 
-def _cuda(result: Any, what: str) -> Any:
-    """The value of a cuda-bindings runtime call, or MpbindError naming the call."""
-    from cuda.bindings import runtime as cudart
-
-    err = result[0] if isinstance(result, tuple) else result
-    if err != cudart.cudaError_t.cudaSuccess:
-        raise MpbindError(f"{what} failed during a set-up exchange: {getattr(err, 'name', err)}")
-    return result[1] if isinstance(result, tuple) and len(result) > 1 else None
-
-
 def _to_device(ptr: int, words: Sequence[int]) -> None:
-    import ctypes
+    from mpbind._infra import cuda
 
-    from cuda.bindings import runtime as cudart
-
-    host = (ctypes.c_int64 * len(words))(*words)
-    _cuda(cudart.cudaMemcpy(ptr, ctypes.addressof(host), ctypes.sizeof(host),
-                            cudart.cudaMemcpyKind.cudaMemcpyHostToDevice), "cudaMemcpy")
+    cuda.write_int64s(ptr, list(words))
 
 
 def _from_device(ptr: int, count: int) -> list[int]:
-    import ctypes
+    from mpbind._infra import cuda
 
-    from cuda.bindings import runtime as cudart
-
-    host = (ctypes.c_int64 * count)()
-    _cuda(cudart.cudaMemcpy(ctypes.addressof(host), ptr, ctypes.sizeof(host),
-                            cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost), "cudaMemcpy")
-    return list(host)
+    return cuda.read_int64s(ptr, count)
 
 
 # --- implementations ---------------------------------------------------------------------------------------
@@ -384,30 +365,26 @@ class NCCLProcessGroup(ProcessGroup):
         return int(self.comm.size)
 
     def _allgather_frame(self, frame: list[int]) -> list[list[int]]:
-        from cuda.bindings import runtime as cudart
+        from mpbind._infra import cuda
 
         n = FRAME_WORDS * self.nranks
-        buf = int(_cuda(cudart.cudaMalloc(8 * (n + FRAME_WORDS)), "cudaMalloc"))
+        buf = cuda.malloc(8 * (n + FRAME_WORDS))
         mine = buf + 8 * n
         try:
             _to_device(mine, frame)
             self.comm.all_gather((mine, FRAME_WORDS, "int64"), (buf, n, "int64"), stream=0)
         except BaseException:
-            _cuda(cudart.cudaFree(buf), "cudaFree")
+            cuda.free(buf)
             raise
 
         def done() -> bool:
-            (err,) = cudart.cudaStreamQuery(0)
-            if err == cudart.cudaError_t.cudaErrorNotReady:
-                return False
-            _cuda((err,), "cudaStreamQuery")
-            return True
+            return cuda.stream_done(0)
 
         _wait(done, self.comm.timeout, "an NCCL set-up exchange", buf)  # given up, buf stays: NCCL may write it
         try:
             every = _from_device(buf, n)
         finally:
-            _cuda(cudart.cudaFree(buf), "cudaFree")
+            cuda.free(buf)
         return [every[r * FRAME_WORDS:(r + 1) * FRAME_WORDS] for r in range(self.nranks)]
 
 

@@ -57,6 +57,7 @@ def ir_functions(ir: dict[str, Any]) -> dict[str, dict[str, Any]]:
         (errors.NVSHMEMError, (errors.LibraryError,)),
         (errors.CuBLASMpError, (errors.LibraryError,)),
         (errors.CuFFTMpError, (errors.LibraryError,)),
+        (errors.CudaError, (errors.LibraryError, RuntimeError)),
     ],
 )
 def test_hierarchy(cls: type[BaseException], bases: tuple[type[BaseException], ...]) -> None:
@@ -77,6 +78,14 @@ def test_branches_are_disjoint() -> None:
                 assert not issubclass(a, b), f"{a.__name__} should not derive from {b.__name__}"
     assert not issubclass(errors.UsageError, RuntimeError)
     assert not issubclass(errors.LibraryError, ValueError)
+
+
+def test_cuda_error_names_the_call_and_the_cuda_error() -> None:
+    err = errors.CudaError("cudaMemcpy2DAsync", 1, "cudaErrorInvalidValue", "invalid argument")
+    assert str(err) == "cudaMemcpy2DAsync failed: cudaErrorInvalidValue (1): invalid argument"
+    assert err.library == "cuda" and err.function == "cudaMemcpy2DAsync" and err.status == 1
+    assert "CudaError" in errors.__all__ and type(err).__module__ == "mpbind.errors"
+    assert "cuda" not in errors.LIBRARY_ERRORS  # the table is of the bound libraries' generated statuses
 
 
 def test_library_errors_table() -> None:
@@ -171,6 +180,7 @@ def _library_error_samples() -> list[errors.LibraryError]:
     samples.append(_status.make_error("nccl", "ncclX", 9999))
     samples.append(errors.NCCLError("ncclY", 3))
     samples.append(errors.CuBLASMpError("cublasMpZ", 7, "CUBLASMP_STATUS_X", "d", None, "hint"))
+    samples.append(errors.CudaError("cudaMemcpy", 1, "cudaErrorInvalidValue", "invalid argument"))
     return samples
 
 

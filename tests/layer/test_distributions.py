@@ -337,10 +337,78 @@ def test_to_cufftmp_gives_corners_and_row_major_strides() -> None:
     assert empty.to_cufftmp(2) == ((2, 0, 0), (2, 4, 4), (16, 4, 1))  # an empty extent counts as 1
 
 
-def test_to_cufftmp_strides_are_cufftmp_layer_ones() -> None:
-    from mpbind import cufftmp
-
+def test_to_cufftmp_strides_are_numpy_c_order() -> None:
     for d in (dist.Split((5, 7, 3), 2, 2), dist.Pencils((5, 7, 3), (2, 2)), dist.Split((9, 4), 4, 0)):
         for rank in range(d.nranks):
             lower, upper, strides = d.to_cufftmp(rank)
-            assert list(strides) == cufftmp._box_strides(lower, upper)
+            c_order = np.zeros([max(u - lo, 1) for lo, u in zip(lower, upper, strict=True)], "int8").strides
+            assert strides == c_order
+
+
+# --- layout arithmetic ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("extent", "parts"), [(10, 4), (7, 7), (3, 5), (0, 2), (64, 3), (1, 1)])
+def test_slab_is_the_split_of_split(extent: int, parts: int) -> None:
+    d = dist.Split((extent, 2), parts, axis=0)
+    for part in range(parts):
+        start, stop = dist.slab(extent, parts, part)
+        box = d.box(part)
+        assert (start, stop) == (box.lower[0], box.upper[0])
+    assert dist.slab(10, 4, 0) == (0, 3) and dist.slab(10, 4, 3) == (8, 10)  # the extra rows first
+
+
+@pytest.mark.parametrize(("call", "error", "match"), [
+    (lambda: dist.slab(10, 4, 4), UsageError, "part 4 is out of range for 4 slabs"),
+    (lambda: dist.slab(10, 0, 0), UsageError, "parts"),
+    (lambda: dist.slab(-1, 2, 0), UsageError, "extent"),
+    (lambda: dist.slab(10, 2, 1.0), TypeError, "part"),
+])
+def test_slab_refuses_bad_values(call: Any, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_row_major_strides() -> None:
+    assert dist.row_major_strides((3, 4, 5)) == (20, 5, 1)
+    assert dist.row_major_strides((3, 0, 4)) == (4, 4, 1)  # an empty extent counts as 1, as cuFFTMp takes it
+    assert dist.row_major_strides((7,)) == (1,)
+    assert dist.row_major_strides(()) == ()
+    assert dist.Box((1, 2), (4, 7)).strides() == (5, 1)
+    big = (2**32, 2**32)
+    assert dist.row_major_strides(big) == (2**32, 1)  # unchecked without `what`: Python ints
+    with pytest.raises(UsageError, match="the big box's span"):
+        dist.row_major_strides(big, "the big box's span")
+    assert dist.row_major_strides((2**31, 2**31), "fits") == (2**31, 1)
+
+
+def test_hermitian_and_padded_real_shapes() -> None:
+    assert dist.hermitian_shape((50, 62, 36)) == (50, 62, 19)
+    assert dist.hermitian_shape((50, 62, 35)) == (50, 62, 18)
+    assert dist.hermitian_shape((8, 9)) == (8, 5)
+    assert dist.padded_real_shape((4, 6, 36)) == (4, 6, 38)
+    assert dist.padded_real_shape((4, 6, 35)) == (4, 6, 36)
+    for n in range(1, 20):  # the padded real row holds exactly the complex half's bytes
+        assert dist.padded_real_shape((n,))[0] == 2 * dist.hermitian_shape((n,))[0]
+
+
+def test_pitched_rows() -> None:
+    assert dist.pitched_rows((4, 6, 5), 8) == (24, 40, 40)  # packed: the pitch is the row
+    assert dist.pitched_rows((4, 6, 5), 4, storage=(4, 6, 6)) == (24, 20, 24)  # a padded real side
+    assert dist.pitched_rows((0, 3), 16) == (0, 48, 48)
+    assert dist.pitched_rows((9,), 2) == (1, 18, 18)
+
+
+def test_cufftmp_box() -> None:
+    box = dist.Box((2, 0), (5, 8))
+    assert dist.cufftmp_box(box) == ((2, 0), (5, 8), (8, 1))
+    assert dist.cufftmp_box(box, 3) == ((0, 2, 0), (1, 5, 8), (24, 8, 1))  # a leading axis of extent 1
+    assert dist.cufftmp_box(box, 3, (2, 1)) == ((0, 2, 0), (1, 5, 16), (48, 16, 1))  # 2 units an element
+    assert dist.cufftmp_box(dist.Box((0, 2), (3, 6)), None, (1, 2)) == ((0, 1), (3, 3), (2, 1))  # 2 a unit
+    assert dist.cufftmp_box(dist.Box((1,), (4,)), 3) == ((0, 0, 1), (1, 1, 4), (3, 3, 1))
+    with pytest.raises(UsageError, match="a 2-D box cannot be described as 1-D"):
+        dist.cufftmp_box(box, 1)
+    with pytest.raises(TypeError, match="box must be a Box"):
+        dist.cufftmp_box(((0,), (1,)))  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match=r"scale\[1\]"):
+        dist.cufftmp_box(box, 3, (1, 0))

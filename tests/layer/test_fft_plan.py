@@ -31,12 +31,6 @@ def split(n: int, parts: int, k: int) -> tuple[int, int]:
 # --- shapes and defaults ----------------------------------------------------------------------------
 
 
-def test_complex_shape_halves_the_last_axis() -> None:
-    assert fp.complex_shape((50, 62, 36)) == (50, 62, 19)
-    assert fp.complex_shape((50, 62, 35)) == (50, 62, 18)
-    assert fp.complex_shape((8, 9)) == (8, 5)
-    assert fp.row_major((3, 0, 4)) == (4, 4, 1)  # an empty extent counts as 1, as cuFFTMp takes it
-
 
 @pytest.mark.parametrize("shape", [(50, 62, 36), (51, 63, 36), (16, 12, 8), (9, 7)])
 @pytest.mark.parametrize("nranks", [1, 2, 3, 4])
@@ -112,13 +106,13 @@ def test_redistributed_output_goes_through_boxes(nranks: int) -> None:
     for r in range(nranks):
         lo_in, up_in, st_in, lo_out, up_out, st_out = s.distribution_boxes(r)
         assert (lo_in, up_in) == (xs.box(r).lower, xs.box(r).upper) == (lo_out, up_out)
-        assert st_in == st_out == fp.row_major(xs.box(r).shape)  # packed
+        assert st_in == st_out == dist.row_major_strides(xs.box(r).shape)  # packed
 
 
 @pytest.mark.parametrize("nz", [36, 35])
 def test_r2c_boxes_are_packed_and_real_first(nz: int) -> None:
     shape = (8, 12, nz)
-    half = fp.complex_shape(shape)
+    half = dist.hermitian_shape(shape)
     real = dist.Pencils(shape, grid=(2, 2), axes=(0, 1))
     cplx = dist.Pencils(half, grid=(2, 2), axes=(0, 2))
     s = fp.plan_fft(shape, "float32", 4, input=real, output=cplx)
@@ -127,7 +121,7 @@ def test_r2c_boxes_are_packed_and_real_first(nz: int) -> None:
     assert c.algorithm == "boxes"
     for r in range(4):
         i = s.input_side(r)
-        assert i.storage == i.shape and i.strides == fp.row_major(i.shape)  # no padding on boxes
+        assert i.storage == i.shape and i.strides == dist.row_major_strides(i.shape)  # no padding on boxes
         # cuFFTMp takes the real box first for both R2C and C2R plans.
         assert s.distribution_boxes(r) == c.distribution_boxes(r)
         lo_in, up_in, _, lo_out, up_out, _ = c.distribution_boxes(r)
@@ -172,8 +166,8 @@ def test_every_rank_pieces_tile_both_sides(kind: str) -> None:
             b = d.box(r)
             count[tuple(slice(lo, up) for lo, up in zip(b.lower, b.upper, strict=True))] += 1
         assert (count == 1).all()
-    want_in = fp.complex_shape(shape) if kind == "c2r" else shape
-    want_out = fp.complex_shape(shape) if kind == "r2c" else shape
+    want_in = dist.hermitian_shape(shape) if kind == "c2r" else shape
+    want_out = dist.hermitian_shape(shape) if kind == "r2c" else shape
     assert (s.input.shape, s.output.shape) == (want_in, want_out)
 
 
@@ -286,7 +280,7 @@ def test_reshape_boxes_move_every_element_once(dtype: str, shape: tuple[int, ...
             piece = np.ascontiguousarray(g[tuple(slice(a, z) for a, z in zip(b.lower, b.upper, strict=True))])
             cut = units[tuple(slice(a, z) for a, z in zip(lo, up, strict=True))]
             assert cut.tobytes() == piece.tobytes()
-            assert strides == fp.row_major(tuple(z - a for a, z in zip(lo, up, strict=True)))
+            assert strides == dist.row_major_strides(tuple(z - a for a, z in zip(lo, up, strict=True)))
     assert s.max_input_bytes == max(max(math.prod(src.box(r).shape) for r in range(nranks)) * s.itemsize, 1)
 
 

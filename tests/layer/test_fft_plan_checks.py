@@ -13,6 +13,7 @@ import pytest
 
 from mpbind import distributions as dist
 from mpbind import fft
+from mpbind._infra import cuda as _cuda
 from mpbind._infra import interop as _interop
 from mpbind._infra.owned import Parts
 from mpbind.errors import UsageError
@@ -177,7 +178,7 @@ def assembled(spec: fp.FFTSpec, rank: int, monkeypatch: pytest.MonkeyPatch, symm
 
     p._run = run  # type: ignore[method-assign]
     monkeypatch.setattr(fft, "_symmetric_room", lambda ptr, need: need if ptr in symmetric else 0)
-    monkeypatch.setattr(fft, "_copy", lambda *a: rec.calls.append(("copy", *a)))
+    monkeypatch.setattr(_cuda, "copy_2d_async", lambda *a: rec.calls.append(("copy", *a)))
     return p, rec
 
 
@@ -261,7 +262,7 @@ def test_a_wrong_device_and_a_wrong_out_are_refused(monkeypatch: pytest.MonkeyPa
 
 def test_box_plans_store_packed(monkeypatch: pytest.MonkeyPatch) -> None:
     shape = (8, 6, 5)
-    spec = fp.plan_fft(shape, "float32", 2, output=dist.Split(fp.complex_shape(shape), 2, axis=2))
+    spec = fp.plan_fft(shape, "float32", 2, output=dist.Split(dist.hermitian_shape(shape), 2, axis=2))
     p, rec = assembled(spec, 1, monkeypatch)
     y = p.execute(DeviceArray((4, 6, 5), np.float32, ptr=0x5000))
     assert rec.calls[0] == ("copy", 0x1000, 5 * 4, 0x5000, 5 * 4, 5 * 4, 24, 0)

@@ -10,9 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mpbind import bootstrap, fft
+from mpbind import bootstrap, fft, process_group
 from mpbind import collective as collective_matmul
-from mpbind import process_group
 from mpbind.errors import UsageError
 
 

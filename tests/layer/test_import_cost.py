@@ -23,8 +23,8 @@ TYPING_FREE = [m for m in MODULES if m not in ("mpbind.cublasmp", "mpbind.fft")]
 
 # The flat bindings make their IntEnums on first use (cublasmp's attribute table names its enums at
 # import); mpbind.nccl re-exports DataType and RedOp the same way.
-ENUM_FREE = ["mpbind", "mpbind.nccl", "mpbind.bootstrap", "mpbind.process_group", "mpbind._infra.interop", "mpbind.bindings.nccl",
-             "mpbind.bindings.nvshmem", "mpbind.bindings.cufftmp"]
+ENUM_FREE = ["mpbind", "mpbind.nccl", "mpbind.bootstrap", "mpbind.process_group", "mpbind._infra.interop",
+             "mpbind.bindings.nccl", "mpbind.bindings.nvshmem", "mpbind.bindings.cufftmp"]
 
 
 def _modules_after(code: str, top: str) -> list[str]:

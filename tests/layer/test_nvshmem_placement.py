@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from mpbind import nvshmem as nv
-from mpbind._infra import placement as _placement
 from mpbind import process_group as pg
+from mpbind._infra import placement as _placement
 from mpbind.errors import PlacementError, UsageError
 
 sys.path.insert(0, str(Path(__file__).parent))

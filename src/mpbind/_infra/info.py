@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import IO, Any, TypeAlias
 
+from mpbind.errors import MpbindError
+
 # (c_function_name, python_name or None, exclusion reason or None)
 CoverageEntry: TypeAlias = "tuple[str, str | None, str | None]"
 
@@ -275,12 +277,16 @@ def show_config(file: IO[str] | None = None) -> None:
     print(format_info(), file=file if file is not None else sys.stdout)
 
 
+class CoverageUnavailableError(MpbindError):
+    """The generated coverage table cannot be read (a broken installation); the message says why."""
+
+
 def _coverage_module() -> Any:
-    """mpbind.bindings._coverage, or RuntimeError saying why it cannot be read."""
+    """mpbind.bindings._coverage, or CoverageUnavailableError saying why it cannot be read."""
     try:
         from mpbind.bindings import _coverage
     except Exception as exc:
-        raise RuntimeError(f"no coverage table: {_describe(exc)}") from exc
+        raise CoverageUnavailableError(f"no coverage table: {_describe(exc)}") from exc
     return _coverage
 
 
@@ -316,7 +322,7 @@ def format_coverage_table() -> str:
     """A one-line-per-library summary of :func:`coverage_json`, then the exclusions by reason."""
     try:
         cov = _coverage_module()
-    except RuntimeError as exc:
+    except CoverageUnavailableError as exc:
         return str(exc)
     names, _ = library_names()
     names += [lib for lib in cov.COVERAGE if lib not in names]

@@ -31,23 +31,10 @@ def this_gpu(device: int | None) -> Gpu:
     driver or GPU answers (initialisation then fails on its own, with the library's error)."""
     import socket  # here: importing it costs more than the rest of mpbind.nvshmem's import
 
-    try:
-        from cuda.bindings import driver, runtime
+    from mpbind._infra import cuda as _cuda
 
-        (err,) = driver.cuInit(0)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            return None
-        if device is None:
-            rerr, device = runtime.cudaGetDevice()
-            if rerr != runtime.cudaError_t.cudaSuccess:
-                return None
-        err, dev = driver.cuDeviceGet(device)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            return None
-        err, uuid = driver.cuDeviceGetUuid(dev)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            return None
-        return socket.gethostname(), bytes(uuid.bytes).hex()
+    try:
+        return socket.gethostname(), _cuda.device_uuid(device).hex()
     except Exception:  # noqa: BLE001 - no usable driver: nothing to compare, the library reports it
         return None
 

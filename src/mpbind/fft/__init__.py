@@ -57,14 +57,15 @@ import ctypes
 from collections.abc import Sequence
 from typing import Any, Generic, TypeVar
 
-from mpbind import _core, cufftmp, nvshmem
+from mpbind import _core, cufftmp, distributions, nvshmem
 from mpbind._infra import args as _args
+from mpbind._infra import cuda as _cuda
 from mpbind._infra import interop as _interop
 from mpbind._infra.owned import Owned, Parts
 from mpbind.distributions import Distribution
 from mpbind.errors import UsageError
 from mpbind.fft import _planner as _fft_plan
-from mpbind.fft._planner import Algorithm, FFTSpec, Kind, ReshapeSpec, Side, plan_fft, row_major
+from mpbind.fft._planner import Algorithm, FFTSpec, Kind, ReshapeSpec, Side, plan_fft
 from mpbind.process_group import MPIProcessGroup, NVSHMEMProcessGroup, ProcessGroup, decided, digest, largest
 from mpbind.typing import Array, Stream
 
@@ -198,9 +199,9 @@ def _operand(x: Any, what: str, side: Side, device: int, need: int, writable: bo
         raise UsageError(f"{what} is on device {dev}; the plan runs on device {device}")
     if shape == side.shape and _same_layout(shape, strides, side.strides):
         stored = True  # laid out as the plan stores it (a padded real side included)
-    elif shape == side.storage and _same_layout(shape, strides, row_major(shape)):
+    elif shape == side.storage and _same_layout(shape, strides, distributions.row_major_strides(shape)):
         stored = True  # the padded storage itself
-    elif shape == side.shape and _same_layout(shape, strides, row_major(shape)):
+    elif shape == side.shape and _same_layout(shape, strides, distributions.row_major_strides(shape)):
         stored = False  # packed, the plan pads it
     elif shape != side.shape and shape != side.storage:
         extra = f" (or {side.storage} padded)" if side.padded else ""
@@ -208,21 +209,13 @@ def _operand(x: Any, what: str, side: Side, device: int, need: int, writable: bo
     else:
         raise UsageError(f"{what} must be C-contiguous (strides {strides} elements for shape {shape}); "
                          f"copy it with .contiguous() / cupy.ascontiguousarray first")
-    last = side.shape[-1] if side.shape else 1
-    rows = 1
-    for n in side.shape[:-1]:
-        rows *= n
-    size = side.itemsize
-    if stored:
-        pitch = side.storage[-1] * size
-    else:
-        pitch = last * size
+    rows, row_bytes, pitch = distributions.pitched_rows(side.shape, side.itemsize, side.storage if stored else None)
     in_place = False
     if stored and not readonly:
         if room < 0:
             room = _symmetric_room(ptr, need)
         in_place = room >= need
-    return _Operand(ptr, dev, in_place, rows, last * size, pitch)
+    return _Operand(ptr, dev, in_place, rows, row_bytes, pitch)
 
 
 def _role(what: str) -> str:
@@ -234,34 +227,6 @@ def _symmetric_room(ptr: int, need: int) -> int:
     if not nvshmem.is_initialized():
         return 0
     return need if _core.nvshmem.containing(ptr, need) is not None else 0
-
-
-# --- device copies ---------------------------------------------------------------------------------------
-
-
-def _cudart() -> Any:
-    from cuda.bindings import runtime as cudart
-
-    return cudart
-
-
-def _check(result: Any, what: str) -> None:
-    err = result[0] if isinstance(result, tuple) else result
-    if int(err) != 0:
-        raise RuntimeError(f"{what} failed: {getattr(err, 'name', err)}")
-
-
-def _copy(dst: int, dst_pitch: int, src: int, src_pitch: int, row_bytes: int, rows: int, stream: int) -> None:
-    """`rows` rows of `row_bytes` bytes from `src` to `dst` (device memory), on `stream`."""
-    if rows == 0 or row_bytes == 0:
-        return
-    cudart = _cudart()
-    kind = cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
-    if src_pitch == row_bytes and dst_pitch == row_bytes:
-        _check(cudart.cudaMemcpyAsync(dst, src, rows * row_bytes, kind, stream), "cudaMemcpyAsync")
-    else:
-        _check(cudart.cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, kind, stream),
-               "cudaMemcpy2DAsync")
 
 
 # --- agreeing ---------------------------------------------------------------------------------------------
@@ -534,14 +499,14 @@ class FFTPlan(_Plan[FFTSpec]):
                 ptr, room, owner = op.ptr, self._need, x
             else:
                 self._live()
-                _copy(self._buffer, src.storage[-1] * src.itemsize, op.ptr, op.pitch, op.row_bytes, op.rows,
-                      self._stream)
+                _cuda.copy_2d_async(self._buffer, src.storage[-1] * src.itemsize, op.ptr, op.pitch, op.row_bytes,
+                                    op.rows, self._stream)
                 ptr, room, owner = self._buffer, self._room, self._desc
         self._run(ptr, d)
         result = self._view(ptr, dst, room, owner)
         if target is not None:
-            _copy(target.ptr, target.pitch, ptr, dst.storage[-1] * dst.itemsize, target.row_bytes, target.rows,
-                  self._stream)
+            _cuda.copy_2d_async(target.ptr, target.pitch, ptr, dst.storage[-1] * dst.itemsize, target.row_bytes,
+                                target.rows, self._stream)
             return out
         self._last = (x, d, result) if in_place else None
         return result
@@ -687,7 +652,7 @@ class ReshapePlan(_Plan[ReshapeSpec]):
             op = _operand(x, "x", src, self._device, self.spec.max_input_bytes, writable=False)
             in_ptr = op.ptr
             if not op.in_place:
-                _copy(self._in_buf.ptr, op.row_bytes, op.ptr, op.pitch, op.row_bytes, op.rows, s)
+                _cuda.copy_2d_async(self._in_buf.ptr, op.row_bytes, op.ptr, op.pitch, op.row_bytes, op.rows, s)
                 in_ptr = self._in_buf.ptr
         target = None
         out_ptr = self._out_buf.ptr
@@ -701,7 +666,7 @@ class ReshapePlan(_Plan[ReshapeSpec]):
         if target is None:
             return self._view(out_ptr, dst, self._out_buf.nbytes, self._out_buf)
         if not target.in_place:
-            _copy(target.ptr, target.pitch, out_ptr, target.row_bytes, target.row_bytes, target.rows, s)
+            _cuda.copy_2d_async(target.ptr, target.pitch, out_ptr, target.row_bytes, target.row_bytes, target.rows, s)
         return out
 
     __call__ = execute

@@ -34,10 +34,18 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from mpbind._infra import args as _args
-from mpbind.distributions import Box, Distribution, Split
+from mpbind.distributions import (
+    Box,
+    Distribution,
+    Split,
+    cufftmp_box,
+    hermitian_shape,
+    padded_real_shape,
+    row_major_strides,
+)
 from mpbind.errors import UsageError
 
-__all__ = ["FFTSpec", "ReshapeSpec", "Side", "complex_shape", "plan_fft", "plan_reshape"]
+__all__ = ["FFTSpec", "ReshapeSpec", "Side", "plan_fft", "plan_reshape"]
 
 Shape = tuple[int, ...]
 Kind = Literal["c2c", "r2c", "c2r"]
@@ -53,22 +61,6 @@ _CUFFT_TYPE = {("c2c", "complex64"): "C2C", ("c2c", "complex128"): "Z2Z", ("r2c"
                ("r2c", "float64"): "D2Z", ("c2r", "complex64"): "C2R", ("c2r", "complex128"): "Z2D"}
 _INT_MAX = 2**31 - 1  # cufftMakePlan2d/3d take int extents
 _RESHAPE_UNITS = (16, 8, 4)  # element sizes cufftMpMakeReshape takes
-
-
-def complex_shape(shape: Sequence[int]) -> Shape:
-    """The Hermitian half of a real transform's shape: the last axis ``n // 2 + 1`` long."""
-    s = tuple(shape)
-    return (*s[:-1], s[-1] // 2 + 1)
-
-
-def row_major(shape: Sequence[int]) -> Shape:
-    """Row-major strides in elements of `shape` (an empty extent counts as 1, as cuFFTMp takes them)."""
-    out: list[int] = []
-    step = 1
-    for extent in reversed(tuple(shape)):
-        out.append(step)
-        step *= max(extent, 1)
-    return tuple(reversed(out))
 
 
 @dataclass(frozen=True)
@@ -87,7 +79,7 @@ class Side:
 
     @property
     def strides(self) -> Shape:
-        return row_major(self.storage)
+        return row_major_strides(self.storage)
 
     @property
     def padded(self) -> bool:
@@ -205,7 +197,7 @@ class FFTSpec:
         box = dist.box(rank)
         storage = box.shape
         if self.algorithm == "slabs" and dtype in _REAL_DTYPES:  # the real side of a built-in R2C/C2R
-            storage = (*box.shape[:-1], 2 * (self.shape[-1] // 2 + 1))
+            storage = (*box.shape[:-1], padded_real_shape(self.shape)[-1])
         return Side(box, dtype, storage)
 
     def input_side(self, rank: int) -> Side:
@@ -241,8 +233,8 @@ class FFTSpec:
                  f"input:  {self.input!r}", f"output: {self.output!r}",
                  f"algorithm: {self.algorithm}: {self.reason}"]
         if self.algorithm == "slabs" and self.kind != "c2c":
-            n = self.shape[-1]
-            lines.append(f"the real side is stored padded in place: last axis {n} -> {2 * (n // 2 + 1)} reals "
+            n, padded = self.shape[-1], padded_real_shape(self.shape)[-1]
+            lines.append(f"the real side is stored padded in place: last axis {n} -> {padded} reals "
                          "(the plan pads and unpads when it copies)")
         lines.append(f"in-place buffer: up to {self.max_buffer_bytes} bytes on a rank")
         if rank is not None:
@@ -294,7 +286,7 @@ def plan_fft(shape: Sequence[int], dtype: str, nranks: int, *, kind: Kind | None
         raise UsageError(f"cuFFTMp needs the last extent of a 3-D transform >= 2; shape {dims}")
     if algorithm not in (None, "slabs", "boxes"):
         raise UsageError(f"algorithm must be 'slabs', 'boxes' or None, got {algorithm!r}")
-    half = complex_shape(dims)
+    half = hermitian_shape(dims)
     in_shape = half if k == "c2r" else dims
     out_shape = half if k == "r2c" else dims
     in_axis, out_axis = (1, 0) if k == "c2r" else (0, 1)
@@ -377,19 +369,14 @@ class ReshapeSpec:
 
     @property
     def max_input_bytes(self) -> int:
-        return max(max(math.prod(self.input.box(r).shape) for r in range(self.nranks)) * self.itemsize, 1)
+        return max(max(self.input.box(r).size for r in range(self.nranks)) * self.itemsize, 1)
 
     @property
     def max_output_bytes(self) -> int:
-        return max(max(math.prod(self.output.box(r).shape) for r in range(self.nranks)) * self.itemsize, 1)
+        return max(max(self.output.box(r).size for r in range(self.nranks)) * self.itemsize, 1)
 
     def _box3(self, box: Box) -> tuple[Shape, Shape, Shape]:
-        num, den = self.scale
-        lower = (0,) * (3 - len(self.shape)) + box.lower
-        upper = (1,) * (3 - len(self.shape)) + box.upper
-        lower = (*lower[:2], lower[2] * num // den)
-        upper = (*upper[:2], upper[2] * num // den)
-        return lower, upper, row_major(tuple(u - lo for lo, u in zip(lower, upper, strict=True)))
+        return cufftmp_box(box, 3, self.scale)
 
     def cufftmp_boxes(self, rank: int) -> tuple[tuple[Shape, Shape, Shape], tuple[Shape, Shape, Shape]]:
         """((lower, upper, strides) in, (lower, upper, strides) out) of `rank` as cufftMpMakeReshape

@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from mpbind._infra import args as _args
+from mpbind._infra import cuda as _cuda
 from mpbind._infra.owned import Owned
 from mpbind.errors import LibraryNotFoundError, UsageError
 from mpbind.kernels import _build as _kernel_build
@@ -389,9 +390,7 @@ class _LibraryState:
         if self.closed:
             return
         self.closed = True
-        from cuda.core import Device
-
-        Device(self.device).sync()  # no kernel of it may still run when it is unloaded
+        _cuda.synchronize_device()  # no kernel of it may still run when it is unloaded
         try:
             if self.registered and _nvshmem_alive():
                 from mpbind.bindings import nvshmem as flat
@@ -428,9 +427,7 @@ def _current_device() -> int:
 
     if nvshmem.is_initialized():
         return nvshmem._device()
-    from cuda.core import Device
-
-    return int(Device().device_id)
+    return _cuda.current_device()
 
 
 def drain() -> int:
@@ -609,11 +606,9 @@ class Kernel:
         Divided even where an MPS thread limit already shrank the SMs this PE sees: the limit caps
         how many SMs a PE uses, it does not keep the PEs off each other's (eight PEs at 12 % each,
         each launching all the room it saw, hung)."""
-        from cuda.core import Device
-
         threads = math.prod(_dims(block, "block"))
         per_sm = self._kernel.occupancy.max_active_blocks_per_multiprocessor(threads, _shared(shared_mem))
-        room = int(per_sm) * int(Device(self._library.device).properties.multiprocessor_count)
+        room = int(per_sm) * _cuda.multiprocessor_count(self._library.device)
         from mpbind import nvshmem
 
         return room // nvshmem._pes_sharing_this_gpu()

@@ -166,11 +166,11 @@ def toolchain() -> Toolchain:
 
 def current_arch() -> str | None:
     """``sm_XY`` of the current CUDA device, or None without a driver or a GPU."""
-    try:
-        from cuda.core import Device
+    from mpbind._infra import cuda as _cuda
 
-        major, minor = Device().compute_capability
-    except Exception:  # no driver, no device, no cuda.core: the caller picks a default
+    try:
+        major, minor = _cuda.compute_capability(_cuda.current_device())
+    except Exception:  # no driver, no device, no cuda-bindings: the caller picks a default
         return None
     return f"sm_{major}{minor}"
 

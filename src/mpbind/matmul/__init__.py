@@ -22,10 +22,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from mpbind import _core, cublasmp, nccl
+from mpbind._infra import cuda as _cuda
 from mpbind._infra import interop as _interop
 from mpbind._infra.owned import Owned, Parts
 from mpbind.distributions import Distribution
-from mpbind.errors import UsageError
+from mpbind.errors import CudaError, UsageError
 from mpbind.matmul._planner import EPILOGUES, ComputeCapabilityError, MatmulPlan, block_scale_elements
 from mpbind.matmul._planner import plan as decide
 from mpbind.process_group import NCCLProcessGroup, ProcessGroup, agree, digest, largest
@@ -194,17 +195,10 @@ def _shape(shape: tuple[int, ...]) -> str:
 
 
 def _capability(device: int) -> tuple[int, int]:
-    from cuda.bindings import driver
-
-    attr = driver.CUdevice_attribute
-    (err,) = driver.cuInit(0)
-    values = []
-    for which in (attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR):
-        err, value = driver.cuDeviceGetAttribute(which, device)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            raise UsageError(f"cannot read device {device}'s compute capability ({err.name})")
-        values.append(int(value))
-    return values[0], values[1]
+    try:
+        return _cuda.compute_capability(device)
+    except CudaError as exc:  # a refusal like the others: agreed by every rank
+        raise UsageError(f"cannot read device {device}'s compute capability ({exc})") from None
 
 
 # --- agreeing ---------------------------------------------------------------------------------------
