@@ -57,8 +57,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from mpbind import _args, _core, _fft_plan, _interop, cufftmp, nvshmem
+from mpbind._core import Composite
 from mpbind._fft_plan import Algorithm, FFTSpec, Kind, ReshapeSpec, Side, plan_fft, row_major
-from mpbind._owned import Owned, Parts
+from mpbind._owned import Owned
 from mpbind._typing import Array, Stream
 from mpbind.distributions import Distribution
 from mpbind.errors import UsageError
@@ -366,7 +367,7 @@ class _Plan(Owned, Generic[_Spec]):
     """A plan made on every rank: the decision the ranks agreed on (`spec`), this rank's place in it, its
     device, and the stream its work is queued on."""
 
-    _core: Parts
+    _core: Composite
     spec: _Spec
 
     def _place(self, spec: _Spec, rank: int, device: int, stream: Stream) -> None:
@@ -465,7 +466,7 @@ class FFTPlan(_Plan[FFTSpec]):
         except BaseException:
             del p  # its lifetime row applies: queued for drain() on every rank once a communicator is attached
             raise
-        self = cls._over(Parts([p], "fft plan parts"))
+        self = cls._over(Composite([p], "fft plan parts"))
         self._place(spec, rank, device, stream)
         self._desc = desc
         self._buffer = int(desc.data)
@@ -625,7 +626,7 @@ class FFTPlan(_Plan[FFTSpec]):
         return (o, i) if (self.spec.kind == "c2c" and d == INVERSE) else (i, o)
 
     def _live(self) -> None:
-        if self._core.released:
+        if self._core.closed:
             raise UsageError("fft.FFTPlan is closed")
 
     def _described(self) -> str:
@@ -690,7 +691,7 @@ class ReshapePlan(_Plan[ReshapeSpec]):
         except BaseException:
             del owned  # their lifetime rows apply (queued for drain() on every rank)
             raise
-        self = cls._over(Parts(owned, "reshape plan parts"))
+        self = cls._over(Composite(owned, "reshape plan parts"))
         self._place(spec, rank, device, stream)
         self._exec = owned[0]._core.exec
         self._in_buf, self._out_buf = owned[1], owned[2]

@@ -338,6 +338,7 @@ void State::ref_dropped() {
                 break;
             case Drop::kByOwner:
             case Drop::kNever:
+            case Drop::kByParts:
                 break;
         }
     } catch (nb::python_error& e) {
@@ -362,9 +363,48 @@ void State::queue_for_teardown() {
         queued_ = true;
         q.items.push_back(shared_from_this());
     }
-    warn_resource(kind() + " (serial " + std::to_string(serial_) +
-                  ") was dropped without close(); its release is collective, so it is queued "
-                  "until finalize() or drain() runs on every rank");
+    warn_resource(kind() + " (serial " + std::to_string(serial_) + ") was dropped without close(); " +
+                  (lifetime_.collective ? "its release is collective, so it is queued until finalize() or drain() "
+                                          "runs on every rank"
+                                        : "the garbage collector does not release it (" +
+                                              std::string(lifetime_.release) +
+                                              "), so it is queued until finalize() or drain() runs"));
+}
+
+// ---------------------------------------------------------------------------
+// Composites
+// ---------------------------------------------------------------------------
+
+CompositeState::CompositeState(std::vector<nb::object> parts, std::string what)
+    : State("mpbind.Composite"), what(std::move(what)), parts_(std::move(parts)) {}
+
+CompositeState::~CompositeState() {
+    if (!Py_IsInitialized()) {
+        for (auto& p : parts_) p.release();  // the interpreter is gone: leak the references
+        return;
+    }
+    nb::gil_scoped_acquire gil;
+    parts_.clear();  // each part follows its own row
+}
+
+std::vector<nb::object> CompositeState::parts() const { return parts_; }
+
+void CompositeState::release() {
+    std::vector<nb::object> parts = std::move(parts_);
+    parts_.clear();
+    nb::object first_error;
+    // Newest first; every part is closed even when one fails (another rank closes them all).
+    for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
+        try {
+            it->attr("close")();
+        } catch (nb::python_error& e) {
+            if (!first_error.is_valid()) first_error = nb::borrow(e.value());
+        }
+    }
+    if (first_error.is_valid()) {
+        PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(first_error.ptr())), first_error.ptr());
+        throw nb::python_error();
+    }
 }
 
 // ---------------------------------------------------------------------------

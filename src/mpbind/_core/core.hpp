@@ -131,12 +131,15 @@ void mark_exiting();
 // What happens when the last reference on an object goes away without close().
 enum class Drop {
     kAtOnce,                // a local release, run now (also from the garbage collector)
-    kQueued,                // collective: warn ResourceWarning and wait in the teardown queue
-                            // until drain() or finalize() runs on every rank
+    kQueued,                // collective, or waiting for the device (a kernel library): warn
+                            // ResourceWarning and wait in the teardown queue until drain() or
+                            // finalize() runs on every rank
     kQueuedOnceCollective,  // kAtOnce until the object holds something collective
                             // (State::became_collective()), kQueued from then on
     kByOwner,               // nothing: its owner releases it (a cached grid: its communicator)
     kNever,                 // nothing: only an explicit close() releases it (the NVSHMEM runtime)
+    kByParts,               // nothing of its own: its references on its parts go, and each part
+                            // follows its own row (a composite plan)
 };
 
 struct Lifetime {
@@ -237,6 +240,26 @@ void collect_garbage();
 std::vector<std::pair<std::string, uint64_t>> queued();
 // Every state not yet released (referenced or queued): (kind, serial), oldest first.
 std::vector<std::pair<std::string, uint64_t>> alive();
+
+// A composite: the object of a plan made of several owned objects (an FFT plan's cuFFTMp plan, a
+// reshape's handle and symmetric buffers, a planned matmul's handle, communicator, matrices and
+// matmul). close() closes its parts newest first (the reverse of the order given), once, and raises
+// the first error after every part was closed; dropped unclosed, it releases nothing of its own:
+// its references on the parts go, and each part follows its own row.
+class CompositeState : public State {
+public:
+    CompositeState(std::vector<nb::object> parts, std::string what);
+    ~CompositeState() override;
+    const std::string what;
+    // The parts, oldest first (empty once closed).
+    std::vector<nb::object> parts() const;
+
+protected:
+    void release() override;
+
+private:
+    std::vector<nb::object> parts_;
+};
 
 // One Python object's reference on a state: what nanobind binds as each library object.
 template <class S>

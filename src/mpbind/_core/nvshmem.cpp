@@ -352,6 +352,72 @@ Allocation allocate(size_t nbytes, bool zero, size_t alignment) {
     return Allocation(s);
 }
 
+// --- kernel libraries ----------------------------------------------------------
+//
+// A loaded cubin (mpbind.nvshmem_kernels.Library): the core owns its lifetime (serial, the teardown
+// queue, the runtime as parent), the layer makes the CUDA calls. Its release is local but never runs
+// from the garbage collector: a kernel launched from it may still run, and NVSHMEM keeps a pointer
+// into it until nvshmemx_culibrary_finalize, which needs the runtime up. So a library registered with
+// NVSHMEM is a child of the runtime (finalize() unloads it first), and one dropped unclosed is queued.
+
+class KernelLibraryState : public State {
+public:
+    KernelLibraryState(nb::object code, uintptr_t handle, int device, std::string name, nb::object unload)
+        : State("nvshmem.KernelLibrary"),
+          handle(handle),
+          device(device),
+          name(std::move(name)),
+          code_(std::move(code)),
+          unload_(std::move(unload)) {}
+    ~KernelLibraryState() override {
+        if (!Py_IsInitialized()) {  // the interpreter is gone: leak the references
+            code_.release();
+            unload_.release();
+            return;
+        }
+        nb::gil_scoped_acquire gil;
+        code_.reset();
+        unload_.reset();
+    }
+    const uintptr_t handle;  // the CUlibrary
+    const int device;
+    const std::string name;
+    bool registered = false;  // with NVSHMEM (nvshmemx_culibrary_init)
+    // The loaded code (cuda.core's ObjectCode, which unloads the CUlibrary when collected).
+    const nb::object& code() {
+        check_open();
+        return code_;
+    }
+
+protected:
+    // unload() synchronises the device and unregisters the library from NVSHMEM; dropping the code
+    // object then unloads it. The code is dropped even when unload() fails: released once.
+    void release() override {
+        nb::object unload = std::move(unload_), code = std::move(code_);
+        unload_.reset();
+        code_.reset();
+        if (unload.is_valid() && !unload.is_none()) unload(registered);
+    }
+
+private:
+    nb::object code_, unload_;
+};
+using KernelLibrary = Ref<KernelLibraryState>;
+
+KernelLibrary load_library(nb::object code, uintptr_t handle, int device, std::string name, bool registered,
+                           nb::object unload) {
+    if (!PyCallable_Check(unload.ptr())) raise_type("unload must be callable, not " + py_type_name(unload));
+    std::shared_ptr<RuntimeState> rt = registered ? current() : nullptr;  // UsageError without a runtime
+    auto s = std::make_shared<KernelLibraryState>(std::move(code), handle, device, std::move(name),
+                                                  std::move(unload));
+    s->registered = registered;
+    if (rt) {
+        s->depends_on(rt);
+        rt->add_child(s);
+    }
+    return KernelLibrary(s);
+}
+
 // --- teams -------------------------------------------------------------------
 
 class TeamState : public State {
@@ -956,6 +1022,36 @@ void register_nvshmem(nb::module_& parent) {
                 .format(s.ptr, s.nbytes, s.closed() ? " freed" : "");
         });
     bind_lifetime(mem, "nvshmem_free (collective). Idempotent.");
+
+    // --- KernelLibrary ---
+    auto lib = nb::class_<KernelLibrary>(
+        m, "KernelLibrary",
+        "A cubin loaded as a CUlibrary (and registered with NVSHMEM where it calls it): the core's object of "
+        "mpbind.nvshmem_kernels.Library. Its release synchronises the device, unregisters and unloads it; never "
+        "from the garbage collector: dropped unclosed, it is queued until drain() or finalize().");
+    lib.def_prop_ro("handle", [](KernelLibrary& k) { return k.get().handle; },
+                    "The CUlibrary; UsageError once closed.")
+        .def_prop_ro("device", [](KernelLibrary& k) { return k.state()->device; })
+        .def_prop_ro("name", [](KernelLibrary& k) { return k.state()->name; })
+        .def_prop_ro("registered", [](KernelLibrary& k) { return k.state()->registered; },
+                     "Whether it is registered with NVSHMEM (a child of the runtime, released before it).")
+        .def_prop_ro("code", [](KernelLibrary& k) { return k.get().code(); },
+                     "The loaded code object its kernels come from; UsageError once closed.")
+        .def("__repr__", [](KernelLibrary& k) {
+            auto& s = *k.state();
+            return nb::str("<nvshmem.KernelLibrary {} {} (serial {})>")
+                .format(s.name, s.closed() ? std::string("closed") : "device=" + std::to_string(s.device),
+                        s.serial());
+        });
+    bind_lifetime(lib, "Synchronise the device, unregister it from NVSHMEM and unload it. Idempotent.");
+    m.def("load_library", &load_library, nb::arg("code"), nb::arg("handle"), nb::arg("device"), nb::arg("name"),
+          nb::arg("registered"), nb::arg("unload"),
+          nb::sig("def load_library(code: object, handle: int, device: int, name: str, registered: bool, "
+                  "unload: collections.abc.Callable[[bool], object]) -> KernelLibrary"),
+          "The core's object of a loaded library: `code` is kept until its release, which calls "
+          "`unload(registered)` once (it synchronises the device and, while NVSHMEM is up, unregisters the "
+          "library), then drops `code`. `registered` (nvshmemx_culibrary_init was called) makes it a child of the "
+          "live runtime: UsageError without one.");
 
     m.def("start", &start, nb::arg("params"), nb::arg("init"), nb::arg("require_initialized") = true,
           nb::sig("def start(params: collections.abc.Mapping[str, str], init: collections.abc.Callable[[], object], "
