@@ -21,9 +21,12 @@ PUBLIC = ["mpbind.nccl", "mpbind.nvshmem", "mpbind.cublasmp", "mpbind.cufftmp", 
           "mpbind.collective_matmul", "mpbind.nvshmem_kernels"]
 
 # Every owning class of the public modules (a test below checks that none is missing).
-OWNING = ["nccl.Communicator", "nvshmem.SymmetricArray", "cublasmp.Matrix", "cublasmp.MatmulDescriptor",
+OWNING = ["nccl.Communicator", "cublasmp.Matrix", "cublasmp.MatmulDescriptor",
           "cublasmp.Matmul", "cublasmp.PlannedMatmul", "cufftmp.Plan", "cufftmp.Descriptor", "cufftmp.Reshape",
           "fft.FFTPlan", "fft.ReshapePlan", "collective_matmul.AllGatherMatmul", "nvshmem_kernels.Library"]
+
+# Owning classes that are the core's own types: the core refuses copies alike, naming the class.
+CORE_OWNING = ["nvshmem.SymmetricArray"]
 
 COPIES: list[tuple[str, Callable[[Any], Any]]] = [
     ("copy.copy", copy.copy), ("copy.deepcopy", copy.deepcopy),
@@ -56,6 +59,15 @@ def test_owning_objects_refuse_every_copy(name: str, how: str, make_copy: Callab
     obj = cls.__new__(cls)  # the refusal is the class's: no library needed to show it
     with pytest.raises(TypeError, match=f"cannot copy {cls.__name__}: it owns a library resource .*pass the object "
                                         "itself"):
+        make_copy(obj)
+
+
+@pytest.mark.parametrize("name", CORE_OWNING)
+@pytest.mark.parametrize(("how", "make_copy"), COPIES, ids=[c[0] for c in COPIES])
+def test_owning_core_objects_refuse_every_copy(name: str, how: str, make_copy: Callable[[Any], Any]) -> None:
+    cls = _class(name)
+    obj = cls.__new__(cls)  # not made: the refusal is the class's
+    with pytest.raises(TypeError, match=f"cannot (copy|pickle) {name}: it owns a library resource"):
         make_copy(obj)
 
 
