@@ -116,7 +116,7 @@ void register_shared(nb::module_& m) {
             nb::list out;
             for (auto& p : c.state()->parts()) out.append(p);
             return nb::tuple(out);
-        }, nb::sig("def parts(self) -> tuple[object, ...]"), "Its parts, oldest first (none once closed).")
+        }, nb::sig("def parts(self) -> tuple[object, ...]"), "Its parts, oldest first.")
         .def_prop_ro("what", [](Composite& c) { return c.state()->what; })
         .def("__repr__", [](Composite& c) {
             auto& s = *c.state();
