@@ -251,7 +251,7 @@ public:
     CompositeState(std::vector<nb::object> parts, std::string what);
     ~CompositeState() override;
     const std::string what;
-    // The parts, oldest first (empty once closed).
+    // The parts, oldest first.
     std::vector<nb::object> parts() const;
 
 protected:
@@ -319,11 +319,15 @@ void bind_lifetime(nb::class_<R, Extra...>& cls, const char* close_doc) {
 }
 
 // A read-only `ptr` (the library's C object as an int, for the flat bindings) and `handle`,
-// its earlier name, kept as an alias.
+// its earlier name, kept as an alias. `doc` nullptr: a facade of the layer documents them.
 template <class R, class... Extra, class Get>
 void bind_c_pointer(nb::class_<R, Extra...>& cls, Get get, const char* doc) {
     auto as_int = [get](R& r) { return reinterpret_cast<uintptr_t>(get(r)); };
-    cls.def_prop_ro("ptr", as_int, doc).def_prop_ro("handle", as_int, "Alias of ptr.");
+    if (doc == nullptr) {
+        cls.def_prop_ro("ptr", as_int).def_prop_ro("handle", as_int);
+    } else {
+        cls.def_prop_ro("ptr", as_int, doc).def_prop_ro("handle", as_int, "Alias of ptr.");
+    }
 }
 
 // ---------------------------------------------------------------------------

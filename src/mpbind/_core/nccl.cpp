@@ -1109,8 +1109,7 @@ void register_nccl(nb::module_& parent) {
         .def("recv", [](Communicator& c, nb::handle r, nb::handle peer, nb::handle st) {
             run(Coll::kRecv, c, none_handle(), r, none_handle(), peer, st);
         }, nb::arg("recvbuf").none(), nb::arg("peer").none(), nb::arg("stream").none() = none);
-    bind_c_pointer(comm, [](Communicator& c) { return c.get().comm; },
-                   "The ncclComm_t, for the flat bindings (UsageError once closed).");
+    bind_c_pointer(comm, [](Communicator& c) { return c.get().comm; }, nullptr);  // nccl.Communicator's ptr
     bind_lifetime(comm, "Release what depends on it (grids, windows, registrations), then finalize and destroy "
                         "(collective). Idempotent.");
 
@@ -1149,7 +1148,7 @@ void register_nccl(nb::module_& parent) {
         int device = current_device();
         call(api().ncclMemAlloc, &p, nbytes);
         return Buffer(std::make_shared<BufferState>(p, nbytes, device));
-    }, nb::arg("nbytes"), "ncclMemAlloc: device memory suited to NCCL registration and symmetric windows.");
+    }, nb::arg("nbytes"));  // documented by mpbind.nccl.mem_alloc
 }
 
 }  // namespace mpbind

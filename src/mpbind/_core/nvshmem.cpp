@@ -1365,8 +1365,7 @@ void register_nvshmem(nb::module_& parent) {
     m.def("recent_operations", [] {
         PeWatch* w = g_pe_watch.load();
         return w ? watch::describe(w->recent()) : nb::list();
-    }, nb::sig("def recent_operations() -> list[dict[str, typing.Any]]"),
-       "The flight record of this PE's collectives on streams (kept while watched), oldest first.");
+    }, nb::sig("def recent_operations() -> list[dict[str, typing.Any]]"));  // documented by mpbind.nvshmem's
 
     nb::module_ testing = nb::borrow<nb::module_>(parent.attr("_testing"));
     testing.def("fence_streams", [] { return fence().streams(); },
@@ -1418,11 +1417,11 @@ void register_nvshmem(nb::module_& parent) {
 
     m.def("allocate", &allocate, nb::arg("nbytes"), nb::arg("zero") = false, nb::arg("alignment") = 0,
           "nvshmem_malloc, nvshmem_calloc (zero=True) or nvshmem_align (alignment > 0). Collective.");
-    m.def("runtime", [] { return Runtime(current()); },
-          "The live runtime; UsageError before init() or after finalize().");
+    // runtime(), my_pe(), n_pes() and is_finalized() are documented by mpbind.nvshmem's wrappers.
+    m.def("runtime", [] { return Runtime(current()); });
     // The facade's my_pe() and n_pes(): without making a Runtime object per call.
-    m.def("my_pe", [] { return hot_runtime().pe; }, "This PE's number; UsageError before init() or after finalize().");
-    m.def("n_pes", [] { return hot_runtime().npes; }, "The number of PEs; UsageError before init() or after finalize().");
+    m.def("my_pe", [] { return hot_runtime().pe; });
+    m.def("n_pes", [] { return hot_runtime().npes; });
     m.def("is_initialized", [] {
         Global& g = global();
         Lock l = lock(g.mu);
@@ -1432,7 +1431,7 @@ void register_nvshmem(nb::module_& parent) {
         Global& g = global();
         Lock l = lock(g.mu);
         return g.finalized;
-    }, "True once NVSHMEM was finalized in this process (it cannot be initialised again).");
+    });
     m.def("containing", [](uintptr_t ptr, size_t nbytes) -> nb::object {
         std::shared_ptr<RuntimeState> rt = current();
         auto s = rt->containing(ptr, nbytes == 0 ? 1 : nbytes);
