@@ -158,7 +158,7 @@ def run_mpbind(a: argparse.Namespace, comm: Any) -> list[Row]:
                                      a.iters, a.warmup, comm, stream, events)
                     rows += [("mpbind", n, series, "gpu_ms_forward", fwd),
                              ("mpbind", n, series, "gpu_ms_fwd_inv", both)]
-                    cplan = p._core.objects[0]  # the plan's cufftmp.Plan (its first part)
+                    cplan = p._core.parts[0]  # the plan's cufftmp.Plan (its first part)
                     if p.algorithm == "slabs":
                         handle, ptr = cplan.handle, p._buffer
 

@@ -142,7 +142,8 @@ def flat_call(planned: Any, handle: Any) -> Callable[[], None]:
     from mpbind.bindings import cublasmp as flat
 
     mm, p = planned.matmul, planned.plan
-    mats = dict(zip([o.name for o in p.operands], planned._core.matrices, strict=True))
+    matrices = [m for m in planned._core.parts if isinstance(m, cublasmp.Matrix)]
+    mats = dict(zip([o.name for o in p.operands], matrices, strict=True))
     compute = int(p.compute_type)
     scalars = [ctypes.create_string_buffer(cublasmp._scalar(v, compute, False), 16) for v in (p.alpha, p.beta)]
     device_bytes, host_bytes = mm.workspace_size

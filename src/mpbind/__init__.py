@@ -67,17 +67,13 @@ def load_libraries(*names: str) -> dict[str, str]:
 
 
 def drain() -> int:
-    """Collect garbage, then run every queued collective release, newest first (reverse creation
-    order, the same on every rank whatever order objects were dropped in). Collective: call it on
-    every rank. Kernel libraries dropped without ``close()`` (:mod:`mpbind.kernels`) are
-    unloaded first, while NVSHMEM is still up. Returns how many ran."""
-    import sys
-
+    """Collect garbage, then run every queued release, newest first (reverse creation order, the same
+    on every rank whatever order objects were dropped in): the collective releases, and kernel
+    libraries (:mod:`mpbind.kernels`) dropped without ``close()``, unloaded while NVSHMEM is
+    still up. Collective: call it on every rank. Returns how many ran."""
     from mpbind import _core
 
-    kernels = sys.modules.get("mpbind.kernels")  # none to unload unless it was imported
-    unloaded = kernels.drain() if kernels is not None else 0
-    return unloaded + int(_core.drain())
+    return int(_core.drain())
 
 
 def queued() -> list[tuple[str, int]]:

@@ -55,12 +55,9 @@ from mpbind._infra import cuda as _cuda
 from mpbind._infra import placement as _placement
 from mpbind._infra.interop import (
     device_span,
-    dlpack_code,
     dtype_name,
     itemsize,
-    typestr,
 )
-from mpbind._infra.owned import Owned
 from mpbind.errors import CudaError, UsageError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: import time
@@ -106,7 +103,6 @@ Team = _nv.Team
 SymmetricMemory = _nv.SymmetricMemory
 Registration = _core.Registration
 
-_KDL_CUDA = 2
 _LIMITED_STATUS = 3  # InitStatus.LIMITED_MPG
 
 
@@ -453,164 +449,10 @@ def _pes_sharing_this_gpu() -> int:
 # --- arrays ----------------------------------------------------------------------------------
 
 
-def _cai(ptr: int, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
-    ts = typestr(dtype)
-    if ts is None:
-        # bfloat16 and float8 have no typestr (or, with ml_dtypes loaded, only an opaque "<V2"):
-        # AttributeError makes consumers fall back to DLPack, which names them.
-        raise AttributeError(f"__cuda_array_interface__ cannot describe {dtype}; use DLPack")
-    return {"version": 3, "shape": shape, "typestr": ts, "data": (ptr, False), "strides": None,
-            "stream": None}
-
-
-class _DeviceView:
-    """What SymmetricArray and PeerArray share: a C-contiguous CUDA array over a pointer."""
-
-    __slots__ = ()
-
-    _shape: tuple[int, ...]
-    _dtype: str
-    _device: int
-
-    @property
-    def ptr(self) -> int:
-        raise NotImplementedError
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self._shape
-
-    @property
-    def dtype(self) -> str:
-        """The element type's name (``"float32"``, ``"bfloat16"``, ...)."""
-        return self._dtype
-
-    @property
-    def ndim(self) -> int:
-        return len(self._shape)
-
-    @property
-    def size(self) -> int:
-        return math.prod(self._shape)
-
-    @property
-    def itemsize(self) -> int:
-        return itemsize(self._dtype)
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * self.itemsize
-
-    @property
-    def device(self) -> int:
-        """The CUDA device ordinal."""
-        return self._device
-
-    @property
-    def __cuda_array_interface__(self) -> dict[str, Any]:
-        return _cai(self.ptr, self._shape, self._dtype)
-
-    def __dlpack__(self, **kwargs: Any) -> Any:
-        code, bits = dlpack_code(self._dtype)
-        # The view keeps `self` (and so the allocation) alive as long as the consumer's tensor.
-        view = _core.dlpack_view(self.ptr, list(self._shape), code, bits, self._device, self)
-        return view.__dlpack__(**{k: v for k, v in kwargs.items() if v is not None})
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return (_KDL_CUDA, self._device)
-
-
-class SymmetricArray(Owned, _DeviceView):
-    """An array in NVSHMEM's symmetric heap (every PE allocated it together).
-
-    It exports ``__cuda_array_interface__`` (v3) and DLPack, so CuPy, PyTorch and JAX view it
-    without copying; such views keep it alive but do not stop ``free()``. ``close()`` (or
-    ``free()``, or leaving a ``with`` block) is ``nvshmem_free``, collective: every PE frees its
-    array. Dropped unfreed, it warns ``ResourceWarning`` and waits for ``drain()``/``finalize()``.
-    """
-
-    # The core reads these slots directly when the array is passed to a hot call (arrays.cpp), and
-    # keeps its description in _description: _shape, _dtype and _device are set once, in _new().
-    __slots__ = ("_core", "_shape", "_dtype", "_device", "_description")
-    _core: SymmetricMemory
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        raise TypeError("symmetric arrays come from mpbind.nvshmem.empty() or zeros()")
-
-    @classmethod
-    def _new(cls, mem: SymmetricMemory, shape: tuple[int, ...], dtype: str, device: int) -> SymmetricArray:
-        self = cls._over(mem)
-        self._shape = shape
-        self._dtype = dtype
-        self._device = device
-        return self
-
-    @property
-    def ptr(self) -> int:
-        """The symmetric address; ``UsageError`` once freed."""
-        return int(self._core.ptr)
-
-    @property
-    def memory(self) -> SymmetricMemory:
-        """The allocation behind it."""
-        return self._core
-
-    def free(self) -> None:
-        """``nvshmem_free`` (collective); the same as ``close()``."""
-        self.close()
-
-    def peer(self, pe: int) -> PeerArray | None:
-        """A view of PE `pe`'s copy of this array through ``nvshmem_ptr``, or None when that PE's
-        memory is not directly addressable from here (another node, or no peer access)."""
-        address = self._core.peer_ptr(_check_pe(pe, "pe"))
-        if address is None:
-            return None
-        return PeerArray._new(self, int(address), pe)
-
-    def _described(self) -> str:
-        return f"shape={self._shape} dtype={self._dtype}"
-
-
-class PeerArray(_DeviceView):
-    """Another PE's copy of a symmetric array, addressed directly (loads and stores over NVLink
-    or within one GPU). Not symmetric memory itself: pass the SymmetricArray to RMA calls."""
-
-    # The core reads _base, _address, _shape, _dtype and _device directly (arrays.cpp).
-    __slots__ = ("_base", "_address", "_pe", "_shape", "_dtype", "_device")
-    _base: SymmetricArray
-    _address: int
-    _pe: int
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        raise TypeError("peer views come from SymmetricArray.peer()")
-
-    @classmethod
-    def _new(cls, base: SymmetricArray, address: int, pe: int) -> PeerArray:
-        self = cls.__new__(cls)
-        self._base = base
-        self._address = address
-        self._pe = pe
-        self._shape = base.shape
-        self._dtype = base.dtype
-        self._device = base.device
-        return self
-
-    @property
-    def ptr(self) -> int:
-        """The peer address; ``UsageError`` once the array is freed."""
-        self._base.ptr  # noqa: B018 - raises once freed
-        return self._address
-
-    @property
-    def pe(self) -> int:
-        return self._pe
-
-    @property
-    def base(self) -> SymmetricArray:
-        return self._base
-
-    def __repr__(self) -> str:
-        return f"<PeerArray pe={self._pe} of {self._base!r}>"
+# SymmetricArray and PeerArray are the core's types (the hot calls read them by C++ type): an array
+# is made over its allocation by _nv.symmetric_array, its description checked once, there.
+SymmetricArray = _nv.SymmetricArray
+PeerArray = _nv.PeerArray
 
 
 def _is_index(value: Any) -> bool:
@@ -646,7 +488,7 @@ def _allocate(shape: int | Sequence[int], dtype: Any, zero: bool, alignment: int
     # nvshmem_malloc takes a size_t; DLPack and the array interface describe the array in int64.
     nbytes = _args.product((*dims, itemsize(name)), f"a symmetric {name} array of shape {dims}: its byte size")
     device = _device()  # also UsageError before init / after finalize
-    return SymmetricArray._new(_nv.allocate(nbytes, zero, align), dims, name, device)
+    return _nv.symmetric_array(_nv.allocate(nbytes, zero, align), dims, name, device)
 
 
 def empty(shape: int | Sequence[int], dtype: Any = "float32", *, alignment: int = 0) -> SymmetricArray:

@@ -360,3 +360,29 @@ def test_timing_hooks_refuse_what_they_cannot_time() -> None:
         _core._testing.nvshmem_plan_ns("get", (), 10)
     with pytest.raises(UsageError, match="not initialised"):
         _core._testing.nvshmem_plan_ns("quiet", (0,), 10)
+
+
+def test_a_look_alike_of_our_arrays_is_not_one() -> None:
+    # SymmetricArray and PeerArray are the core's types, recognised by C++ type, never by name.
+    for name in ("SymmetricArray", "PeerArray"):
+        fake = type(name, (), {"__module__": "mpbind.nvshmem", "__qualname__": name,
+                               "__slots__": ("_core", "_base", "_address", "_shape", "_dtype", "_device")})()
+        with pytest.raises(UsageError, match="is not read as"):
+            _core.array_info(fake, source="peer" if name == "PeerArray" else "symmetric")
+        with pytest.raises(TypeError):
+            _core.array_info(fake)
+
+
+def test_our_arrays_cannot_be_subclassed_or_made_directly() -> None:
+    cls = _core.nvshmem.SymmetricArray
+    with pytest.raises(TypeError):
+        type("Sub", (cls,), {})
+    with pytest.raises(TypeError, match="empty"):
+        cls()
+    with pytest.raises(TypeError, match="peer"):
+        _core.nvshmem.PeerArray()
+    unmade = cls.__new__(cls)  # a not-made instance is refused, never read
+    with pytest.raises(TypeError, match="not made by mpbind.nvshmem"):
+        _core.array_info(unmade)
+    with pytest.raises(TypeError, match="SymmetricMemory"):
+        _core.nvshmem.symmetric_array(object(), (4,), "float32", 0)

@@ -841,29 +841,34 @@ def check_put_get_ring(c: Ctx) -> None:
 
 @LAYER("rma.kept_description")
 def check_kept_description(c: Ctx) -> str:
-    """The core describes a symmetric array on its first hot call and keeps the description; it is
-    used only while the array's slots hold what it was made from, and the allocation is checked
-    open at every call."""
+    """A symmetric array is the core's own type: it holds its description (made and checked once, when the
+    array was made), which a hot call copies, checking the allocation open; nothing of it can be rewritten
+    from Python, and a look-alike of another module is not taken for one."""
     shape, n = (4, 8), 32
     src, dst = nv.empty(shape, "float32"), nv.zeros(shape, "float32")
     try:
         as_cupy(src).set(pattern(c.pe, n, np.float32).reshape(shape))
         c.settle()
-        expect(getattr(dst, "_description", None) is None, "a description before the first call")
-        for _ in range(3):  # described, then kept
+        expect(type(dst) is nv.SymmetricArray and type(dst).__module__ == "mpbind._core.nvshmem", "not the core's type")
+        for _ in range(3):
             nv.put(dst, src, c.right, stream=c.stream)
         nv.quiet(stream=c.stream)
         nv.barrier_all(stream=c.stream)
         c.stream.synchronize()
         expect_equal(as_cupy(dst).get(), pattern(c.left, n, np.float32).reshape(shape), "put with kept descriptions")
-        expect(type(dst._description).__name__ == "PyCapsule", "no description kept")
-        # Nothing public changes these slots; were they changed, the kept description is not used.
-        dst._shape = (16,)
-        expect_usage_error(lambda: nv.put(dst, src, c.right), "dest has 16 elements, src 32")
-        dst._dtype = "int32"
-        dst._shape = shape
-        expect_usage_error(lambda: nv.put(dst, src, c.right), "dtype int32")
-        dst._dtype = "float32"
+        for name in ("shape", "_shape", "_description", "_core"):
+            try:
+                setattr(dst, name, (16,))
+            except AttributeError:
+                continue
+            raise AssertionError(f"SymmetricArray.{name} could be set")
+        fake = type("SymmetricArray", (), {"__module__": "mpbind.nvshmem", "ptr": dst.ptr, "shape": shape})()
+        try:
+            nv.put(fake, src, c.right)
+        except TypeError:
+            pass
+        else:
+            raise AssertionError("a look-alike of SymmetricArray was taken for one")
         parts = _core._testing.symmetric_parts_ns(dst, 20_000)
         c.settle()
     finally:

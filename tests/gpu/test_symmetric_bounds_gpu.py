@@ -74,6 +74,7 @@ def _run() -> None:
         mpbind.load_libraries("nvshmem")  # before torch maps its own copy
     import torch
 
+    from mpbind import _core
     from mpbind import nvshmem as nv
     from mpbind.bindings import nvshmem as flat
 
@@ -176,27 +177,23 @@ def _run() -> None:
         return _expect_refused(lambda: nv.put(Window(lo.ptr, both), torch.zeros(both, device="cuda"), 0),
                                "dest is not NVSHMEM symmetric memory")
 
-    def rewritten_symmetric_arrays() -> str:
+    def symmetric_arrays_are_fixed() -> str:
+        # The core's own type: nothing of its description can be rewritten from Python, and an array is
+        # never made over more than its allocation.
         reset()
-        nv.put(dest, torch.zeros(N, device="cuda"), 0, stream=stream)  # described and kept
-        nv.quiet(stream=stream)
-        shape = dest._shape
-        dest._shape = (2 * N,)  # a slot rewritten to claim more than the allocation
-        try:
-            msg = _expect_refused(lambda: nv.put(dest, torch.zeros(2 * N, device="cuda"), 0),
-                                  "more than its symmetric allocation's 4096")
-        finally:
-            dest._shape = shape
+        for name, value in (("shape", (2 * N,)), ("_shape", (2 * N,)), ("_core", None), ("dtype", "int8")):
+            try:
+                setattr(dest, name, value)
+            except AttributeError:
+                continue
+            raise AssertionError(f"SymmetricArray.{name} could be set")
         small = nv.zeros(HALF, "float32")
-        core = dest._core
-        dest._core = small._core  # the kept description, over a smaller allocation
         try:
-            _expect_refused(lambda: nv.put(dest, torch.zeros(N, device="cuda"), 0),
-                            "more than its symmetric allocation's 2048")
+            msg = _expect_refused(lambda: _core.nvshmem.symmetric_array(small.memory, (N,), "float32", dest.device),
+                                  "more than its symmetric allocation's 2048")
         finally:
-            dest._core = core
             small.free()
-        nv.put(dest, torch.zeros(N, device="cuda"), 0, stream=stream)  # as it was: fine again
+        nv.put(dest, torch.zeros(N, device="cuda"), 0, stream=stream)
         nv.quiet(stream=stream)
         stream.synchronize()
         return msg
@@ -206,7 +203,7 @@ def _run() -> None:
                ("fcollect.exact_end", fcollect_at_the_end), ("fcollect.past_end", fcollect_past_the_end),
                ("reduce.exact_end", reduce_at_the_end), ("reduce.past_end", reduce_past_the_end),
                ("wrapping_and_spanning", wrapping_and_spanning_views),
-               ("rewritten_slots", rewritten_symmetric_arrays)]
+               ("fixed_arrays", symmetric_arrays_are_fixed)]
     failed = 0
     try:
         for name, check in checks:

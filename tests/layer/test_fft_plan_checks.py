@@ -13,9 +13,9 @@ import pytest
 
 from mpbind import distributions as dist
 from mpbind import fft
+from mpbind._core import Composite
 from mpbind._infra import cuda as _cuda
 from mpbind._infra import interop as _interop
-from mpbind._infra.owned import Parts
 from mpbind.errors import UsageError
 from mpbind.fft import _planner as fp
 
@@ -167,7 +167,7 @@ def assembled(spec: fp.FFTSpec, rank: int, monkeypatch: pytest.MonkeyPatch, symm
     """An FFTPlan over `spec` at `rank` whose library calls and copies are recorded; `symmetric` holds the
     pointers that lie in NVSHMEM memory with room enough."""
     rec = Recorder()
-    p = fft.FFTPlan._over(Parts([], "test"))
+    p = fft.FFTPlan._over(Composite([], "test"))
     p.spec, p._rank, p._device = spec, rank, DEVICE
     p._buffer, p._room = buffer, spec.max_buffer_bytes
     p._need, p._stream, p._desc = spec.max_buffer_bytes, 0, None

@@ -637,7 +637,7 @@ def test_allgather_gemm_is_built_on_the_guide_grids(monkeypatch: pytest.MonkeyPa
         made.execute(d=arrays["d"])
         assert rec.executed[-1] == {"a": None, "b": None, "c": None, "d": arrays["d"]}
         assert "allgather_gemm 12 x 8 x 16" in repr(made)
-    assert made.closed and all(m.closed for m in made._core.matrices)
+    assert made.closed and all(m.closed for m in made._core.parts if isinstance(m, cublasmp.Matrix))
 
 
 def test_allreduce_d_is_described_as_a_wider_matrix(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -669,7 +669,7 @@ def test_local_plans_run_on_a_one_rank_grid(monkeypatch: pytest.MonkeyPatch) -> 
     made = build(p, 1, {"a": np.zeros((5, K)), "b": np.zeros((K, N)), "d": np.zeros((5, N))})
     assert [g[1:3] for g in rec.grids] == [(1, 1)] * 3 and rec.plans[0][2:5] == (5, N, K)
     made.close()
-    assert made._core.own[-1].closed  # the per-rank communicator
+    assert [p for p in made._core.parts if isinstance(p, FakeComm)][-1].closed  # the per-rank communicator
     empty = planned("rows", "rep", "rows", p=4)
     rows = dist.Split.blocked((M, N), 4, 0, 4)  # (4, 4, 4, 0): the last rank computes nothing
     q = plan(a=dist.Split.blocked((M, K), 4, 0, 4), b=empty.b.distribution, d=rows, a_dtype="float32")

@@ -6,8 +6,6 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 
-#include <structmember.h>
-
 #include <algorithm>
 #include <array>
 #include <cstdio>
@@ -165,13 +163,6 @@ struct Names {
     PyObject* stride = PyUnicode_InternFromString("stride");
     PyObject* cuda_stream_protocol = PyUnicode_InternFromString("__cuda_stream__");
     PyObject* cuda_stream = PyUnicode_InternFromString("cuda_stream");
-    PyObject* core = PyUnicode_InternFromString("_core");
-    PyObject* base = PyUnicode_InternFromString("_base");
-    PyObject* address = PyUnicode_InternFromString("_address");
-    PyObject* shape_slot = PyUnicode_InternFromString("_shape");
-    PyObject* dtype_slot = PyUnicode_InternFromString("_dtype");
-    PyObject* device_slot = PyUnicode_InternFromString("_device");
-    PyObject* described_slot = PyUnicode_InternFromString("_description");
     PyObject* version_tuple = Py_BuildValue("(ii)", 1, 3);  // the DLPack version we read
 };
 const Names& names() {
@@ -768,149 +759,10 @@ void via_cupy(nb::handle obj, Array& a, const char* what) {
 }
 
 // --- our own arrays ----------------------------------------------------------------------------
-
-// A slot of a Python class with __slots__, read at its offset (a member descriptor); any other
-// attribute through getattr.
-struct Slot {
-    PyObject* name = nullptr;
-    Py_ssize_t offset = -1;
-
-    static Slot of(PyTypeObject* type, PyObject* name) {
-        Slot s{name, -1};
-        PyObject* descr = _PyType_Lookup(type, name);  // borrowed
-        if (descr != nullptr && Py_TYPE(descr) == &PyMemberDescr_Type) {
-            PyMemberDef* m = reinterpret_cast<PyMemberDescrObject*>(descr)->d_member;
-            if (m->type == T_OBJECT_EX) s.offset = m->offset;
-        }
-        return s;
-    }
-    nb::object get(nb::handle obj) const {
-        if (offset >= 0) {
-            PyObject* v = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj.ptr()) + offset);
-            if (v != nullptr) return nb::borrow(v);
-        }
-        nb::object v = optional_attr(obj, name);
-        if (!v.is_valid()) {  // an object posing as one of ours
-            raise_type(typename_of(obj) + " has no " + nb::cast<std::string>(nb::handle(name)) +
-                       ": not an array mpbind made");
-        }
-        return v;
-    }
-    // The slot's storage in `obj`, or nullptr when it is not a __slots__ member.
-    PyObject** at(nb::handle obj) const {
-        return offset >= 0 ? reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj.ptr()) + offset) : nullptr;
-    }
-};
-
-struct OurSlots {
-    Slot core, base, address, shape, dtype, device, description;
-};
-
-// A SymmetricArray's description, made on its first use in a hot call and kept in its
-// _description slot: its shape, dtype and device are set once, when it is made. The payload holds
-// the three objects it was made from and is used only while the slots still hold those same
-// objects (held here, so none can be freed and its address reused meanwhile).
-struct Described {
-    PyObject* shape;
-    PyObject* dtype;
-    PyObject* device;
-    Array array;  // everything but ptr: the allocation gives that, checked open, at each use
-};
-constexpr const char* kDescribedName = "mpbind.SymmetricArray.description";
-
-void drop_described(PyObject* capsule) {
-    auto* d = static_cast<Described*>(PyCapsule_GetPointer(capsule, kDescribedName));
-    if (d == nullptr) {
-        PyErr_Clear();
-        return;
-    }
-    Py_DECREF(d->shape);
-    Py_DECREF(d->dtype);
-    Py_DECREF(d->device);
-    delete d;
-}
-
-// The kept description of `obj`, if it is still the one its slots describe.
-const Described* kept_description(nb::handle obj, const OurSlots& s) {
-    PyObject** slot = s.description.at(obj);
-    PyObject** shape = s.shape.at(obj);
-    PyObject** dtype = s.dtype.at(obj);
-    PyObject** device = s.device.at(obj);
-    if (slot == nullptr || *slot == nullptr || shape == nullptr || dtype == nullptr || device == nullptr) {
-        return nullptr;
-    }
-    if (!PyCapsule_CheckExact(*slot) || PyCapsule_GetName(*slot) != kDescribedName) return nullptr;
-    auto* d = static_cast<const Described*>(PyCapsule_GetPointer(*slot, kDescribedName));
-    if (d == nullptr) {
-        PyErr_Clear();
-        return nullptr;
-    }
-    return d->shape == *shape && d->dtype == *dtype && d->device == *device ? d : nullptr;
-}
-
-// Keep `a` (just described from the slots) as `obj`'s description; nothing when it has no such slots.
-void keep_description(nb::handle obj, const OurSlots& s, const Array& a) {
-    PyObject** slot = s.description.at(obj);
-    PyObject** shape = s.shape.at(obj);
-    PyObject** dtype = s.dtype.at(obj);
-    PyObject** device = s.device.at(obj);
-    if (slot == nullptr || shape == nullptr || dtype == nullptr || device == nullptr || *shape == nullptr ||
-        *dtype == nullptr || *device == nullptr) {
-        return;
-    }
-    auto d = std::make_unique<Described>(Described{*shape, *dtype, *device, a});
-    d->array.ptr = 0;
-    PyObject* capsule = PyCapsule_New(d.get(), kDescribedName, drop_described);
-    if (capsule == nullptr) throw nb::python_error();
-    Py_INCREF(d->shape);
-    Py_INCREF(d->dtype);
-    Py_INCREF(d->device);
-    d.release();
-    Py_XSETREF(*slot, capsule);
-}
-
-// A SymmetricArray's or PeerArray's shape, dtype and device from its slots (C order).
-void from_view(nb::handle obj, const OurSlots& s, Array& a, const char* what) {
-    read_shape(s.shape.get(obj), a, what);
-    nb::object dt = s.dtype.get(obj);
-    const Dtype* known = dtype_cache().find(dt.ptr());
-    a.dtype = known ? *known : dtype_of(dt);
-    a.device = int_field(s.device.get(obj), what, "_device");
-}
-
-// A view of our own holds no more than its allocation: its slots are writable from Python.
-void within_allocation(const Array& a, size_t allocated, const char* what) {
-    if (static_cast<uint64_t>(a.nbytes()) > allocated) {
-        raise_usage(std::string(what) + ": shape " + format_dims(a.shape) + " of " + name(a.dtype) + " holds " +
-                    std::to_string(a.nbytes()) + " bytes, more than its symmetric allocation's " +
-                    std::to_string(allocated));
-    }
-}
-
-void via_symmetric(nb::handle obj, const OurSlots& s, Array& a, const char* what) {
-    auto [base, nbytes] = nvshmem::allocation_of(s.core.get(obj));  // UsageError once freed
-    if (const Described* d = kept_description(obj, s)) {
-        a = d->array;  // validated when made
-    } else {
-        from_view(obj, s, a, what);
-        a.source = Source::kSymmetric;
-        a.ptr = base;
-        validate(a, what);
-        keep_description(obj, s, a);
-    }
-    within_allocation(a, nbytes, what);  // also for a kept one: _core may have been replaced since
-    a.ptr = a.symmetric = base;
-}
-
-void via_peer(nb::handle obj, const OurSlots& s, Array& a, const char* what) {
-    auto [base, nbytes] = nvshmem::allocation_of(s.core.get(s.base.get(obj)));  // UsageError once freed
-    (void)base;
-    from_view(obj, s, a, what);
-    a.ptr = address_field(s.address.get(obj), what, "_address");
-    a.source = Source::kPeer;
-    validate(a, what);
-    within_allocation(a, nbytes, what);  // the peer's copy is as large as this PE's
-}
+//
+// mpbind.nvshmem.SymmetricArray and PeerArray are the core's own types (nvshmem.cpp): recognised by
+// their C++ type, each holding the description made (and put through the intake rules) when it was
+// made. nvshmem::describe_symmetric / describe_peer copy it and fill in the address.
 
 void via_buffer(nb::handle obj, Array& a) {
     nccl::BufferSpan b = nccl::buffer_of(obj);  // UsageError once freed
@@ -948,7 +800,6 @@ void via_tuple(nb::handle obj, Array& a, const char* what) {
 struct Path {
     Source source;
     const ExchangeApi* exchange = nullptr;
-    OurSlots slots;
 };
 
 bool mro_has(PyTypeObject* type, std::initializer_list<const char*> tp_names) {
@@ -988,16 +839,13 @@ bool mro_has_class(PyTypeObject* type, const char* module, const char* qualname)
 }
 
 Path classify(PyTypeObject* type) {
-    const Names& n = names();
     Path p{Source::kInterface};
     if (PyType_IsSubtype(type, &PyTuple_Type)) {
         p.source = Source::kTuple;
-    } else if (is_class(type, "mpbind.nvshmem", "SymmetricArray") || is_class(type, "mpbind.nvshmem", "PeerArray")) {
-        bool peer = is_class(type, "mpbind.nvshmem", "PeerArray");
-        p.source = peer ? Source::kPeer : Source::kSymmetric;
-        p.slots = {Slot::of(type, n.core),  Slot::of(type, n.base),  Slot::of(type, n.address),
-                   Slot::of(type, n.shape_slot), Slot::of(type, n.dtype_slot), Slot::of(type, n.device_slot),
-                   Slot::of(type, n.described_slot)};
+    } else if (nvshmem::is_symmetric_array(type)) {
+        p.source = Source::kSymmetric;
+    } else if (nvshmem::is_peer_array(type)) {
+        p.source = Source::kPeer;
     } else if (nccl::buffer_type().is(reinterpret_cast<PyObject*>(type))) {
         p.source = Source::kBuffer;
     } else if (const ExchangeApi* api = exchange_api(type)) {
@@ -1028,8 +876,8 @@ const Path& path_of(PyTypeObject* type, Path& scratch) {
 void run(nb::handle obj, const Path& p, Array& a, const char* what) {
     switch (p.source) {
         case Source::kTuple: via_tuple(obj, a, what); break;
-        case Source::kSymmetric: via_symmetric(obj, p.slots, a, what); return;  // validated when described
-        case Source::kPeer: via_peer(obj, p.slots, a, what); return;           // validated there
+        case Source::kSymmetric: nvshmem::describe_symmetric(obj, a, what); return;  // validated when made
+        case Source::kPeer: nvshmem::describe_peer(obj, a, what); return;            // validated when made
         case Source::kBuffer: via_buffer(obj, a); break;
         case Source::kExchange: via_exchange(obj, p.exchange, a, what); break;
         case Source::kTorch: via_torch(obj, a, what); break;
@@ -1133,6 +981,18 @@ Array describe(nb::handle obj, const char* what, bool tuples) {
         raise_type(std::string(what) + ": expected an array with __cuda_array_interface__ or __dlpack__, not a tuple");
     }
     run(obj, p, a, what);
+    return a;
+}
+
+Array describe_c_order(uintptr_t ptr, nb::handle shape, nb::handle dtype, int device, Source source,
+                       const char* what) {
+    Array a;
+    read_shape(shape, a, what);
+    a.dtype = dtype_of(dtype);
+    a.device = device;
+    a.ptr = ptr;
+    a.source = source;
+    validate(a, what);
     return a;
 }
 
@@ -1420,53 +1280,29 @@ void register_arrays(nb::module_& m) {
     }, nb::arg("array").none(), nb::arg("n"), nb::arg("source").none() = nb::none(), nb::arg("tuples") = true,
        "Nanoseconds per description of `array` in C++ (n times; `source` forces a path): the coercion's own cost.");
     testing.def("symmetric_parts_ns", [](nb::handle obj, size_t n) {
-        using arrays::Array;
         PyTypeObject* type = Py_TYPE(obj.ptr());
         arrays::Path scratch;
         const arrays::Path& p = arrays::path_of(type, scratch);
         if (p.source != arrays::Source::kSymmetric) raise_usage("symmetric_parts_ns: not a SymmetricArray");
         uintptr_t sink = 0;
         auto per_call = [&](auto&& step) { return ns_per_call(n, step); };
-        nb::object core = p.slots.core.get(obj), shape = p.slots.shape.get(obj), dtype = p.slots.dtype.get(obj);
-        nb::object device = p.slots.device.get(obj);
         nb::dict out;
         out["path"] = per_call([&] {
             arrays::Path sc;
             sink ^= static_cast<uintptr_t>(arrays::path_of(type, sc).source);
         });
-        out["slots"] = per_call([&] {
-            sink ^= reinterpret_cast<uintptr_t>(p.slots.core.get(obj).ptr()) ^
-                    reinterpret_cast<uintptr_t>(p.slots.shape.get(obj).ptr()) ^
-                    reinterpret_cast<uintptr_t>(p.slots.dtype.get(obj).ptr()) ^
-                    reinterpret_cast<uintptr_t>(p.slots.device.get(obj).ptr());
-        });
-        out["allocation"] = per_call([&] { sink ^= nvshmem::allocation_of(core).first; });
-        out["shape"] = per_call([&] {
-            Array a;
-            arrays::read_shape(shape, a, "array");
-            sink ^= a.shape.size();
-        });
-        Array shaped;
-        arrays::read_shape(shape, shaped, "array");
-        shaped.dtype = arrays::dtype_of(dtype);
-        shaped.ptr = nvshmem::allocation_of(core).first;
-        out["strides"] = per_call([&] {
-            Array a = shaped;
-            arrays::validate(a, "array");
-            sink ^= static_cast<uintptr_t>(a.size);
-        });
-        out["dtype"] = per_call([&] { sink ^= static_cast<uintptr_t>(arrays::dtype_of(dtype)); });
-        out["device"] = per_call([&] { sink ^= static_cast<uintptr_t>(arrays::int_field(device, "array", "_device")); });
+        // The array's own description (made once, when the array was made), copied with its address.
         out["kept"] = per_call([&] {
-            sink ^= reinterpret_cast<uintptr_t>(arrays::kept_description(obj, p.slots));
+            arrays::Array a;
+            nvshmem::describe_symmetric(obj, a, "array");
+            sink ^= a.ptr;
         });
         out["whole"] = per_call([&] { sink ^= arrays::describe(obj, "array", false).ptr; });
         (void)sink;
         return out;
     }, nb::arg("array"), nb::arg("n"),
-       "Nanoseconds per step of describing a SymmetricArray in C++ (n times each): the type's path, the slot reads, "
-       "the allocation, the shape, the intake checks (size, strides, span), the dtype, the device (the steps of a "
-       "first description), finding the description kept since, and the whole description.");
+       "Nanoseconds per step of describing a SymmetricArray in C++ (n times each): the type's path, copying the "
+       "description the array holds (with the allocation's address, checked open), and the whole description.");
     testing.def("stream_ns", [](nb::handle stream, size_t n) {
         uintptr_t sink = 0;
         double ns = ns_per_call(n, [&] { sink ^= stream_handle(stream); });

@@ -3,7 +3,7 @@
 //
 // Sources, tried in this order and remembered per Python type (so each call makes one lookup):
 //   (ptr, count, dtype) tuples, where the call accepts them;
-//   our own arrays: mpbind.nvshmem.SymmetricArray / PeerArray, mpbind.nccl.Buffer (bytes);
+//   our own arrays: mpbind.nvshmem.SymmetricArray / PeerArray (the core's types, by C++ type), mpbind.nccl.Buffer;
 //   types with DLPack's C exchange API (__dlpack_c_exchange_api__: PyTorch >= 2.11), which fill a
 //     DLTensor with no Python call;
 //   PyTorch tensors of older releases and CuPy arrays, through a few attributes;
@@ -22,7 +22,7 @@
 //   * the bytes the elements cover, from the lowest to the highest addressed element given the
 //     strides, lie in [0, 2**64) (UsageError); an empty array addresses nothing;
 //   * a device ordinal is >= 0, or -1 for host memory (UsageError);
-//   * our own views hold no more than their symmetric allocation (UsageError).
+//   * our own arrays hold no more than their symmetric allocation (UsageError, when made).
 // An Array that describe() returns therefore never overflows in size, nbytes(), ptr + nbytes().
 
 #pragma once
@@ -171,6 +171,11 @@ struct Want {
 // describe(), then: in GPU memory (tuples are taken on trust), of `dtype`, C-contiguous, writable, as
 // asked (in this order).
 Array device_array(nb::handle obj, const Want& want);
+
+// A C-order array of `shape` (a sequence of ints) and `dtype` on `device` at `ptr`, through the intake
+// rules: the description the core's own array types make once (nvshmem.cpp).
+Array describe_c_order(uintptr_t ptr, nb::handle shape, nb::handle dtype, int device, Source source,
+                       const char* what);
 
 // `source` forces one path (tests and the coercion benchmark compare paths on the same object).
 Array describe_via(nb::handle obj, const char* what, Source source);

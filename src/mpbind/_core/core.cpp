@@ -47,14 +47,16 @@ void raise_overflow(const std::string& message) {
 }
 
 void refuse_copy(nb::handle self, const char* how) {
-    // The class as the lifetime table names kinds: "nccl.Communicator" (module mpbind._core.nccl).
-    std::string name = Py_TYPE(self.ptr())->tp_name;
-    nb::object module = nb::steal(PyObject_GetAttrString(reinterpret_cast<PyObject*>(Py_TYPE(self.ptr())),
-                                                         "__module__"));
-    const char* m = module.is_valid() && PyUnicode_Check(module.ptr()) ? PyUnicode_AsUTF8(module.ptr()) : nullptr;
-    PyErr_Clear();
+    // The class as the lifetime table names kinds: "nvshmem.Team" (module mpbind._core.nvshmem). Not
+    // tp_name, which nanobind makes the full dotted path.
+    nb::handle type = self.type();
+    std::string name = nb::cast<std::string>(nb::str(type.attr("__name__")));
+    nb::object module = nb::getattr(type, "__module__", nb::none());
     const std::string prefix = "mpbind._core.";
-    if (m != nullptr && std::strncmp(m, prefix.c_str(), prefix.size()) == 0) name = m + prefix.size() + ("." + name);
+    if (nb::isinstance<nb::str>(module)) {
+        std::string m = nb::cast<std::string>(module);
+        if (m.compare(0, prefix.size(), prefix) == 0) name = m.substr(prefix.size()) + "." + name;
+    }
     if (std::strcmp(how, "pickle") == 0) {
         raise_type("cannot pickle " + name + ": it owns a library resource of this process, which cannot be "
                    "saved or sent to another");
@@ -338,6 +340,7 @@ void State::ref_dropped() {
                 break;
             case Drop::kByOwner:
             case Drop::kNever:
+            case Drop::kByParts:
                 break;
         }
     } catch (nb::python_error& e) {
@@ -362,9 +365,47 @@ void State::queue_for_teardown() {
         queued_ = true;
         q.items.push_back(shared_from_this());
     }
-    warn_resource(kind() + " (serial " + std::to_string(serial_) +
-                  ") was dropped without close(); its release is collective, so it is queued "
-                  "until finalize() or drain() runs on every rank");
+    warn_resource(kind() + " (serial " + std::to_string(serial_) + ") was dropped without close(); " +
+                  (lifetime_.collective ? "its release is collective, so it is queued until finalize() or drain() "
+                                          "runs on every rank"
+                                        : "the garbage collector does not release it (" +
+                                              std::string(lifetime_.release) +
+                                              "), so it is queued until finalize() or drain() runs"));
+}
+
+// ---------------------------------------------------------------------------
+// Composites
+// ---------------------------------------------------------------------------
+
+CompositeState::CompositeState(std::vector<nb::object> parts, std::string what)
+    : State("mpbind.Composite"), what(std::move(what)), parts_(std::move(parts)) {}
+
+CompositeState::~CompositeState() {
+    if (!Py_IsInitialized()) {
+        for (auto& p : parts_) p.release();  // the interpreter is gone: leak the references
+        return;
+    }
+    nb::gil_scoped_acquire gil;
+    parts_.clear();  // each part follows its own row
+}
+
+std::vector<nb::object> CompositeState::parts() const { return parts_; }
+
+void CompositeState::release() {
+    std::vector<nb::object> parts = parts_;  // kept: a closed plan still shows what it owned
+    nb::object first_error;
+    // Newest first; every part is closed even when one fails (another rank closes them all).
+    for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
+        try {
+            it->attr("close")();
+        } catch (nb::python_error& e) {
+            if (!first_error.is_valid()) first_error = nb::borrow(e.value());
+        }
+    }
+    if (first_error.is_valid()) {
+        PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(first_error.ptr())), first_error.ptr());
+        throw nb::python_error();
+    }
 }
 
 // ---------------------------------------------------------------------------

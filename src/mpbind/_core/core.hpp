@@ -131,12 +131,15 @@ void mark_exiting();
 // What happens when the last reference on an object goes away without close().
 enum class Drop {
     kAtOnce,                // a local release, run now (also from the garbage collector)
-    kQueued,                // collective: warn ResourceWarning and wait in the teardown queue
-                            // until drain() or finalize() runs on every rank
+    kQueued,                // collective, or waiting for the device (a kernel library): warn
+                            // ResourceWarning and wait in the teardown queue until drain() or
+                            // finalize() runs on every rank
     kQueuedOnceCollective,  // kAtOnce until the object holds something collective
                             // (State::became_collective()), kQueued from then on
     kByOwner,               // nothing: its owner releases it (a cached grid: its communicator)
     kNever,                 // nothing: only an explicit close() releases it (the NVSHMEM runtime)
+    kByParts,               // nothing of its own: its references on its parts go, and each part
+                            // follows its own row (a composite plan)
 };
 
 struct Lifetime {
@@ -238,6 +241,26 @@ std::vector<std::pair<std::string, uint64_t>> queued();
 // Every state not yet released (referenced or queued): (kind, serial), oldest first.
 std::vector<std::pair<std::string, uint64_t>> alive();
 
+// A composite: the object of a plan made of several owned objects (an FFT plan's cuFFTMp plan, a
+// reshape's handle and symmetric buffers, a planned matmul's handle, communicator, matrices and
+// matmul). close() closes its parts newest first (the reverse of the order given), once, and raises
+// the first error after every part was closed; dropped unclosed, it releases nothing of its own:
+// its references on the parts go, and each part follows its own row.
+class CompositeState : public State {
+public:
+    CompositeState(std::vector<nb::object> parts, std::string what);
+    ~CompositeState() override;
+    const std::string what;
+    // The parts, oldest first.
+    std::vector<nb::object> parts() const;
+
+protected:
+    void release() override;
+
+private:
+    std::vector<nb::object> parts_;
+};
+
 // One Python object's reference on a state: what nanobind binds as each library object.
 template <class S>
 class Ref {
@@ -296,11 +319,15 @@ void bind_lifetime(nb::class_<R, Extra...>& cls, const char* close_doc) {
 }
 
 // A read-only `ptr` (the library's C object as an int, for the flat bindings) and `handle`,
-// its earlier name, kept as an alias.
+// its earlier name, kept as an alias. `doc` nullptr: a facade of the layer documents them.
 template <class R, class... Extra, class Get>
 void bind_c_pointer(nb::class_<R, Extra...>& cls, Get get, const char* doc) {
     auto as_int = [get](R& r) { return reinterpret_cast<uintptr_t>(get(r)); };
-    cls.def_prop_ro("ptr", as_int, doc).def_prop_ro("handle", as_int, "Alias of ptr.");
+    if (doc == nullptr) {
+        cls.def_prop_ro("ptr", as_int).def_prop_ro("handle", as_int);
+    } else {
+        cls.def_prop_ro("ptr", as_int, doc).def_prop_ro("handle", as_int, "Alias of ptr.");
+    }
 }
 
 // ---------------------------------------------------------------------------

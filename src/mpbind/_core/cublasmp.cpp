@@ -535,6 +535,8 @@ void register_cublasmp(nb::module_& parent) {
     bind_lifetime(grid, "cublasMpGridDestroy (collective) and drop it from the cache. Its communicator's close "
                         "does this for every grid on it.");
 
+    // grid(), grid_cache_info() and MatmulPlan's execute, capture and properties are documented by
+    // mpbind.cublasmp's wrappers (Matmul, grid(), ...), the public ones: not here too.
     m.def("grid", [](nccl::Communicator& comm, i64 nprow, i64 npcol, int layout) {
         auto cs = comm.state();
         nccl::CommState& c = comm.get();
@@ -560,10 +562,9 @@ void register_cublasmp(nb::module_& parent) {
             c.add_child(s);
             return s;
         }));
-    }, nb::arg("comm"), nb::arg("nprow"), nb::arg("npcol"), nb::arg("layout") = 0,
-       "The cached grid for (communicator, device, nprow, npcol, layout); created (collectively) on a miss.");
+    }, nb::arg("comm"), nb::arg("nprow"), nb::arg("npcol"), nb::arg("layout") = 0);
     m.def("grid_cache_info", [] { return describe(grid_cache().info()); },
-          nb::sig("def grid_cache_info() -> dict[str, int]"), "Grid cache statistics: entries, hits, misses.");
+          nb::sig("def grid_cache_info() -> dict[str, int]"));
 
     auto md = nb::class_<MatrixDescriptor>(m, "MatrixDescriptor", "A distributed matrix layout on a grid.");
     md.def_prop_ro("shape", [](MatrixDescriptor& d) { return std::make_tuple(d.get().m, d.get().n); })
@@ -586,8 +587,7 @@ void register_cublasmp(nb::module_& parent) {
         new (self) MatmulDescriptor(std::make_shared<MatmulDescState>(d, compute));
     }, nb::arg("compute_type"))
         .def_prop_ro("compute_type", [](MatmulDescriptor& d) { return d.get().compute; });
-    bind_c_pointer(mmd, [](MatmulDescriptor& d) { return d.get().desc; },
-                   "The cublasMpMatmulDescriptor_t, for the flat bindings.");
+    bind_c_pointer(mmd, [](MatmulDescriptor& d) { return d.get().desc; }, nullptr);  // cublasmp.MatmulDescriptor's
     bind_lifetime(mmd, "cublasMpMatmulDescriptorDestroy. Idempotent.");
 
     auto ws = nb::class_<Workspace>(m, "Workspace", "Device memory from cublasMpMalloc on a grid, registered on "
@@ -676,22 +676,16 @@ void register_cublasmp(nb::module_& parent) {
             s.execute(stream.is_none() ? s.handle->stream : stream_handle(stream), ptrs);
         },
              nb::arg("stream").none() = nb::none(), nb::kw_only(), nb::arg("a").none() = nb::none(),
-             nb::arg("b").none() = nb::none(), nb::arg("c").none() = nb::none(), nb::arg("d").none() = nb::none(),
-             "cublasMpMatmul on `stream` (default: the handle's stream). `a`, `b`, `c`, `d`: arrays that replace the "
-             "planned operands for this call (each of its operand's local shape, dtype and leading dimension; the "
-             "descriptors are the plan's).")
+             nb::arg("b").none() = nb::none(), nb::arg("c").none() = nb::none(), nb::arg("d").none() = nb::none())
         .def("capture", [](MatmulPlan& p, nb::handle stream) {
             MatmulPlanState& s = p.get();
             s.capture(stream.is_none() ? s.handle->stream : stream_handle(stream));
-        }, nb::arg("stream").none() = nb::none(),
-           "Record one cublasMpMatmul into a CUDA graph on `stream` (not the legacy default stream); execute() "
-           "then replays it with one cuGraphLaunch. The plan is frozen from then on.")
+        }, nb::arg("stream").none() = nb::none())
         .def_prop_ro("captured", [](MatmulPlan& p) { return p.state()->graph_exec != nullptr; })
-        .def_prop_ro("owns_descriptor", [](MatmulPlan& p) { return p.state()->owns_descriptor; },
-                     "True when close() also closes the matmul descriptor (else its creator keeps it).")
+        .def_prop_ro("owns_descriptor", [](MatmulPlan& p) { return p.state()->owns_descriptor; })
         .def_prop_ro("workspace_size", [](MatmulPlan& p) {
             return std::make_tuple(p.get().device_bytes, p.get().host_bytes);
-        }, "(device bytes, host bytes) cublasMpMatmul_bufferSize asked for.");
+        });
     bind_lifetime(plan, "Drop the plan's references and CUDA graph; close the matmul descriptor when it owns it.");
 
     nb::module_ testing = nb::borrow<nb::module_>(parent.attr("_testing"));

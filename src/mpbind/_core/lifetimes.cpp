@@ -32,6 +32,10 @@ const std::vector<Lifetime>& library_rows() {
          "nothing (predefined teams are never destroyed)"},
         {"nvshmem.SymmetricMemory", Drop::kQueued, kCollective, "nvshmem.Runtime", "nvshmem_free"},
         {"nvshmem.Registration", Drop::kAtOnce, kLocal, "nvshmem.Runtime", "nvshmemx_buffer_unregister"},
+        // Local, but never from the garbage collector: its kernels may still run, and NVSHMEM keeps a
+        // pointer into it until nvshmemx_culibrary_finalize (which needs the runtime up: its parent).
+        {"nvshmem.KernelLibrary", Drop::kQueued, kLocal, "nvshmem.Runtime",
+         "device synchronised, nvshmemx_culibrary_finalize (where registered), cuLibraryUnload"},
 
         {"cublasmp.Handle", Drop::kAtOnce, kLocal, kNoParent, "cublasMpDestroy"},
         {"cublasmp.Grid", Drop::kByOwner, kCollective, "nccl.Communicator", "cublasMpGridDestroy"},
@@ -48,6 +52,9 @@ const std::vector<Lifetime>& library_rows() {
         {"cufftmp.Plan", Drop::kQueuedOnceCollective, kCollective, kNoParent, "cufftDestroy"},
         {"cufftmp.Descriptor", Drop::kQueued, kCollective, "cufftmp.Plan", "cufftXtFree"},
         {"cufftmp.Reshape", Drop::kQueuedOnceCollective, kCollective, kNoParent, "cufftMpDestroyReshape"},
+
+        {"mpbind.Composite", Drop::kByParts, kLocal, kNoParent,
+         "nothing of its own: close() closes its parts, newest first"},
     };
     return rows;
 }
@@ -86,6 +93,7 @@ const char* drop_name(Drop drop) {
         case Drop::kQueuedOnceCollective: return "queued_once_collective";
         case Drop::kByOwner: return "by_owner";
         case Drop::kNever: return "never";
+        case Drop::kByParts: return "by_parts";
     }
     return "?";
 }

@@ -1027,110 +1027,89 @@ void register_nccl(nb::module_& parent) {
                     nb::arg("config") = nb::none(), nb::arg("timeout").none() = nb::none(),
                     nb::arg("watchdog").none() = nb::none(),
                     nb::sig("def init(nranks: int, rank: int, unique_id: object, config: object = None, "
-                            "timeout: float | None = None, watchdog: bool | None = None) -> Communicator"),
-                    "ncclCommInitRankConfig (collective), bounded by `timeout` seconds (None: MPBIND_TIMEOUT, else "
-                    "600) and interruptible (Ctrl-C). `watchdog`: watch its operations (None: MPBIND_WATCHDOG).")
+                            "timeout: float | None = None, watchdog: bool | None = None) -> Communicator"))
         .def("split", &split, nb::arg("color"), nb::arg("key"), nb::arg("config") = nb::none(),
              nb::arg("timeout").none() = nb::none(), nb::arg("watchdog").none() = nb::none(),
              nb::sig("def split(self, color: int, key: int, config: object = None, timeout: float | None = None, "
-                     "watchdog: bool | None = None) -> Communicator | None"),
-             "ncclCommSplit (collective, bounded). Returns None on ranks that passed color=-1. `timeout` and "
-             "`watchdog` default to this communicator's.")
+                     "watchdog: bool | None = None) -> Communicator | None"))
         .def("shrink", &shrink, nb::arg("exclude_ranks"), nb::arg("config") = nb::none(), nb::arg("flags") = 0,
              nb::arg("timeout").none() = nb::none(), nb::arg("watchdog").none() = nb::none(),
              nb::sig("def shrink(self, exclude_ranks: collections.abc.Sequence[int], config: object = None, "
-                     "flags: int = 0, timeout: float | None = None, watchdog: bool | None = None) -> Communicator"),
-             "ncclCommShrink (collective over the remaining ranks, bounded): a communicator without `exclude_ranks`. "
-             "Also on a revoked communicator (once quiescent).")
-        .def("revoke", &revoke,
-             "ncclCommRevoke (NCCL >= 2.28.7): stop what is in flight; from now on only shrink() and close() work "
-             "(other calls raise CommunicatorAbortedError). Returns once the communicator is quiescent (bounded).")
+                     "flags: int = 0, timeout: float | None = None, watchdog: bool | None = None) -> Communicator"))
+        .def("revoke", &revoke)
         .def_prop_ro("rank", [](Communicator& c) { return c.get().rank; })
         .def_prop_ro("size", [](Communicator& c) { return c.get().size; })
         .def_prop_ro("device", [](Communicator& c) { return c.get().device; })
-        .def_prop_ro("timeout", [](Communicator& c) { return c.state()->timeout; },
-                     "This communicator's deadline in seconds (its waits, and the watchdog's).")
+        .def_prop_ro("timeout", [](Communicator& c) { return c.state()->timeout; })
         .def_prop_ro("watched", [](Communicator& c) {
             return (c.state()->watch->flags.load() & CommWatch::kWatched) != 0;
-        }, "Whether the watchdog watches its operations (and keeps its flight record).")
-        .def_prop_ro("failed", [](Communicator& c) { return c.state()->failed(); },
-                     "True once it failed (the watchdog, revoke(), a wait given up): calls on it raise "
-                     "CommunicatorAbortedError.")
+        })
+        .def_prop_ro("failed", [](Communicator& c) { return c.state()->failed(); })
         .def_prop_ro("finalized", [](Communicator& c) { return c.state()->finalized; })
         .def("recent_operations", [](Communicator& c) { return watch::describe(c.state()->watch->recent()); },
-             nb::sig("def recent_operations(self) -> list[dict[str, typing.Any]]"),
-             "The flight record: the last 64 operations issued while watched, oldest first (seq, operation, count, "
-             "bytes, dtype, peer, stream, enqueued as time.time(), state, completed).")
+             nb::sig("def recent_operations(self) -> list[dict[str, typing.Any]]"))
         .def("finalize", [](Communicator& c) {
             c.get();
             collect_garbage();
             c.get().finalize();
-        },
-             "Run what is queued under this communicator, then ncclCommFinalize (collective, bounded; given up, the "
-             "communicator is aborted).")
-        .def("destroy", [](Communicator& c) { c.close(); }, "Same as close().")
+        })
+        .def("destroy", [](Communicator& c) { c.close(); })
         .def("abort", [](Communicator& c) {
             auto s = c.state();
             if (s->closed()) return;
             s->aborting = true;
             s->close();
-        }, "ncclCommAbort: not collective; what depends on it is dropped without library calls.")
+        })
         .def("drain", [](Communicator& c) {
             collect_garbage();
             return drain_queue(c.state().get());
-        },
-             "Run the queued collective releases under this communicator (collective).")
+        })
         .def("register", [](Communicator& c, uintptr_t ptr, size_t size, nb::object buffer) {
             return do_register(c, ptr, size, std::move(buffer), false, 0);
-        }, nb::arg("ptr"), nb::arg("size"), nb::arg("buffer") = nb::none(),
-           "ncclCommRegister, reference-counted per (ptr, size).")
+        }, nb::arg("ptr"), nb::arg("size"), nb::arg("buffer") = nb::none())
         .def("register_window", [](Communicator& c, uintptr_t ptr, size_t size, int flags, nb::object buffer) {
             return do_register(c, ptr, size, std::move(buffer), true, flags);
-        }, nb::arg("ptr"), nb::arg("size"), nb::arg("flags") = 0, nb::arg("buffer") = nb::none(),
-           "ncclCommWindowRegister (collective), reference-counted per (ptr, size).")
-        .def("registrations", &list_registrations, nb::sig("def registrations(self) -> list[dict[str, typing.Any]]"),
-             "Live registrations and windows on this communicator.")
+        }, nb::arg("ptr"), nb::arg("size"), nb::arg("flags") = 0, nb::arg("buffer") = nb::none())
+        .def("registrations", &list_registrations, nb::sig("def registrations(self) -> list[dict[str, typing.Any]]"))
         .def("__repr__", [](Communicator& c) {
             auto& s = *c.state();
             if (s.closed()) return std::string("<nccl.Communicator closed>");
             return "<nccl.Communicator rank=" + std::to_string(s.rank) + " size=" + std::to_string(s.size) +
                    " device=" + std::to_string(s.device) + ">";
         });
-    // The hot calls: one call from the facade each (see plan() and issue()).
+    // The hot calls: one call from the facade each (see plan() and issue()). mpbind.nccl.Communicator's
+    // methods are the public ones: their signatures and docstrings are there, not here (nor for the
+    // other methods it wraps).
     auto none = nb::none();
     comm.def("all_reduce", [](Communicator& c, nb::handle s, nb::handle r, nb::handle op, nb::handle st) {
         run(Coll::kAllReduce, c, s, r, op, none_handle(), st);
     }, nb::arg("sendbuf").none(), nb::arg("recvbuf").none(), nb::arg("op").none() = "sum",
-       nb::arg("stream").none() = none, "ncclAllReduce; sendbuf may be recvbuf (in place).")
+       nb::arg("stream").none() = none)
         .def("reduce", [](Communicator& c, nb::handle s, nb::handle r, nb::handle root, nb::handle op, nb::handle st) {
             run(Coll::kReduce, c, s, r, op, root, st);
         }, nb::arg("sendbuf").none(), nb::arg("recvbuf").none(), nb::arg("root").none(), nb::arg("op").none() = "sum",
-           nb::arg("stream").none() = none, "ncclReduce to `root`.")
+           nb::arg("stream").none() = none)
         .def("broadcast", [](Communicator& c, nb::handle s, nb::handle r, nb::handle root, nb::handle st) {
             run(Coll::kBroadcast, c, s, r, none_handle(), root, st);
         }, nb::arg("sendbuf").none(), nb::arg("recvbuf").none(), nb::arg("root").none(),
-           nb::arg("stream").none() = none, "ncclBroadcast from `root`.")
+           nb::arg("stream").none() = none)
         .def("all_gather", [](Communicator& c, nb::handle s, nb::handle r, nb::handle st) {
             run(Coll::kAllGather, c, s, r, none_handle(), none_handle(), st);
-        }, nb::arg("sendbuf").none(), nb::arg("recvbuf").none(), nb::arg("stream").none() = none,
-           "ncclAllGather: recvbuf holds size x sendbuf.")
+        }, nb::arg("sendbuf").none(), nb::arg("recvbuf").none(), nb::arg("stream").none() = none)
         .def("reduce_scatter", [](Communicator& c, nb::handle s, nb::handle r, nb::handle op, nb::handle st) {
             run(Coll::kReduceScatter, c, s, r, op, none_handle(), st);
         }, nb::arg("sendbuf").none(), nb::arg("recvbuf").none(), nb::arg("op").none() = "sum",
-           nb::arg("stream").none() = none, "ncclReduceScatter: sendbuf holds size x recvbuf.")
+           nb::arg("stream").none() = none)
         .def("all_to_all", [](Communicator& c, nb::handle s, nb::handle r, nb::handle st) {
             run(Coll::kAllToAll, c, s, r, none_handle(), none_handle(), st);
-        }, nb::arg("sendbuf").none(), nb::arg("recvbuf").none(), nb::arg("stream").none() = none,
-           "ncclAlltoAll: both hold size blocks; block j of sendbuf goes to rank j.")
+        }, nb::arg("sendbuf").none(), nb::arg("recvbuf").none(), nb::arg("stream").none() = none)
         .def("send", [](Communicator& c, nb::handle s, nb::handle peer, nb::handle st) {
             run(Coll::kSend, c, s, none_handle(), none_handle(), peer, st);
-        }, nb::arg("sendbuf").none(), nb::arg("peer").none(), nb::arg("stream").none() = none, "ncclSend to `peer`.")
+        }, nb::arg("sendbuf").none(), nb::arg("peer").none(), nb::arg("stream").none() = none)
         .def("recv", [](Communicator& c, nb::handle r, nb::handle peer, nb::handle st) {
             run(Coll::kRecv, c, none_handle(), r, none_handle(), peer, st);
-        }, nb::arg("recvbuf").none(), nb::arg("peer").none(), nb::arg("stream").none() = none,
-           "ncclRecv from `peer`.");
-    bind_c_pointer(comm, [](Communicator& c) { return c.get().comm; },
-                   "The ncclComm_t, for the flat bindings (UsageError once closed).");
+        }, nb::arg("recvbuf").none(), nb::arg("peer").none(), nb::arg("stream").none() = none);
+    bind_c_pointer(comm, [](Communicator& c) { return c.get().comm; }, nullptr);  // nccl.Communicator's ptr
     bind_lifetime(comm, "Release what depends on it (grids, windows, registrations), then finalize and destroy "
                         "(collective). Idempotent.");
 
@@ -1169,7 +1148,7 @@ void register_nccl(nb::module_& parent) {
         int device = current_device();
         call(api().ncclMemAlloc, &p, nbytes);
         return Buffer(std::make_shared<BufferState>(p, nbytes, device));
-    }, nb::arg("nbytes"), "ncclMemAlloc: device memory suited to NCCL registration and symmetric windows.");
+    }, nb::arg("nbytes"));  // documented by mpbind.nccl.mem_alloc
 }
 
 }  // namespace mpbind

@@ -352,6 +352,72 @@ Allocation allocate(size_t nbytes, bool zero, size_t alignment) {
     return Allocation(s);
 }
 
+// --- kernel libraries ----------------------------------------------------------
+//
+// A loaded cubin (mpbind.kernels.Library): the core owns its lifetime (serial, the teardown
+// queue, the runtime as parent), the layer makes the CUDA calls. Its release is local but never runs
+// from the garbage collector: a kernel launched from it may still run, and NVSHMEM keeps a pointer
+// into it until nvshmemx_culibrary_finalize, which needs the runtime up. So a library registered with
+// NVSHMEM is a child of the runtime (finalize() unloads it first), and one dropped unclosed is queued.
+
+class KernelLibraryState : public State {
+public:
+    KernelLibraryState(nb::object code, uintptr_t handle, int device, std::string name, nb::object unload)
+        : State("nvshmem.KernelLibrary"),
+          handle(handle),
+          device(device),
+          name(std::move(name)),
+          code_(std::move(code)),
+          unload_(std::move(unload)) {}
+    ~KernelLibraryState() override {
+        if (!Py_IsInitialized()) {  // the interpreter is gone: leak the references
+            code_.release();
+            unload_.release();
+            return;
+        }
+        nb::gil_scoped_acquire gil;
+        code_.reset();
+        unload_.reset();
+    }
+    const uintptr_t handle;  // the CUlibrary
+    const int device;
+    const std::string name;
+    bool registered = false;  // with NVSHMEM (nvshmemx_culibrary_init)
+    // The loaded code (cuda.core's ObjectCode, which unloads the CUlibrary when collected).
+    const nb::object& code() {
+        check_open();
+        return code_;
+    }
+
+protected:
+    // unload() synchronises the device and unregisters the library from NVSHMEM; dropping the code
+    // object then unloads it. The code is dropped even when unload() fails: released once.
+    void release() override {
+        nb::object unload = std::move(unload_), code = std::move(code_);
+        unload_.reset();
+        code_.reset();
+        if (unload.is_valid() && !unload.is_none()) unload(registered);
+    }
+
+private:
+    nb::object code_, unload_;
+};
+using KernelLibrary = Ref<KernelLibraryState>;
+
+KernelLibrary load_library(nb::object code, uintptr_t handle, int device, std::string name, bool registered,
+                           nb::object unload) {
+    if (!PyCallable_Check(unload.ptr())) raise_type("unload must be callable, not " + py_type_name(unload));
+    std::shared_ptr<RuntimeState> rt = registered ? current() : nullptr;  // UsageError without a runtime
+    auto s = std::make_shared<KernelLibraryState>(std::move(code), handle, device, std::move(name),
+                                                  std::move(unload));
+    s->registered = registered;
+    if (rt) {
+        s->depends_on(rt);
+        rt->add_child(s);
+    }
+    return KernelLibrary(s);
+}
+
 // --- teams -------------------------------------------------------------------
 
 class TeamState : public State {
@@ -803,17 +869,240 @@ nb::dict describe_allocation(const AllocState& s) {
     return d;
 }
 
+// --- symmetric arrays: mpbind.nvshmem.SymmetricArray and PeerArray ---------------------------------
+//
+// The core's own types, final (no subclass): a hot call recognises them by C++ type and copies the
+// description each holds, made and put through the intake rules once, when the array was made (its
+// shape, dtype and device never change). Only the allocation is read at each call, checked open.
+
+// mpbind._core.dlpack_view, looked up once (never freed: it may be used until the process ends).
+nb::object* g_dlpack_view = nullptr;
+
+// A C-order CUDA array over symmetric memory: what SymmetricArray and PeerArray share.
+struct ArrayView {
+    nb::object shape;          // the tuple of ints it was made with
+    nb::object dtype;          // the element type's name (a str)
+    arrays::Array described;   // validated when made; ptr is filled in at each use
+
+    int device() const { return described.device; }
+    nb::dict cuda_array_interface(uintptr_t ptr) const {
+        const char* ts = arrays::info(described.dtype).typestr;
+        if (ts == nullptr) {
+            // bfloat16 and float8 have no typestr: AttributeError makes consumers fall back to DLPack.
+            PyErr_SetString(PyExc_AttributeError, ("__cuda_array_interface__ cannot describe " +
+                                                   std::string(arrays::name(described.dtype)) + "; use DLPack")
+                                                      .c_str());
+            throw nb::python_error();
+        }
+        nb::dict d;
+        d["version"] = 3;
+        d["shape"] = shape;
+        d["typestr"] = ts;
+        d["data"] = nb::make_tuple(ptr, false);
+        d["strides"] = nb::none();
+        d["stream"] = nb::none();
+        return d;
+    }
+    // A DLPack export of [ptr, ...) that keeps `owner` (the array) alive as long as the consumer's tensor.
+    nb::object dlpack(uintptr_t ptr, nb::handle owner, const nb::kwargs& kwargs) const {
+        if (g_dlpack_view == nullptr) g_dlpack_view = new nb::object(nb::module_::import_("mpbind._core").attr("dlpack_view"));
+        const arrays::DtypeInfo& i = arrays::info(described.dtype);
+        nb::list extents;
+        for (size_t k = 0; k < described.shape.size(); ++k) extents.append(described.shape[k]);
+        nb::object view = (*g_dlpack_view)(ptr, extents, i.dl_code, i.dl_bits, device(), owner);
+        nb::dict given;
+        for (auto [k, v] : kwargs) {
+            if (!v.is_none()) given[k] = v;
+        }
+        return view.attr("__dlpack__")(**given);
+    }
+};
+
+struct SymmetricArray {
+    nb::object memory;                   // the SymmetricMemory (Allocation) it owns
+    std::shared_ptr<AllocState> state;   // memory's state
+    ArrayView view;
+
+    AllocState& alloc() const {
+        state->check_open();  // UsageError once freed
+        return *state;
+    }
+};
+
+struct PeerArray {
+    nb::object base;             // its SymmetricArray
+    const SymmetricArray* sym;   // base's (base keeps it alive)
+    uintptr_t address;
+    int pe;
+    ArrayView view;              // described at the peer address
+
+    uintptr_t ptr() const {
+        sym->alloc();
+        return address;
+    }
+};
+
+PyTypeObject* g_symmetric_type = nullptr;
+PyTypeObject* g_peer_type = nullptr;
+
+// nvshmem_ptr of PE `pe`'s copy at `offset`, or nullopt when that memory is not directly addressable.
+std::optional<uintptr_t> peer_address(AllocState& s, int pe, size_t offset) {
+    int n = open_runtime(s.runtime).npes;
+    if (pe < 0 || pe >= n) raise_usage("pe must be in [0, " + std::to_string(n) + "), got " + std::to_string(pe));
+    if (offset >= s.nbytes) raise_usage("offset " + std::to_string(offset) + " is past the allocation");
+    void* p = invoke(api().nvshmem_ptr, reinterpret_cast<const void*>(s.ptr + offset), pe);
+    if (p == nullptr) return std::nullopt;
+    return reinterpret_cast<uintptr_t>(p);
+}
+
+// A view described at `ptr`: the intake rules, and no more than the allocation holds.
+ArrayView make_view(uintptr_t ptr, nb::handle shape, nb::handle dtype, int device, size_t allocated,
+                    arrays::Source source, const char* what) {
+    if (!PyTuple_Check(shape.ptr())) raise_type(std::string(what) + ": shape must be a tuple of ints");
+    if (!PyUnicode_Check(dtype.ptr())) raise_type(std::string(what) + ": dtype must be an element type's name");
+    if (device < 0) raise_usage(std::string(what) + ": device must be a CUDA ordinal, got " + std::to_string(device));
+    ArrayView v{nb::borrow(shape), nb::borrow(dtype), arrays::describe_c_order(ptr, shape, dtype, device, source, what)};
+    if (static_cast<uint64_t>(v.described.nbytes()) > allocated) {
+        raise_usage(std::string(what) + ": " + std::to_string(v.described.nbytes()) +
+                    " bytes, more than its symmetric allocation's " + std::to_string(allocated));
+    }
+    return v;
+}
+
+template <class T>
+T& ready(nb::handle obj, const char* kind) {
+    if (!nb::inst_ready(obj)) raise_type(std::string("this ") + kind + " was not made by mpbind.nvshmem");
+    return *nb::inst_ptr<T>(obj);
+}
+
 }  // namespace
 
-std::pair<uintptr_t, size_t> allocation_of(nb::handle memory) {
-    Allocation* a = nullptr;
-    if (!nb::try_cast<Allocation*>(memory, a) || a == nullptr) {
-        raise_type("a symmetric array's memory must be an mpbind.nvshmem.SymmetricMemory, not " +
-                   arrays::typename_of(memory));
-    }
-    AllocState& s = a->get();
-    return {s.ptr, s.nbytes};
+bool is_symmetric_array(PyTypeObject* type) { return type == g_symmetric_type && type != nullptr; }
+bool is_peer_array(PyTypeObject* type) { return type == g_peer_type && type != nullptr; }
+
+void describe_symmetric(nb::handle obj, arrays::Array& a, const char* what) {
+    (void)what;
+    const SymmetricArray& s = ready<SymmetricArray>(obj, "SymmetricArray");
+    const AllocState& m = s.alloc();  // UsageError once freed
+    a = s.view.described;
+    a.ptr = a.symmetric = m.ptr;
 }
+
+void describe_peer(nb::handle obj, arrays::Array& a, const char* what) {
+    (void)what;
+    const PeerArray& p = ready<PeerArray>(obj, "PeerArray");
+    a = p.view.described;
+    a.ptr = p.ptr();  // UsageError once the array is freed
+}
+
+namespace {
+
+void register_arrays_of(nb::module_& m) {
+    auto sym = nb::class_<SymmetricArray>(
+        m, "SymmetricArray", nb::is_final(),
+        "An array in NVSHMEM's symmetric heap (every PE allocated it together).\n\n"
+        "It exports __cuda_array_interface__ (v3) and DLPack, so CuPy, PyTorch and JAX view it without "
+        "copying; such views keep it alive but do not stop free(). close() (or free(), or leaving a with "
+        "block) is nvshmem_free, collective: every PE frees its array. Dropped unfreed, it warns "
+        "ResourceWarning and waits for drain()/finalize().");
+    sym.def("__init__", [](SymmetricArray*, nb::args, nb::kwargs) {
+           raise_type("symmetric arrays come from mpbind.nvshmem.empty() or zeros()");
+       }, nb::sig("def __init__(self, *args: object, **kwargs: object) -> None"))
+        .def_prop_ro("ptr", [](const SymmetricArray& s) { return s.alloc().ptr; },
+                     "The symmetric address; UsageError once freed.")
+        .def_prop_ro("memory", [](const SymmetricArray& s) { return s.memory; },
+                     nb::sig("def memory(self) -> SymmetricMemory"), "The allocation behind it.")
+        .def_prop_ro("shape", [](const SymmetricArray& s) { return s.view.shape; },
+                     nb::sig("def shape(self) -> tuple[int, ...]"))
+        .def_prop_ro("dtype", [](const SymmetricArray& s) { return s.view.dtype; }, nb::sig("def dtype(self) -> str"),
+                     "The element type's name (\"float32\", \"bfloat16\", ...).")
+        .def_prop_ro("ndim", [](const SymmetricArray& s) { return s.view.described.shape.size(); })
+        .def_prop_ro("size", [](const SymmetricArray& s) { return s.view.described.size; })
+        .def_prop_ro("itemsize", [](const SymmetricArray& s) { return s.view.described.itemsize(); })
+        .def_prop_ro("nbytes", [](const SymmetricArray& s) { return s.view.described.nbytes(); })
+        .def_prop_ro("device", [](const SymmetricArray& s) { return s.view.device(); }, "The CUDA device ordinal.")
+        .def_prop_ro("__cuda_array_interface__",
+                     [](const SymmetricArray& s) { return s.view.cuda_array_interface(s.alloc().ptr); },
+                     nb::sig("def __cuda_array_interface__(self) -> dict[str, typing.Any]"))
+        .def("__dlpack__", [](nb::handle self, nb::kwargs kwargs) {
+            const SymmetricArray& s = ready<SymmetricArray>(self, "SymmetricArray");
+            return s.view.dlpack(s.alloc().ptr, self, kwargs);
+        }, nb::sig("def __dlpack__(self, **kwargs: typing.Any) -> typing.Any"))
+        .def("__dlpack_device__", [](const SymmetricArray& s) { return std::make_pair(2, s.view.device()); },
+             nb::sig("def __dlpack_device__(self) -> tuple[int, int]"))
+        .def("free", [](SymmetricArray& s) { s.state->close(); }, "nvshmem_free (collective); the same as close().")
+        .def("peer", [](nb::handle self, nb::handle pe) -> nb::object {
+            const SymmetricArray& s = ready<SymmetricArray>(self, "SymmetricArray");
+            int number = pe_arg(pe, "pe", open_runtime(s.alloc().runtime).npes);
+            std::optional<uintptr_t> address = peer_address(s.alloc(), number, 0);
+            if (!address) return nb::none();
+            ArrayView view = make_view(*address, s.view.shape, s.view.dtype, s.view.device(), s.state->nbytes,
+                                       arrays::Source::kPeer, "a peer view");
+            return nb::cast(PeerArray{nb::borrow(self), &s, *address, number, std::move(view)});
+        }, nb::arg("pe").none(), nb::sig("def peer(self, pe: int) -> PeerArray | None"),
+           "A view of PE `pe`'s copy of this array through nvshmem_ptr, or None when that PE's memory is not "
+           "directly addressable from here (another node, or no peer access).")
+        .def("close", [](SymmetricArray& s) { s.state->close(); },
+             "nvshmem_free (collective: every PE frees its array). Idempotent.")
+        .def_prop_ro("closed", [](const SymmetricArray& s) { return s.state->closed(); }, "True once freed.")
+        .def_prop_ro("serial", [](const SymmetricArray& s) { return s.state->serial(); },
+                     "Creation order in this process (its allocation's); queued releases run newest first.")
+        .def("__enter__", [](nb::handle self) { return nb::borrow(self); }, nb::sig(kEnterSig))
+        .def("__exit__", [](SymmetricArray& s, nb::args) { s.state->close(); }, nb::sig(kExitSig))
+        .def("__repr__", [](const SymmetricArray& s) {
+            return "<SymmetricArray shape=" + nb::cast<std::string>(nb::repr(s.view.shape)) +
+                   " dtype=" + nb::cast<std::string>(nb::str(s.view.dtype)) + ": " +
+                   nb::cast<std::string>(nb::repr(s.memory)) + ">";
+        });
+    refuse_copies(sym);
+    g_symmetric_type = reinterpret_cast<PyTypeObject*>(sym.ptr());
+
+    auto peer = nb::class_<PeerArray>(
+        m, "PeerArray", nb::is_final(),
+        "Another PE's copy of a symmetric array, addressed directly (loads and stores over NVLink or within one "
+        "GPU). Not symmetric memory itself: pass the SymmetricArray to RMA calls.");
+    peer.def("__init__", [](PeerArray*, nb::args, nb::kwargs) {
+            raise_type("peer views come from SymmetricArray.peer()");
+        }, nb::sig("def __init__(self, *args: object, **kwargs: object) -> None"))
+        .def_prop_ro("ptr", [](const PeerArray& p) { return p.ptr(); },
+                     "The peer address; UsageError once the array is freed.")
+        .def_prop_ro("pe", [](const PeerArray& p) { return p.pe; })
+        .def_prop_ro("base", [](const PeerArray& p) { return p.base; }, nb::sig("def base(self) -> SymmetricArray"))
+        .def_prop_ro("shape", [](const PeerArray& p) { return p.view.shape; },
+                     nb::sig("def shape(self) -> tuple[int, ...]"))
+        .def_prop_ro("dtype", [](const PeerArray& p) { return p.view.dtype; }, nb::sig("def dtype(self) -> str"))
+        .def_prop_ro("ndim", [](const PeerArray& p) { return p.view.described.shape.size(); })
+        .def_prop_ro("size", [](const PeerArray& p) { return p.view.described.size; })
+        .def_prop_ro("itemsize", [](const PeerArray& p) { return p.view.described.itemsize(); })
+        .def_prop_ro("nbytes", [](const PeerArray& p) { return p.view.described.nbytes(); })
+        .def_prop_ro("device", [](const PeerArray& p) { return p.view.device(); }, "The CUDA device ordinal.")
+        .def_prop_ro("__cuda_array_interface__", [](const PeerArray& p) { return p.view.cuda_array_interface(p.ptr()); },
+                     nb::sig("def __cuda_array_interface__(self) -> dict[str, typing.Any]"))
+        .def("__dlpack__", [](nb::handle self, nb::kwargs kwargs) {
+            const PeerArray& p = ready<PeerArray>(self, "PeerArray");
+            return p.view.dlpack(p.ptr(), self, kwargs);
+        }, nb::sig("def __dlpack__(self, **kwargs: typing.Any) -> typing.Any"))
+        .def("__dlpack_device__", [](const PeerArray& p) { return std::make_pair(2, p.view.device()); },
+             nb::sig("def __dlpack_device__(self) -> tuple[int, int]"))
+        .def("__repr__", [](const PeerArray& p) {
+            return "<PeerArray pe=" + std::to_string(p.pe) + " of " + nb::cast<std::string>(nb::repr(p.base)) + ">";
+        });
+    g_peer_type = reinterpret_cast<PyTypeObject*>(peer.ptr());
+
+    m.def("symmetric_array", [](nb::handle memory, nb::handle shape, nb::handle dtype, int device) {
+        Allocation& a = object_arg<Allocation>(memory, "memory", "an mpbind.nvshmem.SymmetricMemory");
+        AllocState& s = a.get();
+        ArrayView view = make_view(s.ptr, shape, dtype, device, s.nbytes, arrays::Source::kSymmetric,
+                                   "a symmetric array");
+        return SymmetricArray{nb::borrow(memory), a.state(), std::move(view)};
+    }, nb::arg("memory"), nb::arg("shape"), nb::arg("dtype"), nb::arg("device"),
+       nb::sig("def symmetric_array(memory: SymmetricMemory, shape: tuple[int, ...], dtype: str, device: int) "
+               "-> SymmetricArray"),
+       "A C-order array of `shape` and `dtype` (a name) over `memory` on `device`, which it owns (mpbind.nvshmem's "
+       "empty() and zeros() make them). UsageError when it would hold more than the allocation.");
+}
+
+}  // namespace
 
 struct CollectiveCall::Impl {
     Watched watched;
@@ -935,16 +1224,7 @@ void register_nvshmem(nb::module_& parent) {
         .def_prop_ro("nbytes", [](Allocation& a) { return a.get().nbytes; })
         .def("peer_ptr", [](Allocation& a, nb::handle pe_arg, nb::handle offset_arg) -> std::optional<uintptr_t> {
             int pe = c_int(pe_arg, "pe");
-            size_t offset = uint_arg(offset_arg, "offset");
-            AllocState& s = a.get();
-            int n = open_runtime(s.runtime).npes;
-            if (pe < 0 || pe >= n) {
-                raise_usage("pe must be in [0, " + std::to_string(n) + "), got " + std::to_string(pe));
-            }
-            if (offset >= s.nbytes) raise_usage("offset " + std::to_string(offset) + " is past the allocation");
-            void* p = invoke(api().nvshmem_ptr, reinterpret_cast<const void*>(s.ptr + offset), pe);
-            if (p == nullptr) return std::nullopt;
-            return reinterpret_cast<uintptr_t>(p);
+            return peer_address(a.get(), pe, uint_arg(offset_arg, "offset"));
         }, nb::arg("pe").none(), nb::arg("offset").none() = 0,
            nb::sig("def peer_ptr(self, pe: int, offset: int = 0) -> int | None"),
            "nvshmem_ptr: the address of this memory on PE `pe` usable from this PE, or None when that PE's "
@@ -956,6 +1236,37 @@ void register_nvshmem(nb::module_& parent) {
                 .format(s.ptr, s.nbytes, s.closed() ? " freed" : "");
         });
     bind_lifetime(mem, "nvshmem_free (collective). Idempotent.");
+    register_arrays_of(m);
+
+    // --- KernelLibrary ---
+    auto lib = nb::class_<KernelLibrary>(
+        m, "KernelLibrary",
+        "A cubin loaded as a CUlibrary (and registered with NVSHMEM where it calls it): the core's object of "
+        "mpbind.kernels.Library. Its release synchronises the device, unregisters and unloads it; never "
+        "from the garbage collector: dropped unclosed, it is queued until drain() or finalize().");
+    lib.def_prop_ro("handle", [](KernelLibrary& k) { return k.get().handle; },
+                    "The CUlibrary; UsageError once closed.")
+        .def_prop_ro("device", [](KernelLibrary& k) { return k.state()->device; })
+        .def_prop_ro("name", [](KernelLibrary& k) { return k.state()->name; })
+        .def_prop_ro("registered", [](KernelLibrary& k) { return k.state()->registered; },
+                     "Whether it is registered with NVSHMEM (a child of the runtime, released before it).")
+        .def_prop_ro("code", [](KernelLibrary& k) { return k.get().code(); },
+                     "The loaded code object its kernels come from; UsageError once closed.")
+        .def("__repr__", [](KernelLibrary& k) {
+            auto& s = *k.state();
+            return nb::str("<nvshmem.KernelLibrary {} {} (serial {})>")
+                .format(s.name, s.closed() ? std::string("closed") : "device=" + std::to_string(s.device),
+                        s.serial());
+        });
+    bind_lifetime(lib, "Synchronise the device, unregister it from NVSHMEM and unload it. Idempotent.");
+    m.def("load_library", &load_library, nb::arg("code"), nb::arg("handle"), nb::arg("device"), nb::arg("name"),
+          nb::arg("registered"), nb::arg("unload"),
+          nb::sig("def load_library(code: object, handle: int, device: int, name: str, registered: bool, "
+                  "unload: collections.abc.Callable[[bool], object]) -> KernelLibrary"),
+          "The core's object of a loaded library: `code` is kept until its release, which calls "
+          "`unload(registered)` once (it synchronises the device and, while NVSHMEM is up, unregisters the "
+          "library), then drops `code`. `registered` (nvshmemx_culibrary_init was called) makes it a child of the "
+          "live runtime: UsageError without one.");
 
     m.def("start", &start, nb::arg("params"), nb::arg("init"), nb::arg("require_initialized") = true,
           nb::sig("def start(params: collections.abc.Mapping[str, str], init: collections.abc.Callable[[], object], "
@@ -1054,8 +1365,7 @@ void register_nvshmem(nb::module_& parent) {
     m.def("recent_operations", [] {
         PeWatch* w = g_pe_watch.load();
         return w ? watch::describe(w->recent()) : nb::list();
-    }, nb::sig("def recent_operations() -> list[dict[str, typing.Any]]"),
-       "The flight record of this PE's collectives on streams (kept while watched), oldest first.");
+    }, nb::sig("def recent_operations() -> list[dict[str, typing.Any]]"));  // documented by mpbind.nvshmem's
 
     nb::module_ testing = nb::borrow<nb::module_>(parent.attr("_testing"));
     testing.def("fence_streams", [] { return fence().streams(); },
@@ -1107,11 +1417,11 @@ void register_nvshmem(nb::module_& parent) {
 
     m.def("allocate", &allocate, nb::arg("nbytes"), nb::arg("zero") = false, nb::arg("alignment") = 0,
           "nvshmem_malloc, nvshmem_calloc (zero=True) or nvshmem_align (alignment > 0). Collective.");
-    m.def("runtime", [] { return Runtime(current()); },
-          "The live runtime; UsageError before init() or after finalize().");
+    // runtime(), my_pe(), n_pes() and is_finalized() are documented by mpbind.nvshmem's wrappers.
+    m.def("runtime", [] { return Runtime(current()); });
     // The facade's my_pe() and n_pes(): without making a Runtime object per call.
-    m.def("my_pe", [] { return hot_runtime().pe; }, "This PE's number; UsageError before init() or after finalize().");
-    m.def("n_pes", [] { return hot_runtime().npes; }, "The number of PEs; UsageError before init() or after finalize().");
+    m.def("my_pe", [] { return hot_runtime().pe; });
+    m.def("n_pes", [] { return hot_runtime().npes; });
     m.def("is_initialized", [] {
         Global& g = global();
         Lock l = lock(g.mu);
@@ -1121,7 +1431,7 @@ void register_nvshmem(nb::module_& parent) {
         Global& g = global();
         Lock l = lock(g.mu);
         return g.finalized;
-    }, "True once NVSHMEM was finalized in this process (it cannot be initialised again).");
+    });
     m.def("containing", [](uintptr_t ptr, size_t nbytes) -> nb::object {
         std::shared_ptr<RuntimeState> rt = current();
         auto s = rt->containing(ptr, nbytes == 0 ? 1 : nbytes);

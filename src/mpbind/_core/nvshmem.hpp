@@ -6,10 +6,17 @@
 #include <cstdint>
 #include <utility>
 
+#include "arrays.hpp"
+
 namespace mpbind::nvshmem {
 
-// (base pointer, bytes) of a live mpbind._core.nvshmem.SymmetricMemory; UsageError once freed.
-std::pair<uintptr_t, size_t> allocation_of(nanobind::handle memory);
+// mpbind.nvshmem.SymmetricArray and PeerArray, the core's own (final) types: whether `type` is one.
+bool is_symmetric_array(PyTypeObject* type);
+bool is_peer_array(PyTypeObject* type);
+// The description such an array holds (made and checked once, when the array was made), with its
+// address: UsageError once its allocation is freed.
+void describe_symmetric(nanobind::handle obj, arrays::Array& a, const char* what);
+void describe_peer(nanobind::handle obj, arrays::Array& a, const char* what);
 
 // An on-stream NVSHMEM collective that another library makes (cufftmp.cpp), made around its library
 // call: in the watchdog's flight record as `op` from before the call (one that blocks on the host

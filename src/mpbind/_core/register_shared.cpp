@@ -1,5 +1,5 @@
 // The shared names of mpbind._core: drain(), queued(), registrations(), lifetimes(), the
-// Registration class, stream and DLPack helpers, and the report of what is queued at exit.
+// Registration and Composite classes, stream and DLPack helpers, and the report of what is queued at exit.
 
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
@@ -95,6 +95,42 @@ void register_shared(nb::module_& m) {
                 .format(s.kind(), s.ptr, s.size, s.refs(), r.closed() ? " closed" : "");
         });
 
+    using Composite = Ref<CompositeState>;
+    auto composite = nb::class_<Composite>(
+        m, "Composite",
+        "The object of a plan made of several owned objects (its parts): close() closes them newest first "
+        "(the reverse of the order given), once; dropped unclosed, each part follows its own lifetime row.");
+    composite
+        .def("__init__", [](Composite* self, nb::iterable parts, std::string what) {
+            std::vector<nb::object> held;
+            for (nb::handle p : parts) {
+                if (!nb::hasattr(p, "close")) {
+                    raise_type("a part of " + what + " must have close(), not " + py_type_name(p));
+                }
+                held.push_back(nb::borrow(p));
+            }
+            new (self) Composite(std::make_shared<CompositeState>(std::move(held), std::move(what)));
+        }, nb::arg("parts"), nb::arg("what"),
+           nb::sig("def __init__(self, parts: collections.abc.Iterable[object], what: str) -> None"))
+        .def_prop_ro("parts", [](Composite& c) {
+            nb::list out;
+            for (auto& p : c.state()->parts()) out.append(p);
+            return nb::tuple(out);
+        }, nb::sig("def parts(self) -> tuple[object, ...]"), "Its parts, oldest first.")
+        .def_prop_ro("what", [](Composite& c) { return c.state()->what; })
+        .def("__repr__", [](Composite& c) {
+            auto& s = *c.state();
+            if (s.closed()) return "<" + s.what + " (closed)>";
+            std::string out = "<" + s.what + ":";
+            const char* sep = " ";
+            for (auto& p : s.parts()) {
+                out += sep + nb::cast<std::string>(nb::repr(p));
+                sep = ", ";
+            }
+            return out + ">";
+        });
+    bind_lifetime(composite, "Close its parts, newest first (collective where theirs are). Idempotent.");
+
     m.def("registrations", [] { return describe(all_registrations()); },
           nb::sig("def registrations() -> list[dict[str, typing.Any]]"),
           "Every live registration in this process: library, kind, owner serial, ptr, size, references.");
@@ -102,7 +138,8 @@ void register_shared(nb::module_& m) {
         collect_garbage();
         return drain_queue(nullptr);
     }, "Collect garbage (objects in reference cycles are dropped now, not at a different moment on each "
-       "rank), then run the queued collective releases, newest first. Collective: call on every rank.");
+       "rank), then run the queued releases (collective ones, and kernel libraries), newest first. Collective: "
+       "call on every rank.");
     m.def("queued", &queued, "What waits in the teardown queue: (kind, serial), newest first.");
     m.def("alive", &alive,
           "Every object not yet released (still referenced, or queued): (kind, serial), oldest first.");

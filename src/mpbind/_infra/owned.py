@@ -6,6 +6,9 @@ the lifetime table (``mpbind._core.lifetimes()``, listed in docs/DESIGN.md). A f
 reimplements these: it adds its own queries and operations only. Objects a caller passes in
 (a matmul descriptor, an array) stay the caller's unless a parameter says otherwise.
 
+A plan made of several owned objects holds them in the core's ``Composite`` (its row of the same
+table): ``close()`` closes them newest first, once.
+
 Owning objects are not copied: ``copy.copy``, ``copy.deepcopy`` and pickling raise ``TypeError``
 (:class:`Uncopyable`). A shallow copy would share the handle, so that closing one closes both; a
 deep copy or a pickle cannot make a second library resource.
@@ -17,7 +20,6 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: import time
 if TYPE_CHECKING:
-    from collections.abc import Sequence
     from typing import Any, TypeVar
 
     _O = TypeVar("_O", bound="Owned")
@@ -85,30 +87,3 @@ class Owned(Uncopyable):
         if not described:
             return repr(self._core)
         return f"<{type(self).__name__} {described}: {self._core!r}>"
-
-
-class Parts(Uncopyable):
-    """The core of a composite facade (a plan made of several owned objects): ``close()`` closes them
-    newest first, once; each keeps its own lifetime row when dropped unclosed."""
-
-    def __init__(self, objects: Sequence[Any], what: str, serial: int | None = None) -> None:
-        self.objects = list(objects)
-        self.what = what
-        self.released = False
-        self.serial = serial if serial is not None else (self.objects[0].serial if self.objects else 0)
-
-    @property
-    def closed(self) -> bool:
-        return self.released
-
-    def close(self) -> None:
-        if self.released:
-            return
-        self.released = True
-        for obj in reversed(self.objects):
-            obj.close()
-
-    def __repr__(self) -> str:
-        if self.released:
-            return f"<{self.what} (closed)>"
-        return f"<{self.what}: {', '.join(map(repr, self.objects))}>"

@@ -58,10 +58,11 @@ from collections.abc import Sequence
 from typing import Any, Generic, TypeVar
 
 from mpbind import _core, cufftmp, distributions, nvshmem
+from mpbind._core import Composite
 from mpbind._infra import args as _args
 from mpbind._infra import cuda as _cuda
 from mpbind._infra import interop as _interop
-from mpbind._infra.owned import Owned, Parts
+from mpbind._infra.owned import Owned
 from mpbind.distributions import Distribution
 from mpbind.errors import UsageError
 from mpbind.fft import _planner as _fft_plan
@@ -289,7 +290,7 @@ class _Plan(Owned, Generic[_Spec]):
     """A plan made on every rank: the decision the ranks agreed on (`spec`), this rank's place in it, its
     device, and the stream its work is queued on."""
 
-    _core: Parts
+    _core: Composite
     spec: _Spec
 
     def _place(self, spec: _Spec, rank: int, device: int, stream: Stream) -> None:
@@ -389,7 +390,7 @@ class FFTPlan(_Plan[FFTSpec]):
         except BaseException:
             del p  # its lifetime row applies: queued for drain() on every rank once a communicator is attached
             raise
-        self = cls._over(Parts([p], "fft plan parts"))
+        self = cls._over(Composite([p], "fft plan parts"))
         self._place(spec, rank, device, stream)
         self._desc = desc
         self._buffer = int(desc.data)
@@ -549,7 +550,7 @@ class FFTPlan(_Plan[FFTSpec]):
         return (o, i) if (self.spec.kind == "c2c" and d == INVERSE) else (i, o)
 
     def _live(self) -> None:
-        if self._core.released:
+        if self._core.closed:
             raise UsageError("fft.FFTPlan is closed")
 
     def _described(self) -> str:
@@ -616,7 +617,7 @@ class ReshapePlan(_Plan[ReshapeSpec]):
         except BaseException:
             del owned  # their lifetime rows apply (queued for drain() on every rank)
             raise
-        self = cls._over(Parts(owned, "reshape plan parts"))
+        self = cls._over(Composite(owned, "reshape plan parts"))
         self._place(spec, rank, device, stream)
         self._exec = owned[0]._core.exec
         self._in_buf, self._out_buf = owned[1], owned[2]

@@ -34,7 +34,9 @@ loaded as a ``CUlibrary`` (cuda-core's ``ObjectCode``) and registered with
 ``Library.close()`` (or leaving ``with``) synchronises the device, unregisters it
 (``nvshmemx_culibrary_finalize``) and unloads it; close it before ``nvshmem.finalize()``. A library
 dropped unclosed is never released by the garbage collector (its kernels may still run, and NVSHMEM
-keeps a pointer into it): it warns ``ResourceWarning`` and stays loaded until :func:`drain`.
+keeps a pointer into it): it warns ``ResourceWarning`` and stays loaded until :func:`drain` (the process's
+``mpbind.drain()``, which runs every queued release newest first) or ``nvshmem.finalize()``, which unloads
+it before NVSHMEM goes.
 
 **Launching**: a kernel's parameters are declared (:func:`value`, :func:`pointer`,
 :func:`symmetric`) and every launch checks its arguments against them before anything reaches
@@ -51,15 +53,12 @@ count), so a refused launch is refused on every PE and no PE waits for one that 
 from __future__ import annotations
 
 import ctypes
-import gc
-import itertools
 import math
-import threading
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from mpbind import drain
 from mpbind._infra import args as _args
 from mpbind._infra import cuda as _cuda
 from mpbind._infra.owned import Owned
@@ -364,56 +363,21 @@ def _dims(dims: Any, what: str) -> tuple[int, int, int]:
 
 # --- loaded libraries --------------------------------------------------------------------------
 
-_serials = itertools.count(1)
-_lock = threading.Lock()
-_dropped: list[_LibraryState] = []  # dropped unclosed: kept loaded until drain()
 
+def _unloader(device: int, handle: int) -> Callable[[bool], None]:
+    """What the core's release of a library calls once, before it drops the loaded code (which
+    unloads the CUlibrary): no kernel of it may still run, and NVSHMEM forgets it."""
 
-class _LibraryState:
-    """What a Library owns: the loaded ObjectCode and its NVSHMEM registration."""
+    def unload(registered: bool) -> None:
+        from cuda.core import Device
 
-    def __init__(self, objects: Any, device: int, registered: bool, name: str) -> None:
-        self.objects = objects  # cuda.core ObjectCode: unloads the CUlibrary when collected
-        self.device = device
-        self.registered = registered
-        self.name = name
-        self.serial = next(_serials)
-        self.closed = False
+        Device(device).sync()
+        if registered and _nvshmem_alive():
+            from mpbind.bindings import nvshmem as flat
 
-    @property
-    def handle(self) -> int:
-        if self.closed:
-            raise UsageError(f"the kernel library {self.name} is closed")
-        return int(self.objects.handle)
+            flat.culibrary_finalize(handle)
 
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        _cuda.synchronize_device()  # no kernel of it may still run when it is unloaded
-        try:
-            if self.registered and _nvshmem_alive():
-                from mpbind.bindings import nvshmem as flat
-
-                flat.culibrary_finalize(int(self.objects.handle))
-        finally:
-            self.objects = None
-
-    def __del__(self) -> None:
-        if self.closed or self.objects is None:
-            return
-        # Never released from the garbage collector: park it (loaded) until drain().
-        warnings.warn(f"kernel library {self.name} (serial {self.serial}) dropped without close(); it stays "
-                      "loaded until mpbind.drain() (or mpbind.kernels.drain())", ResourceWarning, stacklevel=2)
-        revived = _LibraryState.__new__(_LibraryState)
-        revived.__dict__.update(self.__dict__)
-        with _lock:
-            _dropped.append(revived)
-        self.closed = True
-
-    def __repr__(self) -> str:
-        state = "closed" if self.closed else f"device={self.device}"
-        return f"<kernels.Library {self.name} {state} (serial {self.serial})>"
+    return unload
 
 
 def _nvshmem_alive() -> bool:
@@ -430,21 +394,11 @@ def _current_device() -> int:
     return _cuda.current_device()
 
 
-def drain() -> int:
-    """Release the kernel libraries dropped without ``close()``, newest first; returns how many.
-    Local to this process (not collective); call it before ``nvshmem.finalize()``."""
-    gc.collect()
-    with _lock:
-        pending = sorted(_dropped, key=lambda s: s.serial, reverse=True)
-        _dropped.clear()
-    for state in pending:
-        state.close()
-    return len(pending)
-
-
 class Library(Owned):
     """A :class:`Cubin` loaded on a device and registered with NVSHMEM. ``close()`` (or ``with``)
-    synchronises the device, unregisters it and unloads it; kernels taken from it stop working."""
+    synchronises the device, unregisters it and unloads it; kernels taken from it stop working. Its
+    lifetime is the core's ``nvshmem.KernelLibrary`` row: ``nvshmem.finalize()`` closes it first, and
+    dropped unclosed it is queued until ``mpbind.drain()``."""
 
     __slots__ = ("_core", "_cubin")
     _cubin: Cubin
@@ -470,7 +424,11 @@ class Library(Owned):
             from mpbind.bindings import nvshmem as flat
 
             flat.culibrary_init(handle)
-        self = cls._over(_LibraryState(objects, device, cubin.uses_nvshmem, cubin.name))
+        from mpbind import _core
+
+        state = _core.nvshmem.load_library(objects, handle, device, cubin.name, cubin.uses_nvshmem,
+                                           _unloader(device, handle))
+        self = cls._over(state)
         self._cubin = cubin
         return self
 
@@ -505,8 +463,7 @@ class Library(Owned):
             raise UsageError(f"parameter names repeat: {[p.name for p in params]}")
         if n_pes is not None and (not _is_int(n_pes) or not 1 <= _args.index(n_pes, "n_pes") <= _args.INT_MAX):
             raise UsageError(f"n_pes must be a positive int or None, not {_args.shown(n_pes)}")
-        self._core.handle  # noqa: B018 - UsageError once closed
-        kernel = self._core.objects.get_kernel(name)
+        kernel = self._core.code.get_kernel(name)  # UsageError once closed
         sizes = [size for _offset, size in kernel.arguments_info]
         declared = [p.nbytes for p in params]
         if sizes != declared:

@@ -22,9 +22,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from mpbind import _core, cublasmp, nccl
+from mpbind._core import Composite
 from mpbind._infra import cuda as _cuda
 from mpbind._infra import interop as _interop
-from mpbind._infra.owned import Owned, Parts
+from mpbind._infra.owned import Owned
 from mpbind.distributions import Distribution
 from mpbind.errors import CudaError, UsageError
 from mpbind.matmul._planner import EPILOGUES, ComputeCapabilityError, MatmulPlan, block_scale_elements
@@ -214,19 +215,12 @@ def _agree_on_capability(group: ProcessGroup, p: MatmulPlan, capability: tuple[i
 # --- the plan, built --------------------------------------------------------------------------------
 
 
-class _Parts(Parts):
+def _parts(matmul: cublasmp.Matmul | None, matrices: list[cublasmp.Matrix], own: list[Any]) -> Composite:
     """What a planned matmul owns, released together by ``close()``: its ``Matmul`` (and with it the
     matmul descriptor), its matrices (their descriptors), the per-rank communicator of a ``local``
     plan, and a handle it made. Grids and the shared workspace stay the grids' (cached)."""
-
-    def __init__(self, matmul: cublasmp.Matmul | None, matrices: list[cublasmp.Matrix],
-                 own: list[Any]) -> None:
-        # Closed newest first: the matmul, the matrices, then a communicator and a handle.
-        super().__init__([*own, *matrices, *([matmul] if matmul is not None else [])], "planned matmul parts",
-                         serial=matmul.serial if matmul is not None else 0)
-        self.matmul = matmul
-        self.matrices = matrices
-        self.own = own
+    # Closed newest first: the matmul, the matrices, then a communicator and a handle.
+    return Composite([*own, *matrices, *([matmul] if matmul is not None else [])], "planned matmul parts")
 
 
 # The overlapped algorithms, by the plan's name for them (they cannot be captured: PlannedMatmul.capture).
@@ -239,7 +233,7 @@ class PlannedMatmul(Owned):
     local arrays of the planned shapes (one ``cublasMpMatmul``), ``capture()`` records it into a
     CUDA graph. ``algorithm`` and ``explain()`` say what was chosen and why."""
 
-    _core: _Parts
+    _core: Composite
     plan: MatmulPlan
 
     def __init__(self, *args: object, **kwargs: object) -> None:
@@ -263,7 +257,7 @@ class PlannedMatmul(Owned):
             own.append(alone)
             grid_comm = alone
         if m == 0 or n == 0:  # a local product with nothing on this rank
-            self._core = _Parts(None, matrices, own)
+            self._core = _parts(None, matrices, own)
             self._matmul = None
             return self
         if handle is None:
@@ -298,7 +292,7 @@ class PlannedMatmul(Owned):
         matmul.m, matmul.n, matmul.k, matmul.descriptor = m, n, k, descriptor
         matmul._processes = 1 if p.algorithm == "local" else p.nranks  # one grid per rank, or all ranks
         matmul.execute = core.execute  # type: ignore[method-assign]
-        self._core = _Parts(matmul, matrices, own)
+        self._core = _parts(matmul, matrices, own)
         self._matmul = matmul
         self._views = views
         self._shapes = {name: p.a.shape if name == "a" else p.b.shape if name == "b" else p.d.shape
