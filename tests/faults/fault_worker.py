@@ -57,7 +57,7 @@ def error_fields(exc: BaseException) -> dict[str, Any]:
 
 def die(args: argparse.Namespace, where: str) -> None:
     """SIGKILL this process (the fault), saying where first."""
-    step(f"killed.{where}")
+    step("killed." + where.replace(" ", "."))  # a step name is one word: "STEP <name> <time>"
     sys.stderr.flush()
     os.kill(os.getpid(), signal.SIGKILL)
 

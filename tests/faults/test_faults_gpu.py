@@ -159,10 +159,29 @@ def case(name: str) -> Iterator[Case]:
         assert not left, f"{name}: processes left behind: {left}"
 
 
+GPU_SETTLE = 120.0  # seconds the GPU may take to take new processes after a case killed one
+
+
+def wait_for_the_gpu(env: dict[str, str]) -> None:
+    """Return once a new process can use the GPU. Under MPS, a case that killed a PE in a kernel (or
+    whose survivors exited while their kernels spun) leaves the server refusing new clients for a
+    while ("busy or unavailable"); the next case waits for that, bounded, rather than failing."""
+    probe = "import torch; torch.cuda.set_device(0); torch.zeros(1, device='cuda'); torch.cuda.synchronize()"
+    deadline = time.monotonic() + GPU_SETTLE
+    while True:
+        done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+        if done.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"the GPU took no new process for {GPU_SETTLE:.0f} s: {done.stderr.strip()[-300:]}")
+        time.sleep(1.0)
+
+
 def start(c: Case, ranks: list[int], size: int, *args: str, limit: float, one_gpu: bool = False) -> None:
     """Start ranks `ranks` of a `size`-rank run of fault_worker.py (`args` after the case name), each
-    under ``timeout -k 10 limit``."""
+    under ``timeout -k 10 limit``, once the GPU takes new processes."""
     env = dict(os.environ, **NVLS_OFF, PYTHONUNBUFFERED="1")
+    wait_for_the_gpu(env)
     if one_gpu and size > 1 and os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(100 // size)
     wrapper = [shutil.which("timeout") or "timeout", "-k", "10", f"{limit:.0f}"]
