@@ -186,6 +186,12 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
 # runtime), or an optional package.
 _GPU_ERRORS = ("LibraryNotFoundError", "FunctionNotFoundError", "LibraryError", "NVSHMEMNotInitializedError")
 _PACKAGE_ERRORS = ("MissingDependencyError",)
+# Buffer intakes (nccl.Communicator.register, register_window, nvshmem.register) take ``(ptr, nbytes)``
+# as one of their documented forms (_interop.device_span): that pair is malformed as an array, not
+# as a buffer, and what it points at is the library's to check (an address-like value).
+BUFFER_TARGETS = frozenset({"mpbind.nccl.Communicator.register", "mpbind.nccl.Communicator.register_window",
+                            "mpbind.nvshmem.register"})
+BUFFER_PAIRS = frozenset({"(PTR, 4)"})
 INTAKES = frozenset({"intake", "cai", "cai_device", "dl", "tup", "stream", "stream_attr", "torch_tensor",
                      "cupy_array", "torch_stream", "cupy_stream"})
 
@@ -446,6 +452,8 @@ class DeepCall:
 
     @property
     def malformed_intake(self) -> bool:
+        if self.value in BUFFER_PAIRS and self.target.id in BUFFER_TARGETS:
+            return False
         return self.slot >= 0 and self.recipe.slots[self.slot].intake and values_.VALUES[self.value].malformed
 
     def render(self) -> str:
