@@ -62,8 +62,8 @@ RECIPES: dict[str, tuple[str, ...]] = {
     "mpbind._core.device_array": ("device_array(dl(), 'x', 'float32', True, True)",
                                   "device_array(cai(shape=(4, 4)), 'x', 'float32', False, False)"),
     "mpbind._core.dtype_info": ("dtype_info('float32')",),
-    "mpbind._core.stream_handle": ("stream_handle(stream())", "stream_handle(torch_stream(5))",
-                                   "stream_handle(cupy_stream(5))", "stream_handle(stream_attr('cuda_stream', 5))"),
+    "mpbind._core.stream_handle": ("stream_handle(stream())", "stream_handle(torch_stream(2))",
+                                   "stream_handle(cupy_stream(2))", "stream_handle(stream_attr('cuda_stream', 2))"),
     "mpbind._core.dlpack_view": ("dlpack_view(PTR, [4, 4], 2, 32, 0, object())",),
     # The hot calls' checks, without the libraries.
     "mpbind._core._testing.nccl_plan": tuple(
