@@ -20,6 +20,7 @@ timed the same way (``stream_ns``). The table goes to stdout, the CSV to ``--out
 from __future__ import annotations
 
 import argparse
+import ctypes
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -85,13 +86,18 @@ def sources() -> list[tuple[str, Any, str | None, Callable[[], object] | None]]:
     return out
 
 
+# Raw handles must point at readable, pointer-aligned memory (the core's stream check); these do.
+_STREAM_MEMORY = (ctypes.c_uint64 * 32)()
+_HANDLES = [ctypes.addressof(_STREAM_MEMORY) + 64 * i for i in range(4)]
+
+
 def streams() -> list[tuple[str, Any]]:
     class TorchLike:
-        cuda_stream = 0x55
+        cuda_stream = _HANDLES[0]
 
     class _BaseStream:  # as CuPy 14's: a Python class of cupy.cuda.stream, .ptr on the instance
         def __init__(self) -> None:
-            self.ptr = 0x66
+            self.ptr = _HANDLES[1]
 
         def __cuda_stream__(self) -> tuple[int, int]:
             return (0, self.ptr)
@@ -100,10 +106,10 @@ def streams() -> list[tuple[str, Any]]:
 
     class Protocol:
         def __cuda_stream__(self) -> tuple[int, int]:
-            return (0, 0x1234)
+            return (0, _HANDLES[2])
 
-    return [("None", None), ("int", 0x77), (".cuda_stream (PyTorch)", TorchLike()), (".ptr (CuPy)", _BaseStream()),
-            ("__cuda_stream__", Protocol())]
+    return [("None", None), ("int", _HANDLES[3]), (".cuda_stream (PyTorch)", TorchLike()),
+            (".ptr (CuPy)", _BaseStream()), ("__cuda_stream__", Protocol())]
 
 
 def main() -> None:

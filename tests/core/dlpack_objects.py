@@ -11,6 +11,12 @@ from typing import Any
 KDL_CPU, KDL_CUDA, KDL_CUDA_MANAGED = 1, 2, 13
 FLAG_READ_ONLY, FLAG_IS_COPIED = 1, 2
 
+# Stand-ins for raw cudaStream_t handles: the core takes a handle other than 0, 1 and 2 only where
+# it points at readable, pointer-aligned memory (as a stream CUDA made does). These do, for the
+# life of the process; nothing reads them but that check.
+_STREAM_MEMORY = (ctypes.c_uint64 * 64)()
+STREAMS = tuple(ctypes.addressof(_STREAM_MEMORY) + 64 * i for i in range(8))
+
 
 class DLDevice(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]

@@ -22,6 +22,7 @@ from dlpack_objects import (  # noqa: E402
     KDL_CPU,
     KDL_CUDA,
     KDL_CUDA_MANAGED,
+    STREAMS,
     ExchangeTensor,
     Exported,
     InterfaceArray,
@@ -316,9 +317,9 @@ def test_torch_dtype_objects() -> None:
 def test_streams_beyond_the_basic_kinds() -> None:
     class Instance:  # the attribute on the instance, not on its type
         def __init__(self) -> None:
-            self.ptr = 0x77
+            self.ptr = STREAMS[0]
 
-    assert _interop.stream_handle(Instance()) == 0x77
+    assert _interop.stream_handle(Instance()) == STREAMS[0]
     with pytest.raises(TypeError, match="stream"):
         _interop.stream_handle(True)
     for bad in (-1, 2**64):
@@ -341,8 +342,8 @@ def test_cupy_streams_are_read_by_their_ptr() -> None:
 
     for cls in (_BaseStream, Stream):
         cls.__module__, cls.__qualname__ = "cupy.cuda.stream", cls.__name__
-    assert _interop.stream_handle(Stream(0x88)) == 0x88
-    assert _interop.stream_handle(_BaseStream(0x99)) == 0x99
+    assert _interop.stream_handle(Stream(STREAMS[1])) == STREAMS[1]
+    assert _interop.stream_handle(_BaseStream(STREAMS[2])) == STREAMS[2]
 
 
 def test_forcing_a_path_of_our_own_types_is_refused() -> None:

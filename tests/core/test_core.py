@@ -11,6 +11,7 @@ import sys
 import threading
 import warnings
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,9 @@ import pytest
 from mpbind import _core
 from mpbind._infra import interop as _interop
 from mpbind.errors import MpbindError, UsageError
+
+sys.path.insert(0, str(Path(__file__).parent))
+from dlpack_objects import STREAMS  # noqa: E402
 
 T = _core._testing
 THREADS = 16
@@ -339,21 +343,23 @@ def test_dtype_names_are_interned() -> None:
 
 
 def test_streams() -> None:
+    a, b, c, d = STREAMS[:4]  # readable memory: what a raw handle must point at
+
     class Protocol:
         def __cuda_stream__(self) -> tuple[int, int]:
-            return (0, 0x1234)
+            return (0, a)
 
     class TorchLike:
-        cuda_stream = 0x55
+        cuda_stream = b
 
     class CupyLike:
-        ptr = 0x66
+        ptr = c
 
     assert _interop.stream_handle(None) == 0
-    assert _interop.stream_handle(7) == 7
-    assert _interop.stream_handle(Protocol()) == 0x1234
-    assert _interop.stream_handle(TorchLike()) == 0x55
-    assert _interop.stream_handle(CupyLike()) == 0x66
+    assert _interop.stream_handle(d) == d
+    assert _interop.stream_handle(Protocol()) == a
+    assert _interop.stream_handle(TorchLike()) == b
+    assert _interop.stream_handle(CupyLike()) == c
     with pytest.raises(TypeError, match="stream"):
         _interop.stream_handle("default")
 

@@ -17,7 +17,7 @@ from mpbind import _core
 from mpbind.errors import UsageError
 
 sys.path.insert(0, str(Path(__file__).parent))
-from dlpack_objects import ExchangeTensor, Exported, InterfaceArray  # noqa: E402
+from dlpack_objects import STREAMS, ExchangeTensor, Exported, InterfaceArray  # noqa: E402
 
 MAX_NDIM = 64  # arrays.hpp: kMaxNdim
 TOP = 2**64  # addresses are below it
@@ -434,7 +434,7 @@ def test_stream_protocols_that_raise() -> None:
 
 
 def test_stream_protocols_that_lie() -> None:
-    assert _core.stream_handle(protocol_stream((0, 0x1234))) == 0x1234
+    assert _core.stream_handle(protocol_stream((0, STREAMS[0]))) == STREAMS[0]
     for result in [None, [0, 5], (0,), (0, 5, 6), 7]:
         with pytest.raises(TypeError, match=r"stream: __cuda_stream__\(\) of Stream must return a \(version, handle\)"):
             _core.stream_handle(protocol_stream(result))
@@ -448,6 +448,45 @@ def test_stream_protocols_that_lie() -> None:
     for handle in [-1, TOP]:
         with pytest.raises(UsageError, match=r"stream: __cuda_stream__\(\)\[1\] must be a cudaStream_t"):
             _core.stream_handle(protocol_stream((0, handle)))
+
+
+# A handle other than 0, 1, 2 must point at readable, pointer-aligned memory: the driver dereferences
+# it without a check (a made-up int is a segfault), and cannot be asked whether it is a stream.
+MADE_UP_STREAMS = [3, 4, 0x1234, 2**31, 2**40, 2**63 - 1, 2**63, 2**64 - 1]
+
+
+def stream_paths(handle: int) -> list[Any]:
+    class TorchLike:
+        cuda_stream = handle
+
+    class CupyLike:
+        ptr = handle
+
+    return [handle, protocol_stream((0, handle)), TorchLike(), CupyLike()]
+
+
+@pytest.mark.parametrize("handle", MADE_UP_STREAMS)
+def test_made_up_stream_handles_are_refused_on_every_path(handle: int) -> None:
+    for stream in stream_paths(handle):
+        with pytest.raises(UsageError, match=rf"stream: .* is {handle:#x}, which is no CUDA stream"):
+            _core.stream_handle(stream)
+
+
+def test_special_and_readable_stream_handles_pass() -> None:
+    for handle in (0, 1, 2, *STREAMS):
+        for stream in stream_paths(handle):
+            assert _core.stream_handle(stream) == handle
+    for _ in range(3):  # again, from the checked-handle cache
+        assert _core.stream_handle(STREAMS[1]) == STREAMS[1]
+    with pytest.raises(UsageError, match="which is no CUDA stream: no readable, pointer-aligned memory"):
+        _core.stream_handle(STREAMS[0] + 1)  # readable but misaligned
+
+
+def test_a_refused_stream_handle_is_refused_again() -> None:
+    # Only handles that passed are cached: a refusal is never remembered as a pass.
+    for _ in range(3):
+        with pytest.raises(UsageError, match="no CUDA stream"):
+            _core.stream_handle(2**31)
 
 
 # --- helpers shared by the attribute-path tests ------------------------------------------------------------

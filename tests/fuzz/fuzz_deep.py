@@ -62,8 +62,8 @@ RECIPES: dict[str, tuple[str, ...]] = {
     "mpbind._core.device_array": ("device_array(dl(), 'x', 'float32', True, True)",
                                   "device_array(cai(shape=(4, 4)), 'x', 'float32', False, False)"),
     "mpbind._core.dtype_info": ("dtype_info('float32')",),
-    "mpbind._core.stream_handle": ("stream_handle(stream())", "stream_handle(torch_stream(5))",
-                                   "stream_handle(cupy_stream(5))", "stream_handle(stream_attr('cuda_stream', 5))"),
+    "mpbind._core.stream_handle": ("stream_handle(stream())", "stream_handle(torch_stream(2))",
+                                   "stream_handle(cupy_stream(2))", "stream_handle(stream_attr('cuda_stream', 2))"),
     "mpbind._core.dlpack_view": ("dlpack_view(PTR, [4, 4], 2, 32, 0, object())",),
     # The hot calls' checks, without the libraries.
     "mpbind._core._testing.nccl_plan": tuple(
@@ -187,6 +187,12 @@ CHECKS: dict[str, Callable[[Any], str | None]] = {
 # runtime), or an optional package.
 _GPU_ERRORS = ("LibraryNotFoundError", "FunctionNotFoundError", "LibraryError", "NVSHMEMNotInitializedError")
 _PACKAGE_ERRORS = ("MissingDependencyError",)
+# Buffer intakes (nccl.Communicator.register, register_window, nvshmem.register) take ``(ptr, nbytes)``
+# as one of their documented forms (_interop.device_span): that pair is malformed as an array, not
+# as a buffer, and what it points at is the library's to check (an address-like value).
+BUFFER_TARGETS = frozenset({"mpbind.nccl.Communicator.register", "mpbind.nccl.Communicator.register_window",
+                            "mpbind.nvshmem.register"})
+BUFFER_PAIRS = frozenset({"(PTR, 4)"})
 INTAKES = frozenset({"intake", "cai", "cai_device", "dl", "tup", "stream", "stream_attr", "torch_tensor",
                      "cupy_array", "torch_stream", "cupy_stream"})
 
@@ -447,6 +453,8 @@ class DeepCall:
 
     @property
     def malformed_intake(self) -> bool:
+        if self.value in BUFFER_PAIRS and self.target.id in BUFFER_TARGETS:
+            return False
         return self.slot >= 0 and self.recipe.slots[self.slot].intake and values_.VALUES[self.value].malformed
 
     def render(self) -> str:

@@ -384,7 +384,8 @@ MALFORMED_STREAMS = ("stream(Raised('__cuda_stream__'))", 'stream("x")', "stream
                      "stream((0, 2**64))", "stream((0,))", "stream((0, 1.5))", "stream((0, True))", "_NotCallable()",
                      "stream_attr('cuda_stream', -1)", 'stream_attr("cuda_stream", "x")',
                      "stream_attr('ptr', 2**64)", "stream_attr('ptr', Index(5))", "torch_stream(-1)",
-                     'torch_stream("x")', "cupy_stream(2**64)", "cupy_stream(Raised('ptr'))")
+                     'torch_stream("x")', "cupy_stream(2**64)", "cupy_stream(Raised('ptr'))",
+                     "stream((0, 2**31))", "cupy_stream(2**63)")
 
 
 def _values() -> dict[str, Value]:

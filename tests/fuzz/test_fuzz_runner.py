@@ -103,6 +103,17 @@ def test_a_recipe_slot_is_each_argument_element_and_left_out_default() -> None:
                         "f(dl(), (1, [None]))", "f(dl(), (1, [2]), c=None)", "f(dl(), (1, [2]), d=None)"]
 
 
+def test_a_ptr_nbytes_pair_is_malformed_as_an_array_not_as_a_buffer() -> None:
+    # register() documents (ptr, nbytes) as a buffer; the hot calls take (ptr, count, dtype) only.
+    def call(module: str, owner: str | None, name: str) -> fuzz_deep.DeepCall:
+        target = Target(module, owner, name, FUNCTION, (Param("buffer"),), "fixed")
+        return fuzz_deep.DeepCall(fuzz_deep.parse(target, f"{name}(intake(x))", curated=True), 0, "(PTR, 4)")
+
+    assert not call("mpbind.nccl", "Communicator", "register").malformed_intake
+    assert not call("mpbind.nvshmem", None, "register").malformed_intake
+    assert call("mpbind.nccl", "Communicator", "all_reduce").malformed_intake
+
+
 def test_a_recipe_must_give_every_required_parameter() -> None:
     target = Target("m", None, "f", FUNCTION, (Param("a"), Param("b")), "fixed")
     with pytest.raises(ValueError, match="required"):

@@ -17,7 +17,7 @@ from mpbind.errors import UsageError
 from mpbind.nccl import DataType, RedOp
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "core"))
-from dlpack_objects import FLAG_READ_ONLY, KDL_CPU, Exported, InterfaceArray  # noqa: E402
+from dlpack_objects import FLAG_READ_ONLY, KDL_CPU, STREAMS, Exported, InterfaceArray  # noqa: E402
 
 T = _core._testing
 COL_MAJOR, ROW_MAJOR = int(GridLayout.COL_MAJOR), int(GridLayout.ROW_MAJOR)
@@ -37,8 +37,8 @@ def arr(n: int, typestr: str = "<f4", ptr: int = 0x1000, readonly: bool = False)
 
 def test_nccl_calls() -> None:
     s, r = arr(8, ptr=0x1000), arr(8, ptr=0x2000)
-    assert nccl("all_reduce", s, r, op="max", stream=7) == (0x1000, 0x2000, 8, int(DataType.FLOAT32),
-                                                           int(RedOp.MAX), 0, 7)
+    assert nccl("all_reduce", s, r, op="max", stream=STREAMS[0]) == (0x1000, 0x2000, 8, int(DataType.FLOAT32),
+                                                                    int(RedOp.MAX), 0, STREAMS[0])
     assert nccl("reduce", s, r, peer=1, op=RedOp.PROD)[2:6] == (8, int(DataType.FLOAT32), int(RedOp.PROD), 1)
     assert nccl("broadcast", s, r, peer=np.int64(1))[5] == 1
     assert nccl("all_gather", arr(4), arr(8))[2] == 4  # the send count
@@ -130,9 +130,10 @@ def sym(n: int, offset: int = 0, typestr: str = "<f4", region: int = 0) -> Inter
 
 
 def test_nvshmem_calls() -> None:
-    assert nv("put", sym(4), arr(4, ptr=0x5000), 1, 3) == ("put", 0, 0x10000, 0x5000, 16, 1, 3, None)
+    assert nv("put", sym(4), arr(4, ptr=0x5000), 1, STREAMS[1]) == ("put", 0, 0x10000, 0x5000, 16, 1, STREAMS[1],
+                                                                     None)
     assert nv("get", arr(4, ptr=0x5000), sym(4, region=1), np.int32(1))[2:6] == (0x5000, 0x20000, 16, 1)
-    assert nv("quiet", 9) == ("quiet", 0, 0, 0, 0, 0, 9, None)
+    assert nv("quiet", STREAMS[2]) == ("quiet", 0, 0, 0, 0, 0, STREAMS[2], None)
     assert nv("broadcast", sym(4), sym(4, region=1), 1)[1:6] == (0, 0x10000, 0x20000, 16, 1)
     assert nv("fcollect", sym(8), sym(4, region=1))[4] == 16  # bytes of src
     assert nv("alltoall", sym(8), sym(8, region=1))[4] == 16  # bytes per PE

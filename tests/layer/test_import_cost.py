@@ -62,7 +62,7 @@ def test_coercion_without_numpy_objects_loads_no_numpy() -> None:
         "_core.array_info(A())\n"
         "_core.array_info((1, 2, 'bfloat16'), tuples=True)\n"
         "_interop.dtype_name(float)\n"
-        "_interop.stream_handle(5)\n"
+        "_interop.stream_handle(2)\n"
         "_core._testing.nccl_plan('all_reduce', 0, 1, 0, A(), A())\n"
     )
     assert _numpy_modules_after(code) == []

@@ -6,8 +6,13 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 
+#include <sys/mman.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -1126,6 +1131,57 @@ StreamVia stream_via(PyTypeObject* type) {
     return via;
 }
 
+// --- a raw handle, checked before a library dereferences it ---
+//
+// A cudaStream_t other than 0 (the legacy default stream), 1 (cudaStreamLegacy) and 2
+// (cudaStreamPerThread) is the address of the driver's stream object, which the libraries (and the
+// driver) dereference without a check: a made-up int there is a segfault. The driver cannot be asked
+// whether a handle is one of its streams: cuStreamGetId, cuStreamQuery, cuStreamGetCtx and
+// cuStreamGetFlags all dereference it and crash on a handle that points nowhere (seen with driver
+// 580 / CUDA 13.0 on an H200, for 2**31, 2**40, 2**63-1, 2**63, 3, 4 and a destroyed stream; only
+// (CUstream)-1 was answered, with CUDA_ERROR_INVALID_HANDLE). So the core checks what it can
+// without dereferencing: the handle is pointer-aligned (the stream object holds pointers) and this
+// process can read memory there (process_vm_readv of its own memory fails with EFAULT where a read
+// would fault). That refuses every handle that points nowhere; one that points at readable memory
+// that is no stream (a destroyed stream, another object) passes, as any raw pointer would.
+
+constexpr uintptr_t kLastSpecialStream = 2;  // cudaStreamPerThread
+
+bool readable(uintptr_t h) {
+    alignas(8) unsigned char buf[8];
+    iovec local{buf, sizeof buf}, remote{reinterpret_cast<void*>(h), sizeof buf};
+    // 8 aligned bytes never cross a page: the read is whole or fails.
+    ssize_t n = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
+    if (n == static_cast<ssize_t>(sizeof buf)) return true;
+    if (n < 0 && errno != EFAULT && errno != ENOMEM) {
+        // The call is unavailable (ENOSYS, or EPERM under a seccomp filter): whether the page is
+        // mapped at all (a PROT_NONE page passes; the common made-up values are unmapped).
+        const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+        unsigned char resident = 0;
+        return mincore(reinterpret_cast<void*>(h & ~(page - 1)), 1, &resident) == 0;
+    }
+    return false;
+}
+
+// Handles that passed, per thread: a loop on one stream (or a few) pays the system call once.
+struct CheckedStreams {
+    std::array<uintptr_t, 4> seen{};
+    unsigned next = 0;
+    bool has(uintptr_t h) const { return std::find(seen.begin(), seen.end(), h) != seen.end(); }
+    void add(uintptr_t h) { seen[next++ % seen.size()] = h; }
+};
+thread_local CheckedStreams checked_streams;
+
+void check_stream_handle(uintptr_t h, const char* from) {
+    if (h <= kLastSpecialStream || checked_streams.has(h)) return;
+    if (h % alignof(void*) != 0 || !readable(h)) {
+        raise_usage(std::string("stream: ") + from + " is " + arrays::hex(h) +
+                    ", which is no CUDA stream: no readable, pointer-aligned memory at that address (a "
+                    "cudaStream_t is 0, 1 (cudaStreamLegacy), 2 (cudaStreamPerThread) or a stream that CUDA made)");
+    }
+    checked_streams.add(h);
+}
+
 uintptr_t stream_value(nb::handle v, const char* from) {
     if (!PyLong_Check(v.ptr()) || PyBool_Check(v.ptr())) {
         raise_type(std::string("stream: ") + from + " must be an int, not " + arrays::typename_of(v));
@@ -1135,6 +1191,7 @@ uintptr_t stream_value(nb::handle v, const char* from) {
         raise_usage(std::string("stream: ") + from + " must be a cudaStream_t in [0, 2**64), got " +
                     arrays::repr_of(v));
     }
+    check_stream_handle(h, from);
     return h;
 }
 

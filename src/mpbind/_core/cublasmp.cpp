@@ -12,7 +12,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <tuple>
 
 #include "mpbind/bindings/_core_abi/cublasmp.hpp"
@@ -33,6 +35,52 @@ using i64 = int64_t;
 // CUDA graphs through the driver API that cuda-bindings exports (its own loader).
 namespace cu = abi::cuda_driver;
 
+// --- host workspaces ---
+
+// cuBLASMp asks (cublasMpMatmul_bufferSize) for host workspaces of KiB to a few MiB; a size asked of
+// Handle.host_workspace beyond this is a mistake, refused before anything is allocated.
+constexpr size_t kMaxHostWorkspace = size_t{1} << 32;
+
+// Zeroed host memory from calloc: a large one costs address space, not pages, until it is used.
+// A failed allocation is cuBLASMp's ALLOCATION_FAILED error (an mpbind.errors class), not MemoryError.
+class HostWorkspace {
+public:
+    void assign(size_t nbytes, const char* what) {
+        void* p = std::calloc(std::max<size_t>(nbytes, 1), 1);
+        if (p == nullptr) {
+            raise_library_error("cublasmp", what, CUBLASMP_STATUS_ALLOCATION_FAILED,
+                                "could not allocate " + std::to_string(nbytes) + " bytes of host memory");
+        }
+        mem_.reset(static_cast<unsigned char*>(p));
+        size_ = nbytes;
+    }
+    bool empty() const { return size_ == 0; }
+    size_t size() const { return size_; }
+    unsigned char* data() const { return mem_.get(); }
+    void clear() {
+        mem_.reset();
+        size_ = 0;
+    }
+
+private:
+    struct Free {
+        void operator()(unsigned char* p) const { std::free(p); }
+    };
+    std::unique_ptr<unsigned char, Free> mem_;
+    size_t size_ = 0;
+};
+
+// A host workspace of `nbytes` asked for by name (Handle.host_workspace): UsageError beyond the cap.
+HostWorkspace asked_host_workspace(size_t nbytes) {
+    if (nbytes > kMaxHostWorkspace) {
+        raise_usage("host_workspace: nbytes is " + std::to_string(nbytes) + "; cuBLASMp's host workspaces are "
+                    "far smaller, and mpbind allocates at most 2**32 bytes for one");
+    }
+    HostWorkspace w;
+    w.assign(nbytes, "Handle.host_workspace");
+    return w;
+}
+
 // --- handle ---
 
 class HandleState : public State {
@@ -42,11 +90,11 @@ public:
     uintptr_t stream;
     // Host workspaces of one-shot calls (gemm): kept with the handle, since the library may
     // still use one after the call returns; grown by adding a larger one, never shrunk.
-    std::vector<std::vector<unsigned char>> host_scratch;
+    std::vector<HostWorkspace> host_scratch;
 
     void* host_workspace(size_t nbytes) {
         if (host_scratch.empty() || host_scratch.back().size() < nbytes) {
-            host_scratch.emplace_back(std::max<size_t>(nbytes, 1), 0);
+            host_scratch.push_back(asked_host_workspace(nbytes));
         }
         return host_scratch.back().data();
     }
@@ -246,7 +294,7 @@ public:
     std::array<unsigned char, 16> alpha{}, beta{};
     size_t device_bytes = 0, host_bytes = 0;
     std::shared_ptr<WorkspaceState> workspace;
-    std::vector<unsigned char> host_workspace;
+    HostWorkspace host_workspace;
     nb::object keep;  // the operand arrays
     void* graph = nullptr;  // CUgraph / CUgraphExec of the captured call, once captured
     void* graph_exec = nullptr;
@@ -497,7 +545,8 @@ void register_cublasmp(nb::module_& parent) {
              nb::arg("stream").none(), nb::sig("def set_stream(self, stream: mpbind.typing.Stream) -> None"))
         .def("host_workspace", [](Handle& h, size_t nbytes) {
             return reinterpret_cast<uintptr_t>(h.get().host_workspace(nbytes));
-        }, nb::arg("nbytes"), "A host workspace of at least `nbytes` that lives as long as the handle.");
+        }, nb::arg("nbytes"), "A zeroed host workspace of at least `nbytes` (at most 2**32; UsageError beyond) that "
+           "lives as long as the handle.");
     bind_c_pointer(handle, [](Handle& h) { return h.get().handle; }, "The cublasMpHandle_t, for the flat bindings.");
     bind_lifetime(handle, "cublasMpDestroy. Idempotent.");
 
@@ -662,7 +711,7 @@ void register_cublasmp(nb::module_& parent) {
             }
             p->workspace->serve(grids);
         }
-        p->host_workspace.assign(p->host_bytes, 0);
+        if (p->host_bytes) p->host_workspace.assign(p->host_bytes, "MatmulPlan's host workspace");
         p->keep = std::move(keep);
         new (self) MatmulPlan(p);
     }, nb::arg("handle"), nb::arg("descriptor"), nb::arg("m"), nb::arg("n"), nb::arg("k"), nb::arg("alpha"),
@@ -689,6 +738,11 @@ void register_cublasmp(nb::module_& parent) {
     bind_lifetime(plan, "Drop the plan's references and CUDA graph; close the matmul descriptor when it owns it.");
 
     nb::module_ testing = nb::borrow<nb::module_>(parent.attr("_testing"));
+    testing.def("cublasmp_host_workspace", [](size_t nbytes) {
+        HostWorkspace w = asked_host_workspace(nbytes);
+        return w.data() != nullptr && (w.size() == 0 || w.data()[w.size() - 1] == 0);
+    }, nb::arg("nbytes"), "Handle.host_workspace's checks and allocation, without a handle: True once allocated "
+       "(zeroed) and freed.");
     testing.def("cublasmp_local_shape", &local_shape, nb::arg("m"), nb::arg("n"), nb::arg("mb"), nb::arg("nb"),
                 nb::arg("rsrc"), nb::arg("csrc"), nb::arg("nprow"), nb::arg("npcol"), nb::arg("layout"),
                 nb::arg("rank"),
