@@ -815,6 +815,17 @@ std::pair<uintptr_t, size_t> allocation_of(nb::handle memory) {
     return {s.ptr, s.nbytes};
 }
 
+bool holds(uintptr_t ptr, size_t nbytes) {
+    std::shared_ptr<RuntimeState> rt;
+    {
+        Global& g = global();
+        Lock l = lock(g.mu);
+        if (g.runtime == nullptr || g.runtime->closed()) return false;
+        rt = g.runtime;
+    }
+    return rt->containing(ptr, nbytes == 0 ? 1 : nbytes) != nullptr;
+}
+
 struct CollectiveCall::Impl {
     Watched watched;
 };
