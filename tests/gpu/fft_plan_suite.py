@@ -487,6 +487,39 @@ def case_plan_agreement(c: Ctx) -> str:
     return f"PE {c.pe}: {first!r}; {second!r}"
 
 
+def case_out(c: Ctx) -> str:
+    """`out=`: the result copied out of the plan's buffer (unpadded from an R2C's slabs), for the slab and the
+    box path, forward and back; and a closed box plan refused before its descriptor is touched."""
+    n = c.npes
+    shape = (50, 62, 35)
+    half = (50, 62, 35 // 2 + 1)
+    notes = []
+    for output in (None, dist.Split(half, n, 2)):
+        p = fft.plan(c.comm, shape, "float32", output=output, stream=c.stream)
+        q = fft.plan(c.comm, shape, "complex64", "c2r", input=p.spec.output, output=p.spec.input, stream=c.stream)
+        try:
+            g = seeded(f"out.{p.algorithm}", shape, "float32", 0)
+            local = cut(g, p.input_box)
+            with c.stream:
+                x = cp.asarray(local)
+                y = cp.zeros(p.output_shape, cp.complex64)
+                back = cp.zeros(q.output_shape, cp.float32)
+                expect(p.execute(x, out=y) is y, "execute(out=) did not return out")
+                expect(q.execute(y, out=back) is back, "the C2R execute(out=) did not return out")
+            want = np.fft.rfftn(g.astype(np.float64))
+            err = expect_close(c.host(y), cut(want, p.output_box), RTOL["complex64"], f"R2C into out ({p.algorithm})")
+            err_back = expect_close(c.host(back), local.astype(np.float64) * g.size, RTOL["float32"],
+                                    f"C2R into out ({p.algorithm})")
+            notes.append(f"{p.algorithm} {err:.1e}/{err_back:.1e}")
+        finally:
+            c.sync()
+            q.close()
+            p.close()
+        msg = expect_raises(UsageError, lambda p=p: p.execute(), f"execute of a closed {p.algorithm} plan")
+        expect("fft.FFTPlan is closed" in msg, msg)
+    return f"rel. err R2C/C2R into out: {', '.join(notes)}"
+
+
 def case_lifetimes(c: Ctx) -> str:
     shape = (8 * c.npes, 8, 8)
     p = fft.plan(c.comm, shape, "complex64", stream=c.stream)
@@ -544,6 +577,7 @@ def all_cases(c: Ctx) -> Iterator[Check]:
         yield k.name, lambda k=k, run=run: run(c, k)
     for k in reshape_cases(c.npes):
         yield k.name, lambda k=k: case_reshape(c, k)
+    yield "out", lambda: case_out(c)
     yield "lifetimes", lambda: case_lifetimes(c)
 
 
