@@ -16,6 +16,7 @@ from mpbind import _fft_plan as fp
 from mpbind import distributions as dist
 from mpbind.errors import UsageError
 
+
 def split(n: int, parts: int, k: int) -> tuple[int, int]:
     """cuFFTMp's slab split, written out: the first n % parts parts one longer."""
     base, extra = divmod(n, parts)

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mpbind import _fft_plan as fp
 from mpbind import _core, _interop, fft
+from mpbind import _fft_plan as fp
 from mpbind import distributions as dist
 from mpbind._owned import Parts
 from mpbind.errors import UsageError
