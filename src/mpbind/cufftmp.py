@@ -215,6 +215,18 @@ def _boxes(input_box: Box, output_box: Box, ndim: int, input_strides: Sequence[i
     return lo_in, up_in, st_in, lo_out, up_out, st_out
 
 
+def _in_subformats(layout: dict[int, tuple[Shape, Shape]] | None, t: Type,
+                   subformats: tuple[int, int] | None) -> dict[int, tuple[Shape, Shape]] | None:
+    """The built-in slabs' `layout` (X-slabs in, Y-slabs out) as `subformats` lay them out: swapped
+    (XT_FORMAT_INPLACE_SHUFFLED forward), a forward transform reads Y-slabs and writes X-slabs; a real
+    transform's padding does not swap, so its layout is then not known here (None)."""
+    if layout is None or subformats is None or subformats[0] != SubFormat.XT_FORMAT_INPLACE_SHUFFLED:
+        return layout
+    if t not in _COMPLEX:
+        return None
+    return {FORWARD: layout[INVERSE], INVERSE: layout[FORWARD]}
+
+
 class Plan(Owned):
     """A distributed FFT plan over a cufftHandle (``cufftCreate``/``cufftDestroy``).
 
@@ -314,7 +326,7 @@ class Plan(Owned):
         plan = cls._over(core)
         plan._comm = comm
         plan._distribution = None if boxes is None else (boxes[0], boxes[1], boxes[3], boxes[4])
-        plan._layout = plan._local_layout(dims, t)
+        plan._layout = _in_subformats(plan._local_layout(dims, t), t, subformats)
         return plan
 
     # --- step by step ---

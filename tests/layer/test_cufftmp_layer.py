@@ -167,6 +167,19 @@ def test_slab_layouts() -> None:
         p.local_shapes(0)
 
 
+def test_swapped_slab_subformats_swap_the_layout() -> None:
+    """Plan.create(subformats=(INPLACE_SHUFFLED, INPLACE)): a forward transform reads Y-slabs."""
+    swapped = (cufftmp.SubFormat.XT_FORMAT_INPLACE_SHUFFLED, cufftmp.SubFormat.XT_FORMAT_INPLACE)
+    default = (cufftmp.SubFormat.XT_FORMAT_INPLACE, cufftmp.SubFormat.XT_FORMAT_INPLACE_SHUFFLED)
+    p = fake_plan(cufftmp.Type.C2C, (10, 7, 6), rank=1, size=3)
+    layout = cufftmp._in_subformats(p._layout, cufftmp.Type.C2C, swapped)
+    assert layout == {cufftmp.FORWARD: ((10, 2, 6), (3, 7, 6)), cufftmp.INVERSE: ((3, 7, 6), (10, 2, 6))}
+    assert cufftmp._in_subformats(p._layout, cufftmp.Type.C2C, default) == p._layout
+    assert cufftmp._in_subformats(p._layout, cufftmp.Type.C2C, None) == p._layout
+    r = fake_plan(cufftmp.Type.R2C, (10, 7, 6), rank=0, size=3)
+    assert cufftmp._in_subformats(r._layout, cufftmp.Type.R2C, swapped) is None
+
+
 @pytest.mark.parametrize(
     ("fft_type", "dtypes"),
     [(cufftmp.Type.C2C, ("complex64", "complex64")), (cufftmp.Type.Z2Z, ("complex128", "complex128")),
