@@ -18,8 +18,10 @@ The tables hold the functions the core calls, not every bound one: NVSHMEM alone
 1,500, whose prototypes need dozens of struct layouts that the core never reads, and every
 entry is one capsule lookup when the core first uses the library.
 
-The CUDA driver entry points of graph capture have no IR: ``specs/core.toml`` writes their
-prototypes as Cython spells them, and they render into ``_core_abi/cuda_driver.hpp`` the same way.
+The CUDA driver entry points of graph capture and the runtime's device copies have no IR:
+``specs/core.toml`` writes their prototypes as Cython spells them (in its ``cuda_driver`` and
+``cuda_runtime`` sections), and they render into ``_core_abi/cuda_driver.hpp`` and
+``_core_abi/cuda_runtime.hpp`` the same way.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ from model import ROOT, tomllib
 SPEC = ROOT / "specs" / "core.toml"
 SPEC_NAME = "codegen/specs/core.toml"
 DRIVER = "cuda_driver"
+# The spec's sections of CUDA entry points taken from cuda-bindings' capsules, with no IR of ours.
+CUDA = (DRIVER, "cuda_runtime")
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,7 @@ def _library_abi(lib: Library, uses: dict[str, Any]) -> Abi:
     return abi
 
 
-# -- the CUDA driver, from the spec ------------------------------------------------------------
+# -- the CUDA driver and runtime, from the spec --------------------------------------------
 
 def _parse_cython_type(text: str, kinds: dict[str, type[HandleType] | type[EnumType]]) -> CType:
     """A parameter or return type as Cython spells it in a capsule ("CUgraph *")."""
@@ -145,7 +149,7 @@ def _parse_cython_type(text: str, kinds: dict[str, type[HandleType] | type[EnumT
     return t
 
 
-def _driver_abi(spec: dict[str, Any]) -> Abi:
+def _cuda_abi(section: str, spec: dict[str, Any]) -> Abi:
     kinds: dict[str, type[HandleType] | type[EnumType]] = {h: HandleType for h in spec["handles"]}
     kinds |= {e: EnumType for e in spec["enums"]}
     entries = []
@@ -158,7 +162,7 @@ def _driver_abi(spec: dict[str, Any]) -> Abi:
         if capsule_signature(entry) != signature:
             raise ValueError(f"{SPEC_NAME}: cannot read {name}'s signature {signature!r} back")
         entries.append(entry)
-    abi = Abi(name=DRIVER, pretty=spec["pretty"], module=spec["module"], typed_errors=False,
+    abi = Abi(name=section, pretty=spec["pretty"], module=spec["module"], typed_errors=False,
               status_type=spec["status"], success=spec["success"], in_progress=None, loading_error=False,
               functions=entries)
     enums = {n: Enum(n, "int", tuple(members.items())) for n, members in spec["enums"].items()}
@@ -167,7 +171,7 @@ def _driver_abi(spec: dict[str, Any]) -> Abi:
 
 
 def _no_struct(name: str) -> Struct:
-    raise ValueError(f"{SPEC_NAME}: the driver's prototypes may not use a struct ({name})")
+    raise ValueError(f"{SPEC_NAME}: the CUDA prototypes may not use a struct ({name})")
 
 
 # -- types the prototypes need ---------------------------------------------------------------
@@ -362,7 +366,7 @@ def spec() -> dict[str, Any]:
 def abis(libs: dict[str, Library]) -> list[Abi]:
     uses = spec()
     out = [_library_abi(lib, uses[name]) for name, lib in libs.items()]
-    return out + [_driver_abi(uses[DRIVER])]
+    return out + [_cuda_abi(name, uses[name]) for name in CUDA]
 
 
 def headers(libs: dict[str, Library]) -> dict[str, tuple[str, str]]:
@@ -370,7 +374,7 @@ def headers(libs: dict[str, Library]) -> dict[str, tuple[str, str]]:
     out: dict[str, tuple[str, str]] = {}
     all_abis = abis(libs)
     for abi in all_abis:
-        origin = (f"{SPEC_NAME} ({abi.pretty})" if abi.name == DRIVER else
+        origin = (f"{SPEC_NAME} ({abi.pretty})" if abi.name in CUDA else
                   f"codegen/ir/{abi.name}.json and {SPEC_NAME} ({abi.pretty})")
         out[f"{abi.name}.hpp"] = (header(abi), origin)
     out["tables.hpp"] = (tables_header(sorted(a.name for a in all_abis)), SPEC_NAME)

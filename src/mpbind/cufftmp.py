@@ -71,6 +71,7 @@ _cf = _core.cufftmp
 
 Shape = tuple[int, ...]
 Box = tuple[Sequence[int], Sequence[int]]  # [lower, upper) global corners
+Side = tuple[str, Shape, Shape, str]  # a PE's piece for Plan.executor: dtype, shape, storage, box text
 
 # (input dtype, output dtype) of the forward (or only) direction of each type.
 _DTYPES: dict[Type, tuple[str, str]] = {
@@ -212,6 +213,18 @@ def _boxes(input_box: Box, output_box: Box, ndim: int, input_strides: Sequence[i
     return lo_in, up_in, st_in, lo_out, up_out, st_out
 
 
+def _in_subformats(layout: dict[int, tuple[Shape, Shape]] | None, t: Type,
+                   subformats: tuple[int, int] | None) -> dict[int, tuple[Shape, Shape]] | None:
+    """The built-in slabs' `layout` (X-slabs in, Y-slabs out) as `subformats` lay them out: swapped
+    (XT_FORMAT_INPLACE_SHUFFLED forward), a forward transform reads Y-slabs and writes X-slabs; a real
+    transform's padding does not swap, so its layout is then not known here (None)."""
+    if layout is None or subformats is None or subformats[0] != SubFormat.XT_FORMAT_INPLACE_SHUFFLED:
+        return layout
+    if t not in _COMPLEX:
+        return None
+    return {FORWARD: layout[INVERSE], INVERSE: layout[FORWARD]}
+
+
 class Plan(Owned):
     """A distributed FFT plan over a cufftHandle (``cufftCreate``/``cufftDestroy``).
 
@@ -233,13 +246,34 @@ class Plan(Owned):
     def create_2d(cls, comm: Any, shape: Sequence[int], fft_type: int, *, stream: Stream = None) -> Plan:
         """A 2-D plan on the built-in slabs: attach ``comm`` (mpi4py communicator, MPI_Comm
         address, or None for NVSHMEM's world), set the stream, make it (collective)."""
-        return cls._made(comm, _shape(shape, 2), _fft_type(fft_type), stream, None)
+        return cls._made(comm, _shape(shape, 2), _fft_type(fft_type), stream, None, None)
 
     @classmethod
     def create_3d(cls, comm: Any, shape: Sequence[int], fft_type: int, *, stream: Stream = None) -> Plan:
         """A 3-D plan on the built-in slabs: attach ``comm`` (mpi4py communicator, MPI_Comm
         address, or None for NVSHMEM's world), set the stream, make it (collective)."""
-        return cls._made(comm, _shape(shape, 3), _fft_type(fft_type), stream, None)
+        return cls._made(comm, _shape(shape, 3), _fft_type(fft_type), stream, None, None)
+
+    @classmethod
+    def create(cls, comm: Any, shape: Sequence[int], fft_type: int, *,
+               subformats: tuple[int, int] | None = None, stream: Stream = None) -> Plan:
+        """A 2-D or 3-D plan on the built-in slabs, made in one call (collective): attach ``comm``
+        (mpi4py communicator, MPI_Comm address, or None for NVSHMEM's world), set the stream, set
+        ``subformats`` (cufftXtSetSubformatDefault's (forward, inverse); default
+        ``(XT_FORMAT_INPLACE, XT_FORMAT_INPLACE_SHUFFLED)``: X-slabs in, Y-slabs out; swapped, a
+        forward transform reads Y-slabs and writes X-slabs), make it."""
+        t = _fft_type(fft_type)
+        ndim = _ndim(shape, "shape")
+        if ndim not in (2, 3):
+            raise UsageError(f"cuFFTMp plans are 2-D or 3-D, got shape {tuple(shape)}")
+        formats = None
+        if subformats is not None:
+            try:
+                forward, inverse = subformats
+            except (TypeError, ValueError):
+                raise TypeError("subformats must be a (forward, inverse) pair of cufftmp.SubFormat") from None
+            formats = (_subformat(forward, "subformats[0]"), _subformat(inverse, "subformats[1]"))
+        return cls._made(comm, _shape(shape, ndim), t, stream, None, formats)
 
     @classmethod
     def create_decomposition(cls, comm: Any, shape: Sequence[int], fft_type: int, input_box: Box,
@@ -254,12 +288,14 @@ class Plan(Owned):
             raise UsageError(f"cuFFTMp plans are 2-D or 3-D, got shape {tuple(shape)}")
         dims = _shape(shape, ndim)
         boxes = _boxes(input_box, output_box, len(dims), input_strides, output_strides)
-        return cls._made(comm, dims, t, stream, boxes)
+        return cls._made(comm, dims, t, stream, boxes, None)
 
     @classmethod
-    def _made(cls, comm: Any, dims: Shape, t: Type, stream: Stream, boxes: tuple[list[int], ...] | None) -> Plan:
+    def _made(cls, comm: Any, dims: Shape, t: Type, stream: Stream, boxes: tuple[list[int], ...] | None,
+              subformats: tuple[int, int] | None) -> Plan:
         """Attach `comm`, set `stream`, set the layout (`boxes`: lower, upper, strides of the input
-        box, then of the output box; None: the built-in slabs) and make the plan, all collective.
+        box, then of the output box; None: the built-in slabs in `subformats`, by default X-slabs in
+        and Y-slabs out) and make the plan, all collective: the one builder of every create_*.
 
         When a step fails no reference to the core plan is left, not even in the traceback, so its
         lifetime row applies: with a communicator attached its release waits for drain() on every
@@ -272,8 +308,9 @@ class Plan(Owned):
             if stream is not None:
                 core.set_stream(stream)
             if boxes is None:
-                # cufftExec* on raw pointers reads X-slabs and writes Y-slabs (and back).
-                core.set_subformat_default(SubFormat.XT_FORMAT_INPLACE, SubFormat.XT_FORMAT_INPLACE_SHUFFLED)
+                # cufftExec* on raw pointers reads X-slabs and writes Y-slabs (and back), unless swapped.
+                forward, inverse = subformats or (SubFormat.XT_FORMAT_INPLACE, SubFormat.XT_FORMAT_INPLACE_SHUFFLED)
+                core.set_subformat_default(forward, inverse)
             else:
                 lo_in, up_in, st_in, lo_out, up_out, st_out = boxes
                 core.set_distribution(lo_in, up_in, lo_out, up_out, st_in, st_out)
@@ -287,7 +324,7 @@ class Plan(Owned):
         plan = cls._over(core)
         plan._comm = comm
         plan._distribution = None if boxes is None else (boxes[0], boxes[1], boxes[3], boxes[4])
-        plan._layout = plan._local_layout(dims, t)
+        plan._layout = _in_subformats(plan._local_layout(dims, t), t, subformats)
         return plan
 
     # --- step by step ---
@@ -449,6 +486,22 @@ class Plan(Owned):
         """cufftXtMalloc (collective): this PE's part of the distributed data, in ``format``
         (XT_FORMAT_INPLACE for slabs, XT_FORMAT_DISTRIBUTED_INPUT for boxes)."""
         return Descriptor._over(self._live.malloc(_subformat(format, "format")))
+
+    def executor(self, descriptor: Descriptor, sides: dict[int, tuple[Side, Side]], *, need: int,
+                 via_descriptor: bool, device: int, name: str) -> _core.cufftmp.Executor:
+        """A made plan's in-place transform as one call per execute (for plans built on this one, such as
+        :class:`mpbind.fft.FFTPlan`): an object whose ``execute(x, room, out, direction)`` checks `x` and
+        `out` against this PE's `sides` (``{direction: (input, output)}``, each ``(dtype, shape,
+        storage, box text)``: the piece's extents and the extents it is stored with, a padded last axis
+        included), copies `x` into `descriptor`'s buffer unless it can be transformed where it is (stored
+        so, writable, with `need` bytes of NVSHMEM memory from its start), runs the transform and copies
+        the result into `out`, on the plan's stream. `via_descriptor`: cufftXtExecDescriptor on
+        `descriptor` pointed at the memory (a plan made with boxes), else cufftExec* on the pointer.
+        `device` is where the arrays must be; `name` names the plan in messages."""
+        if not isinstance(descriptor, Descriptor):
+            raise TypeError(f"descriptor must be a cufftmp.Descriptor, not {type(descriptor).__name__}")
+        return self._live.executor(descriptor._core, sides, _args.index(need, "need"), bool(via_descriptor),
+                                   _args.integer(device, "device"), str(name))
 
     def exec_descriptor(self, input: Descriptor, output: Descriptor | None = None,
                         direction: int | None = None) -> None:

@@ -51,17 +51,19 @@ def test_every_bound_signature_is_spelled_as_cython_records_it(
     assert not wrong
 
 
-def test_the_driver_prototypes_are_cuda_bindings_capsules(emit_core: ModuleType) -> None:
-    spec = emit_core.spec()[emit_core.DRIVER]
+@pytest.mark.parametrize("section", ["cuda_driver", "cuda_runtime"])
+def test_the_cuda_prototypes_are_cuda_bindings_capsules(emit_core: ModuleType, section: str) -> None:
+    assert section in emit_core.CUDA
+    spec = emit_core.spec()[section]
     capsules = _capsules(spec["module"])
     assert {name: capsules.get(name) for name in spec["functions"]} == spec["functions"]
 
 
-def test_the_driver_enum_values_are_cuda_bindings_values(emit_core: ModuleType) -> None:
-    from cuda.bindings import driver
-
-    for enum, members in emit_core.spec()[emit_core.DRIVER]["enums"].items():
-        python = getattr(driver, enum)
+@pytest.mark.parametrize(("section", "module"), [("cuda_driver", "driver"), ("cuda_runtime", "runtime")])
+def test_the_cuda_enum_values_are_cuda_bindings_values(emit_core: ModuleType, section: str, module: str) -> None:
+    python_module = importlib.import_module(f"cuda.bindings.{module}")
+    for enum, members in emit_core.spec()[section]["enums"].items():
+        python = getattr(python_module, enum)
         assert {name: int(getattr(python, name)) for name in members} == members, enum
 
 

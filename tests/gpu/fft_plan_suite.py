@@ -16,7 +16,8 @@ data. The input arrives as a CuPy array (copied into the plan's buffer), a CuPy 
 ``mpbind.nvshmem`` allocation (transformed in place, copy-free: the result's pointer is checked),
 the plan's own buffer (``input_view``), or an object with ``__dlpack__`` only; with ``--torch``,
 only PyTorch tensors (copied in, or views of an ``mpbind.nvshmem`` allocation), torch imported
-first. Reshapes of 1-byte to 16-byte elements between slabs, pencils and boxes, 1-D to 3-D.
+first. Results into ``out=``, after a copy in and after an in-place transform, on the slab and
+the box path. Reshapes of 1-byte to 16-byte elements between slabs, pencils and boxes, 1-D to 3-D.
 Refusals (execute's, and a plan that one rank refuses or passes other values to) raise on every PE.
 Lifetimes: close, use after close, a dropped plan drained.
 
@@ -487,6 +488,76 @@ def case_plan_agreement(c: Ctx) -> str:
     return f"PE {c.pe}: {first!r}; {second!r}"
 
 
+def case_out(c: Ctx) -> str:
+    """`out=`: the result copied out of the plan's buffer (unpadded from an R2C's slabs), for the slab and the
+    box path, forward and back; and a closed box plan refused before its descriptor is touched."""
+    n = c.npes
+    shape = (50, 62, 35)
+    half = (50, 62, 35 // 2 + 1)
+    notes = []
+    for output in (None, dist.Split(half, n, 2)):
+        p = fft.plan(c.comm, shape, "float32", output=output, stream=c.stream)
+        q = fft.plan(c.comm, shape, "complex64", "c2r", input=p.spec.output, output=p.spec.input, stream=c.stream)
+        try:
+            g = seeded(f"out.{p.algorithm}", shape, "float32", 0)
+            local = cut(g, p.input_box)
+            with c.stream:
+                x = cp.asarray(local)
+                y = cp.zeros(p.output_shape, cp.complex64)
+                back = cp.zeros(q.output_shape, cp.float32)
+                expect(p.execute(x, out=y) is y, "execute(out=) did not return out")
+                expect(q.execute(y, out=back) is back, "the C2R execute(out=) did not return out")
+            want = np.fft.rfftn(g.astype(np.float64))
+            err = expect_close(c.host(y), cut(want, p.output_box), RTOL["complex64"], f"R2C into out ({p.algorithm})")
+            err_back = expect_close(c.host(back), local.astype(np.float64) * g.size, RTOL["float32"],
+                                    f"C2R into out ({p.algorithm})")
+            notes.append(f"{p.algorithm} {err:.1e}/{err_back:.1e}")
+        finally:
+            c.sync()
+            q.close()
+            p.close()
+        msg = expect_raises(UsageError, lambda p=p: p.execute(), f"execute of a closed {p.algorithm} plan")
+        expect("fft.FFTPlan is closed" in msg, msg)
+    return f"rel. err R2C/C2R into out: {', '.join(notes)}"
+
+
+def case_in_place_out(c: Ctx) -> str:
+    """`out=` after an in-place transform: a symmetric input transformed where it is (forward), then the
+    result copied into `out`; and the inverse from a CuPy array (copied in) into `out`, for the slab and
+    the box path of one C2C plan."""
+    n = c.npes
+    shape = (51, 63, 36)
+    notes = []
+    for output in (None, dist.Split(shape, n, 0)):
+        p = fft.plan(c.comm, shape, "complex64", output=output, stream=c.stream)
+        given = None
+        try:
+            g = seeded(f"in_place_out.{p.algorithm}", shape, "complex64", 0)
+            local = cut(g, p.input_box)
+            given = give(c, p, local, "symmetric")
+            with c.stream:
+                y = cp.zeros(p.output_shape, cp.complex64)
+                back = cp.zeros(p.input_shape, cp.complex64)
+                expect(p.execute(given.x, out=y) is y, "execute(x, out=) did not return out")
+                expect(p.execute(y, direction=fft.INVERSE, out=back) is back, "the inverse did not return out")
+            want = np.fft.fftn(g.astype(np.complex128))
+            err = expect_close(c.host(y), cut(want, p.output_box), RTOL["complex64"], f"C2C into out ({p.algorithm})")
+            # The symmetric input was transformed where it is: it holds the result too.
+            with c.stream:
+                stored = cp.asarray(given.keep[0])[:math.prod(p.output_shape)].reshape(p.output_shape)
+            in_place = expect_close(c.host(stored), cut(want, p.output_box), RTOL["complex64"],
+                                    f"the symmetric input after the transform ({p.algorithm})")
+            err_back = expect_close(c.host(back), local.astype(np.complex128) * g.size, RTOL["complex64"],
+                                    f"inverse into out ({p.algorithm})")
+            notes.append(f"{p.algorithm} {err:.1e}/{in_place:.1e}/{err_back:.1e}")
+        finally:
+            c.sync()
+            if given is not None:
+                release(c, given)
+            p.close()
+    return f"rel. err C2C into out/in place/inverse into out: {', '.join(notes)}"
+
+
 def case_lifetimes(c: Ctx) -> str:
     shape = (8 * c.npes, 8, 8)
     p = fft.plan(c.comm, shape, "complex64", stream=c.stream)
@@ -544,6 +615,8 @@ def all_cases(c: Ctx) -> Iterator[Check]:
         yield k.name, lambda k=k, run=run: run(c, k)
     for k in reshape_cases(c.npes):
         yield k.name, lambda k=k: case_reshape(c, k)
+    yield "out", lambda: case_out(c)
+    yield "out.in_place", lambda: case_in_place_out(c)
     yield "lifetimes", lambda: case_lifetimes(c)
 
 

@@ -58,6 +58,11 @@ def test_plan_without_a_gpu_raises_the_typed_error(make: Any) -> None:
                                                    ([0, 0, 0], [4, 4, 4])), UsageError, "3 coordinates"),
         (lambda: cufftmp.Plan.create_decomposition(None, (4, 4, 4), cufftmp.Type.C2C, ([0, 2, 0], [4, 1, 4]),
                                                    ([0, 0, 0], [4, 4, 4])), UsageError, "not a box"),
+        (lambda: cufftmp.Plan.create(None, (8, 8, 8, 8), cufftmp.Type.C2C), UsageError, "2-D or 3-D"),
+        (lambda: cufftmp.Plan.create(None, (8, 8, 4), cufftmp.Type.C2C, subformats=(99, 1)), UsageError,
+         r"subformats\[0\] must be a cufftmp.SubFormat"),
+        (lambda: cufftmp.Plan.create(None, (8, 8, 4), cufftmp.Type.C2C, subformats=5), TypeError,
+         r"\(forward, inverse\) pair"),
     ],
 )
 def test_plan_arguments_are_refused_before_the_library(call: Any, error: type, match: str) -> None:
@@ -91,9 +96,11 @@ def test_module_surface() -> None:
         assert hasattr(cufftmp, name), name
     assert cufftmp.FORWARD == -1 and cufftmp.INVERSE == 1
     for method in ("attach_comm", "set_stream", "set_subformat_default", "set_distribution", "make_plan_2d",
-                   "make_plan_3d", "exec", "malloc", "exec_descriptor", "close", "destroy", "__enter__"):
+                   "make_plan_3d", "exec", "malloc", "exec_descriptor", "executor", "close", "destroy", "__enter__"):
         assert hasattr(cf.Plan, method), method
         assert hasattr(cufftmp.Plan, method), method
+    for factory in ("create", "create_2d", "create_3d", "create_decomposition"):
+        assert hasattr(cufftmp.Plan, factory), factory
 
 
 # --- the facade's checks against a plan (a stand-in core: no plan can be made here) -------------
@@ -159,6 +166,19 @@ def test_slab_layouts() -> None:
     assert fake_plan(cufftmp.Type.C2C, (5, 9), rank=1, size=2).local_shapes(cufftmp.FORWARD) == ((2, 9), (5, 4))
     with pytest.raises(UsageError, match="direction"):
         p.local_shapes(0)
+
+
+def test_swapped_slab_subformats_swap_the_layout() -> None:
+    """Plan.create(subformats=(INPLACE_SHUFFLED, INPLACE)): a forward transform reads Y-slabs."""
+    swapped = (cufftmp.SubFormat.XT_FORMAT_INPLACE_SHUFFLED, cufftmp.SubFormat.XT_FORMAT_INPLACE)
+    default = (cufftmp.SubFormat.XT_FORMAT_INPLACE, cufftmp.SubFormat.XT_FORMAT_INPLACE_SHUFFLED)
+    p = fake_plan(cufftmp.Type.C2C, (10, 7, 6), rank=1, size=3)
+    layout = cufftmp._in_subformats(p._layout, cufftmp.Type.C2C, swapped)
+    assert layout == {cufftmp.FORWARD: ((10, 2, 6), (3, 7, 6)), cufftmp.INVERSE: ((3, 7, 6), (10, 2, 6))}
+    assert cufftmp._in_subformats(p._layout, cufftmp.Type.C2C, default) == p._layout
+    assert cufftmp._in_subformats(p._layout, cufftmp.Type.C2C, None) == p._layout
+    r = fake_plan(cufftmp.Type.R2C, (10, 7, 6), rank=0, size=3)
+    assert cufftmp._in_subformats(r._layout, cufftmp.Type.R2C, swapped) is None
 
 
 @pytest.mark.parametrize(

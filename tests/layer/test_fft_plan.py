@@ -5,9 +5,7 @@ real side, the Hermitian-halved shapes, the buffers, what cuFFTMp is asked for, 
 from __future__ import annotations
 
 import itertools
-import json
 import math
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,8 +15,6 @@ import pytest
 from mpbind import distributions as dist
 from mpbind.errors import UsageError
 from mpbind.fft import _planner as fp
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def split(n: int, parts: int, k: int) -> tuple[int, int]:
@@ -302,34 +298,6 @@ def test_reshape_refusals() -> None:
         fp.plan_reshape(dist.Split(shape, 2), dist.Split(shape, 4), "float32")
     with pytest.raises(UsageError, match="element size"):
         fp.plan_reshape(dist.Split(shape, 2), dist.Split(shape, 2), "float32", itemsize=0)
-
-
-# --- the descriptor layout the box path writes through --------------------------------------------------------
-
-
-def test_descriptor_struct_layout_matches_the_headers() -> None:
-    from mpbind import fft
-
-    ir = json.loads((ROOT / "codegen" / "ir" / "cufftmp.json").read_text())
-    structs = {}
-
-    def walk(o: Any) -> None:
-        if isinstance(o, dict):
-            if o.get("name") in ("cudaLibXtDesc", "cudaXtDesc") and "fields" in o:
-                structs[o["name"]] = o
-            for v in o.values():
-                walk(v)
-        elif isinstance(o, list):
-            for v in o:
-                walk(v)
-
-    walk(ir)
-    for name, cls in (("cudaLibXtDesc", fft._LibXtDesc), ("cudaXtDesc", fft._XtDesc)):
-        import ctypes
-
-        assert ctypes.sizeof(cls) == structs[name]["size"], name
-        for field in structs[name]["fields"]:
-            assert getattr(cls, field["name"]).offset == field["offset"], (name, field["name"])
 
 
 def test_slab_pieces_match_the_layer_layouts() -> None:

@@ -11,10 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from mpbind import _core, fft
 from mpbind import distributions as dist
-from mpbind import fft
 from mpbind._core import Composite
-from mpbind._infra import cuda as _cuda
 from mpbind._infra import interop as _interop
 from mpbind.errors import UsageError
 from mpbind.fft import _planner as fp
@@ -158,33 +157,40 @@ DEVICE = _interop.device_array(DeviceArray((1,), np.float32), "probe").device
 
 
 class Recorder:
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, ...]] = []
+    """The calls of a plan's executor, as the core's test double records them: ("copy", dst, dst_pitch,
+    src, src_pitch, row_bytes, rows, stream) and ("exec", ptr, direction)."""
+
+    def __init__(self, executor: Any) -> None:
+        self.executor = executor
+
+    @property
+    def calls(self) -> list[tuple[Any, ...]]:
+        return self.executor.recorded
+
+    def clear(self) -> None:
+        self.executor.recorded.clear()
 
 
-def assembled(spec: fp.FFTSpec, rank: int, monkeypatch: pytest.MonkeyPatch, symmetric: set[int] = frozenset(),
-              buffer: int = 0x1000) -> tuple[fft.FFTPlan, Recorder]:
-    """An FFTPlan over `spec` at `rank` whose library calls and copies are recorded; `symmetric` holds the
-    pointers that lie in NVSHMEM memory with room enough."""
-    rec = Recorder()
+def assembled(spec: fp.FFTSpec, rank: int, symmetric: set[int] = frozenset(), buffer: int = 0x1000,
+              device: int = DEVICE) -> tuple[fft.FFTPlan, Recorder]:
+    """An FFTPlan over `spec` at `rank` whose executor is the core's test double (its copies and transforms
+    recorded, not made); `symmetric` holds the pointers that lie in NVSHMEM memory with room enough."""
     p = fft.FFTPlan._over(Composite([], "test"))
-    p.spec, p._rank, p._device = spec, rank, DEVICE
+    p.spec, p._rank, p._device = spec, rank, device
     p._buffer, p._room = buffer, spec.max_buffer_bytes
     p._need, p._stream, p._desc = spec.max_buffer_bytes, 0, None
     p._last = None
-
-    def run(ptr: int, d: int) -> None:
-        rec.calls.append(("exec", ptr, d))
-
-    p._run = run  # type: ignore[method-assign]
-    monkeypatch.setattr(fft, "_symmetric_room", lambda ptr, need: need if ptr in symmetric else 0)
-    monkeypatch.setattr(_cuda, "copy_2d_async", lambda *a: rec.calls.append(("copy", *a)))
-    return p, rec
+    directions = {"c2c": (fft.FORWARD, fft.INVERSE), "r2c": (fft.FORWARD,), "c2r": (fft.INVERSE,)}[spec.kind]
+    sides = {d: tuple((s.dtype, s.shape, s.storage, repr(s.box)) for s in p._sides(d)) for d in directions}
+    heap = [(ptr, spec.max_buffer_bytes) for ptr in symmetric]
+    p._executor = _core._testing.cufftmp_executor(sides, p._need, buffer, device, spec.algorithm == "boxes",
+                                                  "fft.FFTPlan", heap)
+    return p, Recorder(p._executor)
 
 
-def test_a_packed_array_is_copied_in_and_a_symmetric_one_used_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_packed_array_is_copied_in_and_a_symmetric_one_used_in_place() -> None:
     spec = fp.plan_fft((50, 62, 36), "complex64", 2)  # rank 1: X-slab 25 x 62 x 36, Y-slab 50 x 31 x 36
-    p, rec = assembled(spec, 1, monkeypatch, symmetric={0x9000})
+    p, rec = assembled(spec, 1, symmetric={0x9000})
     y = p.execute(DeviceArray((25, 62, 36), np.complex64, ptr=0x5000))
     assert rec.calls == [("copy", 0x1000, 36 * 8, 0x5000, 36 * 8, 36 * 8, 25 * 62, 0), ("exec", 0x1000, fft.FORWARD)]
     assert isinstance(y, fft.DeviceView) and (y.ptr, y.shape, y.dtype) == (0x1000, (50, 31, 36), "complex64")
@@ -198,9 +204,9 @@ def test_a_packed_array_is_copied_in_and_a_symmetric_one_used_in_place(monkeypat
     assert rec.calls[-1] == ("exec", 0x9000, fft.INVERSE) and back.shape == (25, 62, 36)
 
 
-def test_the_real_side_is_padded_and_unpadded(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_real_side_is_padded_and_unpadded() -> None:
     spec = fp.plan_fft((8, 6, 5), "float32", 2)  # real X-slab 4 x 6 x 5 stored as 4 x 6 x 6
-    p, rec = assembled(spec, 0, monkeypatch)
+    p, rec = assembled(spec, 0)
     p.execute(DeviceArray((4, 6, 5), np.float32, ptr=0x5000))
     assert rec.calls[0] == ("copy", 0x1000, 6 * 4, 0x5000, 5 * 4, 5 * 4, 24, 0)
     rec.calls.clear()
@@ -212,7 +218,7 @@ def test_the_real_side_is_padded_and_unpadded(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(BufferError, match="strided"):
         view.__dlpack__()
     c2r = fp.plan_fft((8, 6, 5), "complex64", 2, kind="c2r")
-    q, rec = assembled(c2r, 0, monkeypatch)
+    q, rec = assembled(c2r, 0)
     assert q.input_view().shape == (8, 3, 3) and q.input_view().contiguous  # its complex Y-slab
     out = DeviceArray((4, 6, 5), np.float32, ptr=0x7000)
     assert q.execute(DeviceArray((8, 3, 3), np.complex64, ptr=0x5000), out=out) is out
@@ -226,22 +232,21 @@ def test_the_real_side_is_padded_and_unpadded(monkeypatch: pytest.MonkeyPatch) -
     (DeviceArray((25, 62, 36), np.complex64, strides=(1, 25, 25 * 62)), "C-contiguous"),
     (np.zeros((25, 62, 36), np.complex64), "GPU"),
 ])
-def test_execute_refuses_arrays_that_disagree_with_the_plan(monkeypatch: pytest.MonkeyPatch, x: Any,
-                                                             match: str) -> None:
-    p, rec = assembled(fp.plan_fft((50, 62, 36), "complex64", 2), 1, monkeypatch)
+def test_execute_refuses_arrays_that_disagree_with_the_plan(x: Any, match: str) -> None:
+    p, rec = assembled(fp.plan_fft((50, 62, 36), "complex64", 2), 1)
     with pytest.raises(UsageError, match=match):
         p.execute(x)
     assert rec.calls == []
 
 
-def test_execute_refuses_a_complex_input_to_r2c_and_bad_directions(monkeypatch: pytest.MonkeyPatch) -> None:
-    p, rec = assembled(fp.plan_fft((8, 6, 5), "float32", 2), 0, monkeypatch)
+def test_execute_refuses_a_complex_input_to_r2c_and_bad_directions() -> None:
+    p, rec = assembled(fp.plan_fft((8, 6, 5), "float32", 2), 0)
     with pytest.raises(UsageError, match="R2C plan takes the real array"):
         p.execute(DeviceArray((4, 6, 5), np.complex64))
     with pytest.raises(UsageError, match="only transforms FORWARD"):
         p.execute(direction=fft.INVERSE)
     c = fp.plan_fft((8, 6, 5), "complex64", 2)
-    q, _ = assembled(c, 0, monkeypatch)
+    q, _ = assembled(c, 0)
     for bad in (0, 2, True, "sideways"):
         with pytest.raises(UsageError, match="direction must be"):
             q.execute(direction=bad)
@@ -249,21 +254,56 @@ def test_execute_refuses_a_complex_input_to_r2c_and_bad_directions(monkeypatch: 
     assert rec.calls == []
 
 
-def test_a_wrong_device_and_a_wrong_out_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    p, rec = assembled(fp.plan_fft((8, 8, 8), "complex64", 2), 0, monkeypatch)
-    p._device = DEVICE + 5
+def test_a_wrong_device_and_a_wrong_out_are_refused() -> None:
+    p, rec = assembled(fp.plan_fft((8, 8, 8), "complex64", 2), 0, device=DEVICE + 5)
     with pytest.raises(UsageError, match=f"device {DEVICE}; the plan runs on device {DEVICE + 5}"):
         p.execute(DeviceArray((4, 8, 8), np.complex64))
-    p._device = DEVICE
+    assert rec.calls == []
+    p, rec = assembled(fp.plan_fft((8, 8, 8), "complex64", 2), 0)
     with pytest.raises(UsageError, match="out is complex128; this plan's output"):
         p.execute(out=DeviceArray((8, 4, 8), np.complex128))
     assert rec.calls == []
 
 
-def test_box_plans_store_packed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_box_plans_store_packed() -> None:
     shape = (8, 6, 5)
     spec = fp.plan_fft(shape, "float32", 2, output=dist.Split(dist.hermitian_shape(shape), 2, axis=2))
-    p, rec = assembled(spec, 1, monkeypatch)
+    p, rec = assembled(spec, 1)
     y = p.execute(DeviceArray((4, 6, 5), np.float32, ptr=0x5000))
     assert rec.calls[0] == ("copy", 0x1000, 5 * 4, 0x5000, 5 * 4, 5 * 4, 24, 0)
     assert y.shape == (8, 6, 1) and y.contiguous  # Z-slabs of the 3 halved columns: 2 + 1
+
+
+class ReadOnlyArray(DeviceArray):
+    def __init__(self, shape: tuple[int, ...], dtype: Any, ptr: int) -> None:
+        super().__init__(shape, dtype, ptr)
+        self.__cuda_array_interface__["data"] = (ptr, True)
+
+
+def test_a_read_only_symmetric_input_is_copied_and_out_gets_the_result() -> None:
+    spec = fp.plan_fft((8, 8, 8), "complex64", 2)  # rank 0: X-slab 4 x 8 x 8, Y-slab 8 x 4 x 8
+    p, rec = assembled(spec, 0, symmetric={0x9000})
+    y = p.execute(ReadOnlyArray((4, 8, 8), np.complex64, 0x9000))
+    assert rec.calls == [("copy", 0x1000, 64, 0x9000, 64, 64, 32, 0), ("exec", 0x1000, fft.FORWARD)]
+    assert y.ptr == 0x1000
+    rec.clear()
+    out = DeviceArray((8, 4, 8), np.complex64, ptr=0x7000)
+    assert p.execute(DeviceArray((4, 8, 8), np.complex64, ptr=0x9000), out=out) is out  # in place, then out
+    assert rec.calls == [("exec", 0x9000, fft.FORWARD), ("copy", 0x7000, 64, 0x9000, 64, 64, 32, 0)]
+    rec.clear()
+    with pytest.raises(UsageError, match="out is read-only"):
+        p.execute(out=ReadOnlyArray((8, 4, 8), np.complex64, 0x7000))
+    with pytest.raises(UsageError, match=r"out has shape \(4, 8, 8\); this rank's piece is \(8, 4, 8\), box "):
+        p.execute(out=DeviceArray((4, 8, 8), np.complex64, ptr=0x7000))
+    assert rec.calls == []
+
+
+def test_an_input_short_of_the_largest_buffer_is_copied() -> None:
+    """In place needs the largest rank's buffer from the array's start (alike on every rank)."""
+    spec = fp.plan_fft((9, 8, 8), "complex64", 2)  # rank 1 holds 4 planes; rank 0's 5 set the need
+    p, rec = assembled(spec, 1)
+    p._executor = _core._testing.cufftmp_executor(
+        {d: tuple((s.dtype, s.shape, s.storage, repr(s.box)) for s in p._sides(d)) for d in (fft.FORWARD, fft.INVERSE)},
+        p._need, 0x1000, DEVICE, False, "fft.FFTPlan", [(0x9000, spec.buffer_bytes(1))])
+    p.execute(DeviceArray((4, 8, 8), np.complex64, ptr=0x9000))
+    assert p._executor.recorded[0][0] == "copy" and spec.buffer_bytes(1) < p._need

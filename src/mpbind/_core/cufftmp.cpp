@@ -11,14 +11,17 @@
 // reshapes allocate and free symmetric memory, a host-side collective that must not overlap them.
 
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <array>
 #include <optional>
 #include <utility>
 #include <vector>
 
+#include "mpbind/bindings/_core_abi/cuda_runtime.hpp"
 #include "mpbind/bindings/_core_abi/cufftmp.hpp"
 #include "arrays.hpp"
 #include "core.hpp"
@@ -31,6 +34,7 @@ namespace {
 
 using namespace abi::cufftmp;
 using capi::call;
+namespace cudart = abi::cuda_runtime;  // the FFT plan's copies (Executor)
 
 using XtDesc = cudaXtDesc;
 using LibXtDesc = cudaLibXtDesc;
@@ -404,8 +408,7 @@ ExecCall plan_exec(int fft_type, nb::handle input, nb::handle output, nb::handle
     return c;
 }
 
-void exec(Plan& self, uintptr_t in, uintptr_t out, int direction) {
-    PlanState& s = made_plan(self, "exec");
+void exec_on(PlanState& s, uintptr_t in, uintptr_t out, int direction) {
     check_direction(direction);
     if (in == 0) raise_usage("exec: the input pointer is NULL");
     if (out == 0) out = in;  // in place
@@ -430,6 +433,10 @@ void exec(Plan& self, uintptr_t in, uintptr_t out, int direction) {
         default: raise_usage("exec: unknown plan type");
     }
     collective.queued();
+}
+
+void exec(Plan& self, uintptr_t in, uintptr_t out, int direction) {
+    exec_on(made_plan(self, "exec"), in, out, direction);
 }
 
 Descriptor xt_malloc(Plan& self, int format) {
@@ -493,6 +500,286 @@ void copy_from(Descriptor& self, Descriptor& src) {
     d.plan->check_open();
     call(api().cufftXtMemcpy, d.plan->handle, static_cast<void*>(d.desc), static_cast<void*>(s.desc),
          CUFFT_COPY_DEVICE_TO_DEVICE);
+}
+
+// --- the FFT plan's execute (mpbind.fft): one call -----------------------------------------------------
+//
+// mpbind.fft.FFTPlan.execute(x, direction=, out=) is one call into the Executor its plan made once:
+// x and out are taken in (the one intake, arrays.cpp) and checked against this rank's pieces (dtype,
+// device, shape, contiguity) before anything runs; x is copied into the plan's buffer unless it can
+// be transformed where it is; the transform runs (cufftExec* on the pointer for cuFFTMp's slabs,
+// cufftXtExecDescriptor on the plan's descriptor pointed at it for boxes); the result is copied into
+// out when given. Copies and the transform are queued on the plan's stream, in that order.
+
+// One rank's piece on one side of a transform, as the plan stores it.
+struct Side {
+    arrays::Dtype dtype = arrays::Dtype::kInvalid;
+    std::vector<int64_t> shape, storage;
+    std::vector<int64_t> strides;  // row-major of storage, in elements (the stored layout)
+    std::vector<int64_t> packed;   // row-major of shape (a packed array, which the copy pads)
+    std::string box;               // the box's repr, for messages
+    int64_t itemsize = 0;
+    int64_t rows = 1;       // elements of every axis but the last
+    int64_t row_bytes = 0;  // the last axis's bytes
+    int64_t pitch = 0;      // a stored row's bytes (padding included)
+
+    bool padded() const { return storage != shape; }
+};
+
+// Row-major strides in elements (an empty extent counts as 1, as cuFFTMp takes them).
+std::vector<int64_t> row_major(const std::vector<int64_t>& shape) {
+    std::vector<int64_t> out(shape.size());
+    int64_t step = 1;
+    for (size_t i = shape.size(); i-- > 0;) {
+        out[i] = step;
+        step = checked_mul<int64_t>(step, std::max<int64_t>(shape[i], 1), "a piece's elements");
+    }
+    return out;
+}
+
+// A side from (dtype name, shape, storage, box repr), as mpbind.fft describes it.
+Side make_side(nb::handle described) {
+    if (!nb::isinstance<nb::tuple>(described) || nb::len(described) != 4) {
+        raise_type("a side must be (dtype, shape, storage, box text), not " + arrays::repr_of(described));
+    }
+    nb::tuple t = nb::borrow<nb::tuple>(described);
+    Side s;
+    s.dtype = arrays::dtype_of(t[0]);
+    s.shape = nb::cast<std::vector<int64_t>>(t[1]);
+    s.storage = nb::cast<std::vector<int64_t>>(t[2]);
+    s.box = nb::cast<std::string>(t[3]);
+    if (s.shape.empty() || s.shape.size() != s.storage.size()) {
+        raise_usage("a side's shape and storage must have the same number (>= 1) of extents");
+    }
+    for (size_t i = 0; i < s.shape.size(); ++i) {
+        if (s.shape[i] < 0 || s.storage[i] < s.shape[i]) raise_usage("a side's storage must hold its shape");
+    }
+    s.strides = row_major(s.storage);
+    s.packed = row_major(s.shape);
+    s.itemsize = arrays::info(s.dtype).itemsize;
+    for (size_t i = 0; i + 1 < s.shape.size(); ++i) s.rows = checked_mul(s.rows, s.shape[i], "a piece's rows");
+    s.row_bytes = checked_mul(s.shape.back(), s.itemsize, "a piece's row");
+    s.pitch = checked_mul(s.storage.back(), s.itemsize, "a piece's stored row");
+    checked_mul(s.rows, s.pitch, "a piece's bytes");
+    return s;
+}
+
+// Python's repr of a tuple of ints: "(4, 6, 5)", "(5,)".
+template <class V>
+std::string tuple_text(const V& v) {
+    std::string r = "(";
+    for (size_t i = 0; i < v.size(); ++i) r += (i ? ", " : "") + std::to_string(v[i]);
+    return r + (v.size() == 1 ? ",)" : ")");
+}
+
+bool same_dims(const arrays::Dims& a, const std::vector<int64_t>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+        if (a[i] != b[i]) return false;
+    }
+    return true;
+}
+
+// Strides equal where they matter (extents of 1 ignore theirs; an empty array is any layout).
+bool same_layout(const arrays::Dims& shape, const arrays::Dims& strides, const std::vector<int64_t>& want) {
+    for (size_t i = 0; i < shape.size(); ++i) {
+        if (shape[i] == 0) return true;
+    }
+    for (size_t i = 0; i < shape.size(); ++i) {
+        if (shape[i] != 1 && strides[i] != want[i]) return false;
+    }
+    return true;
+}
+
+// An array given to execute, checked against one side: where it is, how to copy it, and whether it is
+// transformed where it is (no copy).
+struct Operand {
+    uintptr_t ptr = 0;
+    bool in_place = false;
+    int64_t rows = 0, row_bytes = 0, pitch = 0;
+};
+
+class Executor {
+public:
+    std::shared_ptr<PlanState> plan;  // null: a test double, which records its calls instead of making them
+    std::shared_ptr<DescState> desc;
+    std::array<std::optional<std::pair<Side, Side>>, 2> sides;  // (input, output) of FORWARD, of INVERSE
+    int64_t need = 0;      // bytes an array used in place needs from its start (alike on every rank)
+    bool via_descriptor = false;
+    int device = 0;
+    std::string name;      // the feature's plan, in messages
+    uintptr_t buffer = 0;  // the plan's own buffer (the descriptor's data)
+    std::vector<std::pair<uintptr_t, size_t>> heap;  // a test double's symmetric ranges
+    nb::list recorded;     // a test double's calls: ("copy", dst, dst_pitch, src, src_pitch, row, rows, stream), ("exec", ptr, direction)
+
+    static size_t slot(int d) { return d == CUFFT_FORWARD ? 0 : 1; }
+
+    const std::pair<Side, Side>& sides_of(int d) const {
+        if ((d != CUFFT_FORWARD && d != CUFFT_INVERSE) || !sides[slot(d)]) {
+            raise_usage(name + " does not transform in direction " + std::to_string(d));
+        }
+        return *sides[slot(d)];
+    }
+
+    void check_open() const {
+        if (plan && (plan->closed() || desc->closed())) raise_usage(name + " is closed");
+    }
+
+    uintptr_t stream() const { return plan ? plan->stream : 0; }
+
+    bool symmetric(uintptr_t p, size_t n) const {
+        if (plan) return nvshmem::holds(p, n);
+        for (const auto& [base, size] : heap) {
+            if (span_within(p, n == 0 ? 1 : n, base, size)) return true;
+        }
+        return false;
+    }
+
+    // `obj` checked against `side`; `room` (>= 0: what a view of ours says, -1: not known) bytes of
+    // symmetric memory from its start; used in place when it holds `need` bytes there (lookup: may be).
+    Operand operand(nb::handle obj, const char* what, const Side& side, long long room, bool lookup,
+                    bool writable) const {
+        arrays::Want want{what, writable, /*contiguous=*/false, /*tuples=*/false, arrays::Dtype::kInvalid};
+        arrays::Array a = arrays::device_array(obj, want);
+        std::string w = what;
+        if (a.dtype != side.dtype) {
+            std::string have = arrays::name(a.dtype), mine = arrays::name(side.dtype);
+            std::string hint;
+            if (mine.rfind("float", 0) == 0 && have.rfind("complex", 0) == 0) {
+                hint = " (an R2C plan takes the real array; a complex input needs a C2C plan)";
+            }
+            raise_usage(w + " is " + have + "; this plan's " + (w == "out" ? "output" : "input") + " on this rank is " +
+                        mine + hint);
+        }
+        if (a.device != device) {
+            raise_usage(w + " is on device " + std::to_string(a.device) + "; the plan runs on device " +
+                        std::to_string(device));
+        }
+        bool stored;
+        if (same_dims(a.shape, side.shape) && same_layout(a.shape, a.strides, side.strides)) {
+            stored = true;  // laid out as the plan stores it (a padded real side included)
+        } else if (same_dims(a.shape, side.storage) && same_layout(a.shape, a.strides, side.strides)) {
+            stored = true;  // the padded storage itself
+        } else if (same_dims(a.shape, side.shape) && same_layout(a.shape, a.strides, side.packed)) {
+            stored = false;  // packed: the copy pads it
+        } else if (!same_dims(a.shape, side.shape) && !same_dims(a.shape, side.storage)) {
+            std::string extra = side.padded() ? " (or " + tuple_text(side.storage) + " padded)" : "";
+            raise_usage(w + " has shape " + tuple_text(a.shape) + "; this rank's piece is " + tuple_text(side.shape) +
+                        extra + ", box " + side.box);
+        } else {
+            raise_usage(w + " must be C-contiguous (strides " + tuple_text(a.strides) + " elements for shape " +
+                        tuple_text(a.shape) + "); copy it with .contiguous() / cupy.ascontiguousarray first");
+        }
+        Operand op{a.ptr, false, side.rows, side.row_bytes, stored ? side.pitch : side.row_bytes};
+        if (stored && !a.readonly && lookup) {  // a read-only input is copied, never transformed where it is
+            if (room < 0) room = symmetric(a.ptr, static_cast<size_t>(need)) ? need : 0;
+            op.in_place = room >= need;
+        }
+        return op;
+    }
+
+    void copy(uintptr_t dst, int64_t dst_pitch, uintptr_t src, int64_t src_pitch, int64_t row_bytes, int64_t rows) {
+        if (rows == 0 || row_bytes == 0) return;
+        uintptr_t st = stream();
+        if (!plan) {
+            recorded.append(nb::make_tuple("copy", dst, dst_pitch, src, src_pitch, row_bytes, rows, st));
+            return;
+        }
+        const cudart::Api& a = cudart::api();
+        auto* d = reinterpret_cast<void*>(dst);
+        auto* s = reinterpret_cast<const void*>(src);
+        auto* q = reinterpret_cast<cudart::cudaStream_t>(st);
+        if (src_pitch == row_bytes && dst_pitch == row_bytes) {
+            call(a.cudaMemcpyAsync, d, s, static_cast<size_t>(rows * row_bytes), cudart::cudaMemcpyDeviceToDevice, q);
+        } else {
+            call(a.cudaMemcpy2DAsync, d, static_cast<size_t>(dst_pitch), s, static_cast<size_t>(src_pitch),
+                 static_cast<size_t>(row_bytes), static_cast<size_t>(rows), cudart::cudaMemcpyDeviceToDevice, q);
+        }
+    }
+
+    // The transform of what `ptr` holds, in place.
+    void run(uintptr_t ptr, int d) {
+        check_open();
+        sides_of(d);
+        if (!plan) {
+            recorded.append(nb::make_tuple("exec", ptr, d));
+            return;
+        }
+        PlanState& s = *plan;
+        if (!via_descriptor) {
+            exec_on(s, ptr, 0, d);
+            return;
+        }
+        // The plan's descriptor pointed at `ptr` in the layout it holds (DISTRIBUTED_INPUT before a forward
+        // transform, DISTRIBUTED_OUTPUT before an inverse one), its own pointer put back after the call:
+        // cufftXtFree frees what the descriptor points at.
+        LibXtDesc* lib = desc->desc;
+        XtDesc* xt = lib->descriptor;
+        struct Restore {
+            XtDesc* xt;
+            void* own;
+            ~Restore() { xt->data[0] = own; }
+        } restore{xt, reinterpret_cast<void*>(buffer)};
+        xt->data[0] = reinterpret_cast<void*>(ptr);
+        lib->subFormat = d == CUFFT_FORWARD ? CUFFT_XT_FORMAT_DISTRIBUTED_INPUT : CUFFT_XT_FORMAT_DISTRIBUTED_OUTPUT;
+        nvshmem::CollectiveCall collective(s.comm_type != -1 ? "cufftmp.exec_descriptor" : nullptr, s.stream);
+        call(api().cufftXtExecDescriptor, s.handle, lib, lib, d);
+        collective.queued();
+    }
+
+    // execute(): (the pointer transformed, whether it is x's own memory or the plan's buffer for x None).
+    std::pair<uintptr_t, bool> execute(nb::handle x, long long room, nb::handle out, int d) {
+        const auto& [src, dst] = sides_of(d);
+        std::optional<Operand> target;
+        if (!out.is_none()) target = operand(out, "out", dst, -1, false, true);
+        uintptr_t ptr = buffer;
+        bool in_place = true;
+        if (!x.is_none()) {
+            Operand op = operand(x, "x", src, room, true, false);
+            in_place = op.in_place;
+            if (in_place) {
+                ptr = op.ptr;
+            } else {
+                check_open();
+                copy(buffer, src.pitch, op.ptr, op.pitch, op.row_bytes, op.rows);
+            }
+        }
+        run(ptr, d);
+        if (target) copy(target->ptr, target->pitch, ptr, dst.pitch, target->row_bytes, target->rows);
+        return {ptr, in_place};
+    }
+};
+
+// An Executor's sides from {direction: (input side, output side)}.
+void set_sides(Executor& e, nb::handle sides) {
+    if (!nb::isinstance<nb::dict>(sides)) raise_type("sides must be a dict {direction: (input, output)}");
+    for (auto [key, value] : nb::borrow<nb::dict>(sides)) {
+        int d = nb::cast<int>(key);
+        check_direction(d);
+        if (!nb::isinstance<nb::tuple>(value) || nb::len(value) != 2) {
+            raise_type("sides must map a direction to (input side, output side)");
+        }
+        nb::tuple pair = nb::borrow<nb::tuple>(value);
+        e.sides[Executor::slot(d)] = std::make_pair(make_side(pair[0]), make_side(pair[1]));
+    }
+}
+
+Executor make_executor(Plan& self, Descriptor& descriptor, nb::handle sides, long long need, bool via_descriptor,
+                       int device, std::string name) {
+    made_plan(self, "executor");
+    DescState& ds = descriptor.get();
+    if (ds.plan != self.state()) raise_usage("executor: the descriptor is another plan's");
+    if (need < 0) raise_usage("executor: need must be >= 0, got " + std::to_string(need));
+    Executor e;
+    e.plan = self.state();
+    e.desc = descriptor.state();
+    set_sides(e, sides);
+    e.need = need;
+    e.via_descriptor = via_descriptor;
+    e.device = device;
+    e.name = std::move(name);
+    e.buffer = reinterpret_cast<uintptr_t>(local(ds).data[0]);
+    return e;
 }
 
 // --- reshape operations ---
@@ -630,6 +917,13 @@ void register_cufftmp(nb::module_& parent) {
              "cufftXtMalloc: a Descriptor over this PE's part of the distributed data (collective).")
         .def("exec_descriptor", &exec_descriptor, nb::arg("input"), nb::arg("output").none(),
              nb::arg("direction"), "cufftXtExecDescriptor; output None is in place.")
+        .def("executor", &make_executor, nb::arg("descriptor"), nb::arg("sides"), nb::arg("need"),
+             nb::arg("via_descriptor"), nb::arg("device"), nb::arg("name"),
+             "An Executor of this made plan on `descriptor` (its buffer, from malloc): `sides` maps each direction "
+             "it runs to (input side, output side) of this PE, each (dtype, shape, storage, box text); `need` is the "
+             "bytes an array used in place needs from its start; `via_descriptor` runs cufftXtExecDescriptor on "
+             "the descriptor pointed at the memory (boxes), else cufftExec* on the pointer (slabs); `device` is "
+             "where arrays must be; `name` names the plan in messages.")
         .def_prop_ro("handle", [](Plan& p) { return p.get().handle; }, "The cufftHandle, for the flat bindings.")
         .def_prop_ro("fft_type", [](Plan& p) -> std::optional<int> {
             auto& s = p.get();
@@ -660,6 +954,38 @@ void register_cufftmp(nb::module_& parent) {
        nb::arg("direction").none() = nb::none(), nb::arg("layout").none() = nb::none(),
        "The checks of Plan.exec on a made plan of `fft_type`, without cuFFTMp: (input, output (0: in place), "
        "direction) as cufftExec* would get them.");
+
+    nb::class_<Executor>(
+        m, "Executor",
+        "A made plan's execute as one call: checks, the copies into and out of its buffer, the transform, on "
+        "its stream (Plan.executor).")
+        .def("execute", &Executor::execute, nb::arg("x").none(), nb::arg("room"), nb::arg("out").none(),
+             nb::arg("direction"),
+             "Transform `x` (None: the buffer) in `direction`: `x` and `out` (None: none) are checked against this "
+             "PE's sides; `x` is used in place when it is stored as the plan stores it, writable, and holds `need` "
+             "bytes of symmetric memory from its start (`room`: what a view of ours says, -1: look it up), else "
+             "copied into the buffer; the result is copied into `out` when given. Returns (the pointer "
+             "transformed, True when that is `x` itself or the buffer for `x` None).")
+        .def("run", &Executor::run, nb::arg("ptr"), nb::arg("direction"),
+             "Transform what `ptr` (checked by an earlier execute) holds, in place, in `direction`.")
+        .def_prop_ro("recorded", [](Executor& e) { return e.recorded; },
+                     "A test double's calls (_testing.cufftmp_executor); empty for a plan's.");
+    testing.def("cufftmp_executor", [](nb::handle sides, long long need, uintptr_t buffer, int device,
+                                       bool via_descriptor, std::string name,
+                                       std::vector<std::pair<uintptr_t, size_t>> heap) {
+        Executor e;
+        set_sides(e, sides);
+        e.need = need;
+        e.via_descriptor = via_descriptor;
+        e.device = device;
+        e.name = std::move(name);
+        e.buffer = buffer;
+        e.heap = std::move(heap);
+        return e;
+    }, nb::arg("sides"), nb::arg("need"), nb::arg("buffer"), nb::arg("device"), nb::arg("via_descriptor"),
+       nb::arg("name"), nb::arg("heap"),
+       "An Executor without cuFFTMp whose copies and transforms are recorded (its `recorded` list) instead of "
+       "made; `heap` holds the (ptr, nbytes) ranges taken as symmetric memory.");
 
     auto desc = nb::class_<Descriptor>(
         m, "Descriptor",

@@ -1104,6 +1104,17 @@ void register_arrays_of(nb::module_& m) {
 
 }  // namespace
 
+bool holds(uintptr_t ptr, size_t nbytes) {
+    std::shared_ptr<RuntimeState> rt;
+    {
+        Global& g = global();
+        Lock l = lock(g.mu);
+        if (g.runtime == nullptr || g.runtime->closed()) return false;
+        rt = g.runtime;
+    }
+    return rt->containing(ptr, nbytes == 0 ? 1 : nbytes) != nullptr;
+}
+
 struct CollectiveCall::Impl {
     Watched watched;
 };

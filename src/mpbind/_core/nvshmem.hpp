@@ -18,6 +18,10 @@ bool is_peer_array(PyTypeObject* type);
 void describe_symmetric(nanobind::handle obj, arrays::Array& a, const char* what);
 void describe_peer(nanobind::handle obj, arrays::Array& a, const char* what);
 
+// Whether [ptr, ptr + nbytes) lies in a live symmetric allocation of the live runtime (false when none
+// is live): what makes an array usable in place by a cuFFTMp transform (cufftmp.cpp).
+bool holds(uintptr_t ptr, size_t nbytes);
+
 // An on-stream NVSHMEM collective that another library makes (cufftmp.cpp), made around its library
 // call: in the watchdog's flight record as `op` from before the call (one that blocks on the host
 // shows as one that has not returned) to queued(), which notes it in the collective fence. `op`

@@ -53,7 +53,6 @@ rank; dropped unclosed they wait for :func:`mpbind.drain`, as every collective r
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Sequence
 from typing import Any, Generic, TypeVar
 
@@ -74,10 +73,6 @@ __all__ = ["FORWARD", "INVERSE", "DeviceView", "FFTPlan", "ReshapePlan", "plan",
 
 FORWARD: int = cufftmp.FORWARD
 INVERSE: int = cufftmp.INVERSE
-
-_DISTRIBUTED_INPUT = int(cufftmp.SubFormat.XT_FORMAT_DISTRIBUTED_INPUT)
-_DISTRIBUTED_OUTPUT = int(cufftmp.SubFormat.XT_FORMAT_DISTRIBUTED_OUTPUT)
-
 
 # --- views -----------------------------------------------------------------------------------------------
 
@@ -219,6 +214,11 @@ def _operand(x: Any, what: str, side: Side, device: int, need: int, writable: bo
     return _Operand(ptr, dev, in_place, rows, row_bytes, pitch)
 
 
+def _described(side: Side) -> tuple[str, tuple[int, ...], tuple[int, ...], str]:
+    """`side` as the core's executor takes it: (dtype, shape, storage, the box's repr for messages)."""
+    return side.dtype, side.shape, side.storage, repr(side.box)
+
+
 def _role(what: str) -> str:
     return "output" if what == "out" else "input"
 
@@ -263,22 +263,6 @@ def _runtime(comm: Any, size: int) -> int:
         raise UsageError(f"the communicator has {size} ranks but NVSHMEM runs {nvshmem.n_pes()} PEs: cuFFTMp plans "
                          "over NVSHMEM's world")
     return nvshmem._device()
-
-
-# --- cuFFTMp's descriptor, as the box path writes it -------------------------------------------------------
-
-
-class _LibXtDesc(ctypes.Structure):
-    """cudaLibXtDesc / cudaXtDesc as cudalibxt.h lays them out (checked against the IR by a test)."""
-
-
-class _XtDesc(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_int), ("nGPUs", ctypes.c_int), ("GPUs", ctypes.c_int * 64),
-                ("data", ctypes.c_void_p * 64), ("size", ctypes.c_size_t * 64), ("cudaXtState", ctypes.c_void_p)]
-
-
-_LibXtDesc._fields_ = [("version", ctypes.c_int), ("descriptor", ctypes.POINTER(_XtDesc)), ("library", ctypes.c_int),
-                       ("subFormat", ctypes.c_int), ("libDescriptor", ctypes.c_void_p)]
 
 
 # --- what both plans hold ---------------------------------------------------------------------------------
@@ -363,22 +347,18 @@ class FFTPlan(_Plan[FFTSpec]):
     @classmethod
     def _make(cls, comm: Any, group: ProcessGroup, spec: FFTSpec, rank: int, stream: Stream) -> FFTPlan:
         device = _runtime(comm, spec.nranks)
-        p = cufftmp.Plan()
+        kind = cufftmp.Type[spec.cufft_type]
+        sub = spec.subformats
+        made: list[cufftmp.Plan] = []
         try:
-            p.attach_comm(comm)
-            if stream is not None:
-                p.set_stream(stream)
-            sub = spec.subformats
             if sub is not None:
-                p.set_subformat_default(cufftmp.SubFormat[sub[0]], cufftmp.SubFormat[sub[1]])
+                formats = (cufftmp.SubFormat[sub[0]], cufftmp.SubFormat[sub[1]])
+                made.append(cufftmp.Plan.create(comm, spec.shape, kind, subformats=formats, stream=stream))
             else:
                 lo_in, up_in, st_in, lo_out, up_out, st_out = spec.distribution_boxes(rank)
-                p.set_distribution(lo_in, up_in, lo_out, up_out, st_in, st_out)
-            kind = cufftmp.Type[spec.cufft_type]
-            if spec.ndim == 2:
-                p.make_plan_2d(spec.shape[0], spec.shape[1], kind)
-            else:
-                p.make_plan_3d(spec.shape[0], spec.shape[1], spec.shape[2], kind)
+                made.append(cufftmp.Plan.create_decomposition(comm, spec.shape, kind, (lo_in, up_in), (lo_out, up_out),
+                                                              input_strides=st_in, output_strides=st_out,
+                                                              stream=stream))
             # The buffer in the layout the plan reads first (a C2R plan reads the complex, "output" side).
             inverse_first = spec.kind == "c2r"
             if sub is not None:
@@ -386,30 +366,23 @@ class FFTPlan(_Plan[FFTSpec]):
             else:
                 fmt = cufftmp.SubFormat.XT_FORMAT_DISTRIBUTED_OUTPUT if inverse_first else \
                     cufftmp.SubFormat.XT_FORMAT_DISTRIBUTED_INPUT
-            desc = p.malloc(fmt)
+            desc = made[0].malloc(fmt)
         except BaseException:
-            del p  # its lifetime row applies: queued for drain() on every rank once a communicator is attached
+            del made  # its lifetime row applies: queued for drain() on every rank once a communicator is attached
             raise
+        p = made[0]
         self = cls._over(Composite([p], "fft plan parts"))
         self._place(spec, rank, device, stream)
         self._desc = desc
-        self._buffer = int(desc.data)
+        self._buffer = desc.data
         # Whether an array is used in place must be decided alike on every rank (cuFFTMp writes into the
         # other ranks' memory at the address each passes): sizes are the largest over the ranks.
         self._room = largest(group, desc.nbytes)
         self._need = max(spec.max_buffer_bytes, self._room if spec.algorithm == "boxes" else 0)
-        self._slabs = spec.algorithm == "slabs"
-        self._exec = p._core.exec
-        self._exec_descriptor = p._core.exec_descriptor
-        self._desc_core = desc._core
-        if spec.algorithm == "boxes":
-            lib = _LibXtDesc.from_address(int(desc.ptr))
-            xt = lib.descriptor.contents
-            # One ctypes object per field written before each transform: a field of a Structure
-            # makes a new object on every access, several µs per execute.
-            self._data0 = ctypes.c_void_p.from_address(ctypes.addressof(xt) + _XtDesc.data.offset)
-            self._sub_format = ctypes.c_int.from_address(ctypes.addressof(lib) + _LibXtDesc.subFormat.offset)
-            self._own_data = int(self._data0.value or 0)
+        directions = {"c2c": (FORWARD, INVERSE), "r2c": (FORWARD,), "c2r": (INVERSE,)}[spec.kind]
+        sides = {d: (_described(i), _described(o)) for d in directions for i, o in [self._sides(d)]}
+        self._executor = p.executor(desc, sides, need=self._need, via_descriptor=spec.algorithm == "boxes",
+                                    device=device, name="fft.FFTPlan")
         self._last = None
         return self
 
@@ -486,49 +459,21 @@ class FFTPlan(_Plan[FFTSpec]):
         if out is None and last is not None and last[0] is x and last[1] == d:
             if x is not None and isinstance(x, nvshmem.SymmetricArray) and x.closed:
                 raise UsageError("x is a freed symmetric array")
-            self._run(last[2].ptr, d)
+            self._executor.run(last[2].ptr, d)
             return last[2]
-        src, dst = self._sides(d)
-        target = None if out is None else _operand(out, "out", dst, self._device, 0, writable=True)
-        owner: Any
-        if x is None:
-            ptr, room, owner, in_place = self._buffer, self._room, self._desc, True
-        else:
-            op = _operand(x, "x", src, self._device, self._need, writable=False)
-            in_place = op.in_place
-            if in_place:
-                ptr, room, owner = op.ptr, self._need, x
-            else:
-                self._live()
-                _cuda.copy_2d_async(self._buffer, src.storage[-1] * src.itemsize, op.ptr, op.pitch, op.row_bytes,
-                                    op.rows, self._stream)
-                ptr, room, owner = self._buffer, self._room, self._desc
-        self._run(ptr, d)
-        result = self._view(ptr, dst, room, owner)
-        if target is not None:
-            _cuda.copy_2d_async(target.ptr, target.pitch, ptr, dst.storage[-1] * dst.itemsize, target.row_bytes,
-                                target.rows, self._stream)
+        # One call into the core: the checks of x and out, the copies and the transform, on the plan's stream.
+        ptr, in_place = self._executor.execute(x, x.room if isinstance(x, DeviceView) else -1, out, d)
+        if out is not None:
             return out
+        src, dst = self._sides(d)
+        if x is not None and in_place:
+            result = self._view(ptr, dst, self._need, x)
+        else:
+            result = self._view(ptr, dst, self._room, self._desc)
         self._last = (x, d, result) if in_place else None
         return result
 
     __call__ = execute
-
-    def _run(self, ptr: int, d: int) -> None:
-        if self._slabs:
-            self._exec(ptr, None, d, None)
-            return
-        # cufftXtExecDescriptor on the plan's descriptor pointed at `ptr` in the layout it holds
-        # (DISTRIBUTED_INPUT before a forward transform, DISTRIBUTED_OUTPUT before an inverse one).
-        if self._desc.closed:  # the descriptor's host struct is freed with it
-            raise UsageError("fft.FFTPlan is closed")
-        data0 = self._data0
-        data0.value = ptr
-        self._sub_format.value = _DISTRIBUTED_INPUT if d == FORWARD else _DISTRIBUTED_OUTPUT
-        try:
-            self._exec_descriptor(self._desc_core, None, d)
-        finally:
-            data0.value = self._own_data  # cufftXtFree frees what the descriptor points at
 
     def _direction(self, direction: int | str | None) -> int:
         kind = self.spec.kind
@@ -549,10 +494,6 @@ class FFTPlan(_Plan[FFTSpec]):
         i, o = self.spec.input_side(self._rank), self.spec.output_side(self._rank)
         return (o, i) if (self.spec.kind == "c2c" and d == INVERSE) else (i, o)
 
-    def _live(self) -> None:
-        if self._core.closed:
-            raise UsageError("fft.FFTPlan is closed")
-
     def _described(self) -> str:
         return f"{self.spec.cufft_type} {'x'.join(map(str, self.spec.shape))} {self.spec.algorithm}"
 
@@ -560,13 +501,7 @@ class FFTPlan(_Plan[FFTSpec]):
     _buffer: int
     _need: int
     _room: int
-    _slabs: bool
-    _exec: Any
-    _exec_descriptor: Any
-    _desc_core: Any
-    _data0: ctypes.c_void_p
-    _sub_format: ctypes.c_int
-    _own_data: int
+    _executor: Any  # the core's cufftmp.Executor (cufftmp.Plan.executor)
     _last: tuple[Any, int, DeviceView] | None
 
 
