@@ -284,11 +284,11 @@ class Plan(Owned):
         except BaseException:
             del core
             raise
-        plan = cls._over(core)
-        plan._comm = comm
-        plan._distribution = None if boxes is None else (boxes[0], boxes[1], boxes[3], boxes[4])
-        plan._layout = plan._local_layout(dims, t)
-        return plan
+        self = cls._over(core)
+        self._comm = comm
+        self._distribution = None if boxes is None else (boxes[0], boxes[1], boxes[3], boxes[4])
+        self._layout = self._local_layout(dims, t)
+        return self
 
     # --- step by step ---
 

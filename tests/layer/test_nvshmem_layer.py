@@ -90,7 +90,7 @@ def test_state_before_init() -> None:
 def test_no_gpu_is_shared_before_init() -> None:
     # asked of the library itself (nvshmemx_init_status): the count the kernel grids and the
     # collective matmul refuse on needs a runtime, and is 1 without one
-    assert nv._pes_sharing_this_gpu() == 1
+    assert nv.pes_sharing_this_gpu() == 1
 
 
 # --- argument checks -------------------------------------------------------------------------

@@ -62,7 +62,7 @@ from mpbind._core import Composite
 from mpbind._infra import args as _args
 from mpbind._infra import cuda as _cuda
 from mpbind._infra import interop as _interop
-from mpbind._infra.owned import Owned
+from mpbind._infra.owned import Owned, core_of
 from mpbind.distributions import Distribution
 from mpbind.errors import UsageError
 from mpbind.fft import _planner as _fft_plan
@@ -262,7 +262,7 @@ def _runtime(comm: Any, size: int) -> int:
     if nvshmem.n_pes() != size:
         raise UsageError(f"the communicator has {size} ranks but NVSHMEM runs {nvshmem.n_pes()} PEs: cuFFTMp plans "
                          "over NVSHMEM's world")
-    return nvshmem._device()
+    return nvshmem.device()
 
 
 # --- cuFFTMp's descriptor, as the box path writes it -------------------------------------------------------
@@ -399,9 +399,9 @@ class FFTPlan(_Plan[FFTSpec]):
         self._room = largest(group, desc.nbytes)
         self._need = max(spec.max_buffer_bytes, self._room if spec.algorithm == "boxes" else 0)
         self._slabs = spec.algorithm == "slabs"
-        self._exec = p._core.exec
-        self._exec_descriptor = p._core.exec_descriptor
-        self._desc_core = desc._core
+        self._exec = core_of(p).exec
+        self._exec_descriptor = core_of(p).exec_descriptor
+        self._desc_core = core_of(desc)
         if spec.algorithm == "boxes":
             lib = _LibXtDesc.from_address(int(desc.ptr))
             xt = lib.descriptor.contents
@@ -463,6 +463,18 @@ class FFTPlan(_Plan[FFTSpec]):
     def stream(self) -> int:
         """The stream the plan's work is queued on (cudaStream_t)."""
         return self._stream
+
+    @property
+    def cufftmp_plan(self) -> cufftmp.Plan:
+        """The cuFFTMp plan this plan runs; its ``handle`` serves calls through :mod:`mpbind.bindings.cufftmp`.
+        It stays this plan's: ``close()`` closes it."""
+        return self._core.parts[0]
+
+    @property
+    def descriptor(self) -> cufftmp.Descriptor:
+        """The cuFFTMp descriptor of this rank's data, allocated when the plan was made (``data``: the
+        plan's own buffer, ``ptr``: the descriptor itself). It stays this plan's."""
+        return self._desc
 
     def input_view(self, direction: int | str | None = None) -> DeviceView:
         """The plan's own buffer as this rank's input of `direction` (default: the plan's own, forward but
@@ -619,7 +631,7 @@ class ReshapePlan(_Plan[ReshapeSpec]):
             raise
         self = cls._over(Composite(owned, "reshape plan parts"))
         self._place(spec, rank, device, stream)
-        self._exec = owned[0]._core.exec
+        self._exec = core_of(owned[0]).exec
         self._in_buf, self._out_buf = owned[1], owned[2]
         self._work = owned[3].ptr if work else 0
         return self
