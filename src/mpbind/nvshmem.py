@@ -430,8 +430,8 @@ def n_pes() -> int:
 
 
 def device() -> int:
-    """The GPU this PE's NVSHMEM runtime was initialised on (the one its symmetric heap is on);
-    UsageError before :func:`init` and after :func:`finalize`."""
+    """The GPU of this PE's NVSHMEM runtime: the device :func:`init` was given, else the calling
+    thread's current one (0 where none is set). UsageError before :func:`init` and after :func:`finalize`."""
     rt = _nv.runtime()
     dev = rt.params.get("device", "current")
     if dev != "current":

@@ -55,6 +55,7 @@ BEFORE_INIT: dict[str, Callable[[], object]] = {
     "finalize": nv.finalize,
     "my_pe": nv.my_pe,
     "n_pes": nv.n_pes,
+    "device": nv.device,
     "empty": lambda: nv.empty(4, "float32"),
     "zeros": lambda: nv.zeros((2, 2), "int32"),
     "register": lambda: nv.register((0x1000, 64)),

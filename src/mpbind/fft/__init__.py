@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from mpbind import _core, cufftmp, distributions, nvshmem
 from mpbind._core import Composite
@@ -468,7 +468,7 @@ class FFTPlan(_Plan[FFTSpec]):
     def cufftmp_plan(self) -> cufftmp.Plan:
         """The cuFFTMp plan this plan runs; its ``handle`` serves calls through :mod:`mpbind.bindings.cufftmp`.
         It stays this plan's: ``close()`` closes it."""
-        return self._core.parts[0]
+        return cast("cufftmp.Plan", self._core.parts[0])  # the first of its parts (FFTPlan._make)
 
     @property
     def descriptor(self) -> cufftmp.Descriptor:

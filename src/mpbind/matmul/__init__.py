@@ -18,7 +18,7 @@ need).
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from mpbind import _core, cublasmp, nccl
@@ -259,7 +259,7 @@ class PlannedMatmul(Owned):
         if m == 0 or n == 0:  # a local product with nothing on this rank
             self._core = _parts(None, matrices, own)
             self._matmul = None
-            self._capture = None
+            self._matmul_plan = None
             self._matrices = {}
             return self
         if handle is None:
@@ -295,7 +295,7 @@ class PlannedMatmul(Owned):
                                            processes=1 if p.algorithm == "local" else p.nranks)
         self._core = _parts(matmul, matrices, own)
         self._matmul = matmul
-        self._capture = core.capture
+        self._matmul_plan = core
         self._matrices = dict(operands)
         self._views = views
         self._shapes = {name: p.a.shape if name == "a" else p.b.shape if name == "b" else p.d.shape
@@ -368,11 +368,11 @@ class PlannedMatmul(Owned):
             raise UsageError(f"{_OVERLAPPED[self.plan.algorithm]} does not replay correctly from a CUDA graph in "
                              "cuBLASMp 0.10: to capture it, plan with algo_type=cublasmp.MatmulAlgoType.NO_OVERLAP "
                              "(or run it eagerly with execute())")
-        if self._capture is not None:
+        if self._matmul_plan is not None:
             # The plan knows its algorithm (the thin Matmul cannot, and refuses every multi-process
             # capture without NO_OVERLAP): the check above is the one that applies, so the core
             # plan's capture is called, not the Matmul's.
-            self._capture(stream)
+            self._matmul_plan.capture(stream)
         return self
 
     @property
@@ -385,7 +385,7 @@ class PlannedMatmul(Owned):
     _rank: int
     _algo_type: cublasmp.MatmulAlgoType | int | None
     _matmul: cublasmp.Matmul | None
-    _capture: Callable[[Stream], None] | None
+    _matmul_plan: Any  # the core's MatmulPlan under _matmul, or None
     _matrices: dict[str, cublasmp.Matrix]
     _views: dict[str, tuple[int, int, int, int]]
     _shapes: dict[str, tuple[int, int]]
