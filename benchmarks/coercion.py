@@ -6,15 +6,15 @@ For each source (a ``(ptr, count, dtype)`` tuple, a ``__cuda_array_interface__``
 array through ``__dlpack__``, PyTorch CPU tensors through DLPack's C exchange API, their attributes,
 ``__dlpack__``, a CuPy-like array's attributes, where these are installed) it reports:
 
-* ``core_ns``: the core's coercion alone (``mpbind._core._testing.coerce_ns``: a C++ loop, no
-  Python call per description);
 * ``call_ns``: ``mpbind._core.array_info(x)`` from Python (a call into the core and a result tuple);
 * ``producer_ns``: what the source's own protocol costs from Python, for comparison (building the
   interface dict, ``__dlpack__()``), where there is one.
 
 Device-only checks are not part of it (CPU tensors are host memory); the whole hot call, checks
 included, is timed on the GPU by ``nccl_allreduce.py`` and ``nvshmem_latency.py``. Streams are
-timed the same way (``stream_ns``). The table goes to stdout, the CSV to ``--out``.
+timed the same way (``mpbind._core.stream_handle(s)``). The table goes to stdout, the CSV to ``--out``.
+The core's coercion alone, without the call from Python, is not timed here: that needs the core's
+test hooks, which the benchmarks do not use.
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ import _results  # noqa: E402
 from _timing import ns_per_call  # noqa: E402
 
 from mpbind import _core  # noqa: E402
-
-T = _core._testing
 
 
 class InterfaceArray:
@@ -119,18 +117,16 @@ def main() -> None:
     a = ap.parse_args()
     rows = []
     for name, obj, source, producer in sources():
-        T.coerce_ns(obj, 1000, source)  # warm the per-type cache
-        core = min(T.coerce_ns(obj, a.n, source) for _ in range(5))
+        _core.array_info(obj, source=source, tuples=True)  # warm the per-type cache
         call = min(ns_per_call(lambda obj=obj, source=source: _core.array_info(obj, source=source, tuples=True),
                                a.n // 4) for _ in range(5))
         own = min(ns_per_call(producer, a.n // 4) for _ in range(5)) if producer else float("nan")
-        rows.append([name, core, call, own])
+        rows.append([name, call, own])
     for name, stream in streams():
-        T.stream_ns(stream, 1000)
-        rows.append([f"stream: {name}", min(T.stream_ns(stream, a.n) for _ in range(5)),
+        rows.append([f"stream: {name}",
                      min(ns_per_call(lambda s=stream: _core.stream_handle(s), a.n // 4) for _ in range(5)),
                      float("nan")])
-    header = ["source", "core_ns", "call_ns", "producer_ns"]
+    header = ["source", "call_ns", "producer_ns"]
     print(_results.table(header, rows))
     _results.write_csv(a.out / "coercion.csv", header, rows)
     print(f"wrote {a.out / 'coercion.csv'}")

@@ -142,7 +142,8 @@ def run_mpbind(a: argparse.Namespace, comm: Any) -> list[Row]:
                     with stream:
                         view = cp.asarray(p.input_view())
                         view[...] = cp.random.standard_normal(view.shape, dtype=cp.float32)
-                        buf = cp.asarray(fft.DeviceView(p._buffer, (int(p._desc.nbytes) // 8,), (1,), "complex64",
+                        own = p.descriptor  # the plan's buffer, whole
+                        buf = cp.asarray(fft.DeviceView(int(own.data), (int(own.nbytes) // 8,), (1,), "complex64",
                                                         device, 0, None))
 
                     def rescale(buf: Any = buf, s: Any = scale) -> None:
@@ -158,14 +159,14 @@ def run_mpbind(a: argparse.Namespace, comm: Any) -> list[Row]:
                                      a.iters, a.warmup, comm, stream, events)
                     rows += [("mpbind", n, series, "gpu_ms_forward", fwd),
                              ("mpbind", n, series, "gpu_ms_fwd_inv", both)]
-                    cplan = p._core.parts[0]  # the plan's cufftmp.Plan (its first part)
+                    cplan = p.cufftmp_plan
                     if p.algorithm == "slabs":
-                        handle, ptr = cplan.handle, p._buffer
+                        handle, ptr = cplan.handle, int(p.descriptor.data)
 
                         def flat_call(h: int = handle, q: int = ptr) -> None:
                             flat.exec_c2c(h, q, q, fft.FORWARD)
                     else:
-                        handle, desc = cplan.handle, p._desc.ptr
+                        handle, desc = cplan.handle, p.descriptor.ptr
 
                         def flat_call(h: int = handle, q: int = desc) -> None:
                             flat.xt_exec_descriptor_c2c(h, q, q, fft.FORWARD)

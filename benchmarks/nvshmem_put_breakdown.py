@@ -22,10 +22,9 @@ Each pair is timed in two parts (the put, then the quiet), ``perf_counter_ns`` a
 is synchronised after every ``--pairs`` pairs, outside the timed calls, so that a full launch queue
 never blocks a call. Batches rotate the variants' order. The table gives, per size and variant, the
 median put, quiet and pair host time and the median over batches of the pair's difference from
-``flat`` in the same batch (paired), and the core's own cost per call timed in C++ without the library
-call (``mpbind._core._testing``: describing a symmetric array, reading the stream, planning a put and a
-quiet). PE 0 prints it and writes ``nvshmem_put_breakdown.csv`` (and
-``.png``) under ``--out``.
+``flat`` in the same batch (paired). PE 0 prints it and writes ``nvshmem_put_breakdown.csv`` (and
+``.png``) under ``--out``. The core's own cost per call without the library call is not timed here:
+that needs the core's test hooks, which the benchmarks do not use (``core_int`` minus ``flat`` bounds it).
 """
 
 from __future__ import annotations
@@ -122,31 +121,6 @@ def measure(nbytes: int, comm: Any, stream: Any, a: argparse.Namespace) -> list[
     return rows
 
 
-def own_costs(comm: Any, stream: Any, n: int = 100_000) -> dict[str, float]:
-    """Nanoseconds of the core's own work per call, timed in C++ (best of 5): describing a symmetric
-    array (and each step of it), reading the CuPy stream, and planning a put and a quiet (everything
-    but the library call)."""
-    t = _core._testing
-    dst, src = nvshmem.empty(8, "uint8"), nvshmem.empty(8, "uint8")
-    peer = (comm.Get_rank() + 1) % comm.Get_size()
-    handle = int(stream.ptr)
-    timed = {
-        "describe symmetric": lambda: t.coerce_ns(dst, n, None, False),
-        "CuPy stream": lambda: t.stream_ns(stream, n),
-        "plan put (int stream)": lambda: t.nvshmem_plan_ns("put", (dst, src, peer, handle), n),
-        "plan put (CuPy stream)": lambda: t.nvshmem_plan_ns("put", (dst, src, peer, stream), n),
-        "plan quiet (int stream)": lambda: t.nvshmem_plan_ns("quiet", (handle,), n),
-        "plan quiet (CuPy stream)": lambda: t.nvshmem_plan_ns("quiet", (stream,), n),
-    }
-    out = {name: min(fn() for _ in range(5)) for name, fn in timed.items()}
-    parts = [t.symmetric_parts_ns(dst, n) for _ in range(5)]
-    out.update({f"describe: {k}": min(p[k] for p in parts) for k in parts[0]})
-    comm.Barrier()
-    dst.free()
-    src.free()
-    return out
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_placement_argument(ap)
@@ -166,7 +140,6 @@ def main() -> int:
     rt = nvshmem.init(mpi_comm=comm, bootstrap="uid", device=device)
     stream = cp.cuda.Stream(non_blocking=True)
     rows = [row for nbytes in sizes for row in measure(nbytes, comm, stream, a)]
-    own = own_costs(comm, stream)
     rt.finalize()
 
     everyone = comm.gather(rows, root=0)
@@ -174,8 +147,6 @@ def main() -> int:
         return 0
     version = ".".join(str(v) for v in nv.vendor_get_version_info())
     print(f"# NVSHMEM {version}, {npes} PEs, placement {placement}; {a.batches} batches of {a.pairs} pairs")
-    print("# the layer's own C++ per call, without the library call (ns, PE 0): " +
-          ", ".join(f"{k} {v:.0f}" for k, v in own.items()))
     header = list(rows[0])
     print(_results.table(header, [[r[h] for h in header] for r in rows]))
     for k, other in enumerate(everyone[1:], start=1):

@@ -142,10 +142,9 @@ def flat_call(planned: Any, handle: Any) -> Callable[[], None]:
     from mpbind.bindings import cublasmp as flat
 
     mm, p = planned.matmul, planned.plan
-    matrices = [m for m in planned._core.parts if isinstance(m, cublasmp.Matrix)]
-    mats = dict(zip([o.name for o in p.operands], matrices, strict=True))
+    mats = planned.matrices
     compute = int(p.compute_type)
-    scalars = [ctypes.create_string_buffer(cublasmp._scalar(v, compute, False), 16) for v in (p.alpha, p.beta)]
+    scalars = [ctypes.create_string_buffer(cublasmp.scalar_bytes(v, compute), 16) for v in (p.alpha, p.beta)]
     device_bytes, host_bytes = mm.workspace_size
     work = _core.cublasmp.shared_workspace(mats["d"].grid, device_bytes).ptr if device_bytes else 0
     host = handle.host_workspace(host_bytes)

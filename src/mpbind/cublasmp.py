@@ -31,13 +31,15 @@ import ctypes
 import math
 import numbers
 import struct
+from collections.abc import Mapping
 from enum import IntEnum
+from types import MappingProxyType
 from typing import Any, Generic, TypeVar, cast, overload
 
 from mpbind import _core
 from mpbind._infra import args as _args
 from mpbind._infra import interop as _interop
-from mpbind._infra.owned import Owned
+from mpbind._infra.owned import Owned, core_of
 from mpbind.bindings import cublasmp as _flat
 from mpbind.bindings.cublasmp import (
     CublasComputeType,
@@ -57,7 +59,8 @@ from mpbind.typing import Array, Stream
 __all__ = [
     "CublasComputeType", "CublasOperation", "CudaDataType", "Grid", "GridLayout", "Handle", "Matmul",
     "MatmulAlgoType", "MatmulDescriptor", "MatmulDescriptorAttribute", "MatmulEpilogue", "MatmulMatrixScale", "Matrix",
-    "MatrixDescriptor", "ResultScheme", "Workspace", "gemm", "grid", "grid_cache_info", "matmul",
+    "DATA_TYPES", "MatrixDescriptor", "ResultScheme", "Workspace", "gemm", "grid", "grid_cache_info", "matmul",
+    "scalar_bytes",
 ]
 
 Handle = _core.cublasmp.Handle
@@ -65,12 +68,14 @@ Grid = _core.cublasmp.Grid
 MatrixDescriptor = _core.cublasmp.MatrixDescriptor
 Workspace = _core.cublasmp.Workspace
 
-_CUDA_TYPES: dict[str, CudaDataType] = {
+#: The CUDA data type of a matrix of each dtype the layer takes (a :class:`Matrix`'s array, a
+#: matmul descriptor's communication type), read-only.
+DATA_TYPES: Mapping[str, CudaDataType] = MappingProxyType({
     "float16": CudaDataType.R_16F, "bfloat16": CudaDataType.R_16BF, "float32": CudaDataType.R_32F,
     "float64": CudaDataType.R_64F, "complex64": CudaDataType.C_32F, "complex128": CudaDataType.C_64F,
     "int8": CudaDataType.R_8I, "int32": CudaDataType.R_32I, "float8_e4m3fn": CudaDataType.R_8F_E4M3,
     "float8_e5m2": CudaDataType.R_8F_E5M2,
-}
+})
 
 
 _MAX_I64 = 2**63 - 1
@@ -78,7 +83,7 @@ _MAX_I64 = 2**63 - 1
 
 def grid(comm: Communicator, nprow: int, npcol: int, layout: GridLayout | int = GridLayout.COL_MAJOR) -> Grid:
     """The cached grid of `comm` (an :class:`mpbind.nccl.Communicator`); created collectively on a miss."""
-    core = comm._core if isinstance(comm, Communicator) else comm
+    core = core_of(comm) if isinstance(comm, Communicator) else comm
     if not isinstance(core, _core.nccl.Communicator):
         raise TypeError(f"comm must be an mpbind.nccl.Communicator, not {type(comm).__name__}")
     nprow = _args.integer(nprow, "nprow", minimum=1, maximum=_MAX_I64)
@@ -139,10 +144,12 @@ def _compute_for(dtype: str) -> CublasComputeType:
 _SCALAR_MAX = {"e": 65504.0, "f": 3.4028234663852886e38}  # the largest finite float16 and float32
 
 
-def _scalar(value: complex, compute: int, complex_data: bool, name: str = "scalar") -> bytes:
-    """`value` in the scalar type cuBLAS uses for `compute` (alpha and beta live in host memory): a
-    UsageError naming `name` where that type cannot hold it (not an int32 for an integer compute type,
-    beyond a float16 or float32), rather than a rounded or wrapped value."""
+def scalar_bytes(value: complex, compute: CublasComputeType | int, complex_data: bool = False,
+                 name: str = "scalar") -> bytes:
+    """`value` as the host bytes cuBLASMp reads for a scalar (alpha, beta) of compute type `compute`:
+    its real part, then its imaginary part for `complex_data`, in the type cuBLAS uses for `compute`.
+    A UsageError naming `name` where that type cannot hold it (not an int32 for an integer compute
+    type, beyond a float16 or float32), rather than a rounded or wrapped value."""
     base = CublasComputeType(compute).name
     if base.startswith("COMPUTE_64F"):
         fmt = "d"
@@ -204,7 +211,7 @@ class Matrix(Owned):
         lld = max(1, info.strides[1] if cols > 1 else rows)
         if lld < rows:
             raise UsageError(f"leading dimension {lld} < {rows} local rows")
-        if info.dtype not in _CUDA_TYPES:
+        if info.dtype not in DATA_TYPES:
             raise UsageError(f"cuBLASMp has no {info.dtype} matrices")
         single = grid.nprow == 1 and grid.npcol == 1
         if shape is None:
@@ -228,7 +235,7 @@ class Matrix(Owned):
         self.info = info
         self.shape = (m, n)
         self.block = (mb, nb)
-        self._core = grid.matrix_descriptor(m, n, mb, nb, src[0], src[1], lld, int(_CUDA_TYPES[info.dtype]))
+        self._core = grid.matrix_descriptor(m, n, mb, nb, src[0], src[1], lld, int(DATA_TYPES[info.dtype]))
 
     @staticmethod
     def _coord(grid: Grid, axis: int) -> int:
@@ -439,12 +446,27 @@ class Matmul(Owned):
         self.descriptor = descriptor
         self._processes = _processes(a, b, d)
         self._core = _core.cublasmp.MatmulPlan(
-            handle, descriptor._core, m, n, ka, _scalar(alpha, compute, is_complex, "alpha"), a.operand(),
-            b.operand(), _scalar(beta, compute, is_complex, "beta"), None if c is None else c.operand(), d.operand(),
-            workspace,
-            (a, b, c, d, descriptor), own_descriptor)
+            handle, descriptor._core, m, n, ka, scalar_bytes(alpha, compute, is_complex, "alpha"), a.operand(),
+            b.operand(), scalar_bytes(beta, compute, is_complex, "beta"), None if c is None else c.operand(),
+            d.operand(), workspace, (a, b, c, d, descriptor), own_descriptor)
         # The bound method itself: no Python frame between the caller and the library call.
         self.execute = self._core.execute  # type: ignore[method-assign]
+
+    @classmethod
+    def from_core(cls, plan: Any, m: int, n: int, k: int, descriptor: MatmulDescriptor, *, processes: int) -> Matmul:
+        """A Matmul over a core matmul plan (``mpbind._core.cublasmp.MatmulPlan``) that another part of
+        mpbind built, its operands, scalars and workspace settled there (``mpbind.matmul.plan``):
+        `m`, `n`, `k` and `descriptor` as it was made with, `processes` how many processes its grids
+        span (what :meth:`capture` refuses on). ``close()`` closes the core plan."""
+        if not isinstance(plan, _core.cublasmp.MatmulPlan):
+            raise TypeError(f"plan must be an mpbind._core.cublasmp.MatmulPlan, not {type(plan).__name__}")
+        _args.instance(descriptor, "descriptor", MatmulDescriptor, "a cublasmp.MatmulDescriptor")
+        self = cls._over(plan)
+        self.m, self.n, self.k = m, n, k
+        self.descriptor = descriptor
+        self._processes = _args.integer(processes, "processes", minimum=1)
+        self.execute = plan.execute  # type: ignore[method-assign]
+        return self
 
     def execute(self, stream: Stream = None, *, a: Array | None = None, b: Array | None = None,
                 c: Array | None = None, d: Array | None = None) -> None:
@@ -509,8 +531,8 @@ def gemm(handle: Handle, a: Matrix, b: Matrix, c: Matrix, *, transa: bool = Fals
         raise UsageError(f"op(A) x op(B) does not give C's {m} x {n}")
     compute = _compute_type(compute_type, a.dtype)
     is_complex = a.dtype.startswith("complex")
-    alpha_b = ctypes.create_string_buffer(_scalar(alpha, compute, is_complex, "alpha"), 16)
-    beta_b = ctypes.create_string_buffer(_scalar(beta, compute, is_complex, "beta"), 16)
+    alpha_b = ctypes.create_string_buffer(scalar_bytes(alpha, compute, is_complex, "alpha"), 16)
+    beta_b = ctypes.create_string_buffer(scalar_bytes(beta, compute, is_complex, "beta"), 16)
     ta = int(CublasOperation.T if transa else CublasOperation.N)
     tb = int(CublasOperation.T if transb else CublasOperation.N)
     if stream is not None:

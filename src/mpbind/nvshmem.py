@@ -78,6 +78,7 @@ __all__ = [
     "barrier",
     "barrier_all",
     "broadcast",
+    "device",
     "empty",
     "fcollect",
     "finalize",
@@ -87,6 +88,7 @@ __all__ = [
     "is_initialized",
     "my_pe",
     "n_pes",
+    "pes_sharing_this_gpu",
     "put",
     "quiet",
     "recent_operations",
@@ -427,7 +429,9 @@ def n_pes() -> int:
     return int(_nv.n_pes())
 
 
-def _device() -> int:
+def device() -> int:
+    """The GPU of this PE's NVSHMEM runtime: the device :func:`init` was given, else the calling
+    thread's current one (0 where none is set). UsageError before :func:`init` and after :func:`finalize`."""
     rt = _nv.runtime()
     dev = rt.params.get("device", "current")
     if dev != "current":
@@ -436,7 +440,7 @@ def _device() -> int:
     return 0 if current is None else current
 
 
-def _pes_sharing_this_gpu() -> int:
+def pes_sharing_this_gpu() -> int:
     """How many PEs of the running job use this PE's GPU (NVSHMEM's same-GPU team; 1 before init).
     The same on every PE: placements with a different number of PEs per GPU are refused at init."""
     from mpbind.bindings import nvshmem as flat
@@ -487,8 +491,8 @@ def _allocate(shape: int | Sequence[int], dtype: Any, zero: bool, alignment: int
         raise UsageError(f"alignment must be 0 or a power of two (at most 2**63), not {_args.shown(alignment)}")
     # nvshmem_malloc takes a size_t; DLPack and the array interface describe the array in int64.
     nbytes = _args.product((*dims, itemsize(name)), f"a symmetric {name} array of shape {dims}: its byte size")
-    device = _device()  # also UsageError before init / after finalize
-    return _nv.symmetric_array(_nv.allocate(nbytes, zero, align), dims, name, device)
+    gpu = device()  # also UsageError before init / after finalize
+    return _nv.symmetric_array(_nv.allocate(nbytes, zero, align), dims, name, gpu)
 
 
 def empty(shape: int | Sequence[int], dtype: Any = "float32", *, alignment: int = 0) -> SymmetricArray:

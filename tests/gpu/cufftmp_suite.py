@@ -64,6 +64,7 @@ from runner import (  # noqa: E402
 )
 
 from mpbind import _core, cufftmp  # noqa: E402
+from mpbind._core import _testing as core_testing  # noqa: E402
 from mpbind.bindings import cufftmp as cf  # noqa: E402
 from mpbind.bindings import nvshmem as nv  # noqa: E402
 from mpbind.errors import CuFFTMpError, UsageError  # noqa: E402
@@ -781,7 +782,7 @@ def case_slab_exec(c: Ctx, name: str, fft_type: cufftmp.Type, dtype: Any, shape:
         c.ready()
         plan.exec(buf, direction=cufftmp.FORWARD)
         # cuFFTMp queued NVSHMEM collectives on the plan's stream: the next host-side one waits for them
-        fenced = c.stream.ptr in _core._testing.fence_streams()
+        fenced = c.stream.ptr in core_testing.fence_streams()
         c.sync()
         fwd = cp.asnumpy(buf[:int(np.prod(out_shape))]).reshape(out_shape)
         fwd_as_input = cp.asnumpy(buf[:local_in.size]).reshape(in_shape)
@@ -793,7 +794,7 @@ def case_slab_exec(c: Ctx, name: str, fft_type: cufftmp.Type, dtype: Any, shape:
         c.free(addr)
         plan.close()
     expect(fenced, "the exec's stream is not in the collective fence")
-    expect(not _core._testing.fence_streams(), "closing the plan did not wait for the fence")
+    expect(not core_testing.fence_streams(), "closing the plan did not wait for the fence")
     expect(local == (in_shape, out_shape), f"local_shapes {local}")
     expect_changed(local_in, fwd, "forward output")
     err_fwd = expect_close(fwd, want_fwd, RTOL[np.dtype(dtype).name], f"forward, Y-slab {y0}:{y1}")

@@ -161,8 +161,8 @@ def give(c: Ctx, p: fft.FFTPlan, local: np.ndarray, how: str, direction: int = f
         if how in ("symmetric", "torch_symmetric"):
             itemsize = np.dtype(local.dtype).itemsize
             sym = nvshmem.zeros(-(-p.buffer_bytes // itemsize), local.dtype)  # the same size on every PE
-            side = p.spec.input_side(p._rank) if direction == fft.FORWARD or p.kind != "c2c" else \
-                p.spec.output_side(p._rank)
+            side = p.spec.input_side(c.pe) if direction == fft.FORWARD or p.kind != "c2c" else \
+                p.spec.output_side(c.pe)
             count = math.prod(side.storage)
             inside = tuple(slice(0, n) for n in local.shape)
             if how == "torch_symmetric":

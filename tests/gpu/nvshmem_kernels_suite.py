@@ -33,8 +33,9 @@ mpbind.load_libraries("nvshmem")  # before torch maps its own NVSHMEM: ours is t
 import torch  # noqa: E402
 from runner import Check, Checks, Report, expect, expect_raises, load_example, main  # noqa: E402
 
+from mpbind import _core, nvshmem  # noqa: E402
 from mpbind import kernels as nk  # noqa: E402
-from mpbind import nvshmem  # noqa: E402
+from mpbind.bindings import nvshmem as flat_nvshmem  # noqa: E402
 from mpbind.collective import AllGatherMatmul  # noqa: E402
 from mpbind.errors import UsageError  # noqa: E402
 
@@ -124,7 +125,7 @@ def kernel_checks(c: Ctx) -> Iterator[Check]:
         got = marks[:4].tolist()
         expect(got == [nvshmem.my_pe() + 1] * 4, f"marks {got}")
         return f"grid {grid}, largest {barrier.max_collective_grid(64)}, via " + (
-            "nvshmemx_collective_launch" if nk._flat_collective_launch() else "a cooperative launch")
+            "nvshmemx_collective_launch" if hasattr(flat_nvshmem, "collective_launch") else "a cooperative launch")
     yield "collective.barrier_kernel", collective
     yield "collective.grid_0_is_the_largest", lambda: str(barrier.launch_collective(marks, block=64, stream=stream))
     stream.synchronize()
@@ -132,7 +133,7 @@ def kernel_checks(c: Ctx) -> Iterator[Check]:
     def dropped() -> str:
         again = cubin.load()
         serial = again.serial
-        expect(("nvshmem.KernelLibrary", serial) in mpbind._core.alive(), "not a row of the core's table")
+        expect(("nvshmem.KernelLibrary", serial) in _core.alive(), "not a row of the core's table")
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             del again
@@ -176,7 +177,7 @@ def collective_matmul_checks(c: Ctx) -> Iterator[Check]:
     # With PEs sharing a GPU under an MPS thread limit, cuBLAS gets some small fp16/bf16 GEMMs wrong by
     # itself (AllGatherMatmul's docstring): there the ring is checked with a float32 GEMM, and the default
     # GEMM once, at a shape cuBLAS gets right.
-    shared = nvshmem._pes_sharing_this_gpu() > 1
+    shared = nvshmem.pes_sharing_this_gpu() > 1
     if nvshmem.runtime().limited_mpg:  # no MPS thread limit: the plan's agreement (fcollect) is refused alike
         yield "refuse.limited_mpg", lambda: refused(lambda: AllGatherMatmul(64, 128, 32, "float16", method=method),
                                                     "limited multi-PE-per-GPU mode")

@@ -58,6 +58,7 @@ from runner import (  # noqa: E402
 
 from mpbind import _core  # noqa: E402
 from mpbind import nvshmem as nv  # noqa: E402
+from mpbind._core import _testing as core_testing  # noqa: E402
 from mpbind.bindings import nvshmem as flat  # noqa: E402
 from mpbind.errors import NVSHMEMError, NVSHMEMNotInitializedError, UsageError  # noqa: E402
 
@@ -869,7 +870,7 @@ def check_kept_description(c: Ctx) -> str:
             pass
         else:
             raise AssertionError("a look-alike of SymmetricArray was taken for one")
-        parts = _core._testing.symmetric_parts_ns(dst, 20_000)
+        parts = core_testing.symmetric_parts_ns(dst, 20_000)
         c.settle()
     finally:
         c.settle()

@@ -127,9 +127,9 @@ def test_matmul_plan_scalars_fit_their_scale_type(value: float, scale: str, ok: 
 def test_cublasmp_scalars_are_refused_where_their_type_cannot_hold_them(value: Any, compute: str, message: str) -> None:
     ct = int(cublasmp.CublasComputeType[compute])
     with pytest.raises(UsageError, match=message) as info:
-        cublasmp._scalar(value, ct, False, "alpha")
+        cublasmp.scalar_bytes(value, ct, False, "alpha")
     assert "alpha" in str(info.value)
-    assert cublasmp._scalar(-(2**31), int(cublasmp.CublasComputeType.COMPUTE_32I), False) == (-(2**31)).to_bytes(
+    assert cublasmp.scalar_bytes(-(2**31), int(cublasmp.CublasComputeType.COMPUTE_32I), False) == (-(2**31)).to_bytes(
         4, "little", signed=True)
 
 

@@ -4,6 +4,7 @@ with a TypeError (wrong kind) or UsageError (wrong value) that names it; interna
 from __future__ import annotations
 
 import pickle
+import struct
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -106,6 +107,20 @@ def test_matmul_operands_are_named() -> None:
              "transa")
     _refused(lambda: cublasmp.gemm(handle, matrix, matrix, matrix, alpha="2"), TypeError,  # type: ignore[arg-type]
              "alpha")
+
+
+def test_a_matmul_over_a_core_plan_takes_only_a_core_plan() -> None:
+    descriptor = object.__new__(cublasmp.MatmulDescriptor)
+    _refused(lambda: cublasmp.Matmul.from_core(object(), 1, 1, 1, descriptor, processes=1), TypeError,
+             "plan must be", "MatmulPlan")
+
+
+def test_the_matrix_types_are_read_only_and_scalars_are_packed_for_their_compute_type() -> None:
+    assert cublasmp.DATA_TYPES["float32"] == cublasmp.CudaDataType.R_32F
+    with pytest.raises(TypeError):
+        cublasmp.DATA_TYPES["float32"] = cublasmp.CudaDataType.R_64F  # type: ignore[index]
+    assert cublasmp.scalar_bytes(1.5, cublasmp.CublasComputeType.COMPUTE_64F) == struct.pack("=d", 1.5)
+    assert cublasmp.scalar_bytes(2.0, cublasmp.CublasComputeType.COMPUTE_32F, True) == struct.pack("=ff", 2.0, 0.0)
 
 
 def test_matmul_descriptor_attributes_are_checked_before_the_library() -> None:

@@ -55,6 +55,7 @@ BEFORE_INIT: dict[str, Callable[[], object]] = {
     "finalize": nv.finalize,
     "my_pe": nv.my_pe,
     "n_pes": nv.n_pes,
+    "device": nv.device,
     "empty": lambda: nv.empty(4, "float32"),
     "zeros": lambda: nv.zeros((2, 2), "int32"),
     "register": lambda: nv.register((0x1000, 64)),
@@ -90,7 +91,7 @@ def test_state_before_init() -> None:
 def test_no_gpu_is_shared_before_init() -> None:
     # asked of the library itself (nvshmemx_init_status): the count the kernel grids and the
     # collective matmul refuse on needs a runtime, and is 1 without one
-    assert nv._pes_sharing_this_gpu() == 1
+    assert nv.pes_sharing_this_gpu() == 1
 
 
 # --- argument checks -------------------------------------------------------------------------

@@ -24,8 +24,8 @@ Private names: ``from <module of mpbind> import _name``, where ``_name`` is not 
 in the package's sources unless the module is in ``mpbind._infra`` (infrastructure exists to be shared
 inside the package; a facade's or a feature's private names are its own). Importing a private module
 (``from mpbind._infra import args as _args``, ``from mpbind.fft import _planner``) is not such an
-import. Reads of private attributes off an imported module (``module._name``) are not imports and are
-not checked here.
+import. Reads of private attributes off an imported module (``module._name``) are not imports: they
+are checked by tests/tooling/test_no_private_reads.py, with reads off other objects.
 """
 
 from __future__ import annotations

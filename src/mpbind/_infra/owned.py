@@ -87,3 +87,10 @@ class Owned(Uncopyable):
         if not described:
             return repr(self._core)
         return f"<{type(self).__name__} {described}: {self._core!r}>"
+
+
+def core_of(obj: Owned) -> Any:
+    """The core object `obj` owns. How one part of mpbind hands another part's object to the core
+    (a cuBLASMp grid over a communicator, a matmul plan over a matmul descriptor, an FFT plan's calls)
+    without reading the owner's private attribute: ``_core`` is :class:`Owned`'s, defined here."""
+    return obj._core

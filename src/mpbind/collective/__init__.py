@@ -209,7 +209,7 @@ class AllGatherMatmul(Uncopyable):
         self._kernel: Any = None
         from cuda.core import Device, StreamOptions
 
-        self._device = Device(nvshmem._device())
+        self._device = Device(nvshmem.device())
         self._device.set_current()
         self._comm = self._device.create_stream(options=StreamOptions(nonblocking=True, priority=-1))
         if method == "kernel":

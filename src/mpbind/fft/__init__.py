@@ -54,14 +54,14 @@ rank; dropped unclosed they wait for :func:`mpbind.drain`, as every collective r
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from mpbind import _core, cufftmp, distributions, nvshmem
 from mpbind._core import Composite
 from mpbind._infra import args as _args
 from mpbind._infra import cuda as _cuda
 from mpbind._infra import interop as _interop
-from mpbind._infra.owned import Owned
+from mpbind._infra.owned import Owned, core_of
 from mpbind.distributions import Distribution
 from mpbind.errors import UsageError
 from mpbind.fft import _planner as _fft_plan
@@ -262,7 +262,7 @@ def _runtime(comm: Any, size: int) -> int:
     if nvshmem.n_pes() != size:
         raise UsageError(f"the communicator has {size} ranks but NVSHMEM runs {nvshmem.n_pes()} PEs: cuFFTMp plans "
                          "over NVSHMEM's world")
-    return nvshmem._device()
+    return nvshmem.device()
 
 
 # --- what both plans hold ---------------------------------------------------------------------------------
@@ -437,6 +437,18 @@ class FFTPlan(_Plan[FFTSpec]):
         """The stream the plan's work is queued on (cudaStream_t)."""
         return self._stream
 
+    @property
+    def cufftmp_plan(self) -> cufftmp.Plan:
+        """The cuFFTMp plan this plan runs; its ``handle`` serves calls through :mod:`mpbind.bindings.cufftmp`.
+        It stays this plan's: ``close()`` closes it."""
+        return cast("cufftmp.Plan", self._core.parts[0])  # the first of its parts (FFTPlan._make)
+
+    @property
+    def descriptor(self) -> cufftmp.Descriptor:
+        """The cuFFTMp descriptor of this rank's data, allocated when the plan was made (``data``: the
+        plan's own buffer, ``ptr``: the descriptor itself). It stays this plan's."""
+        return self._desc
+
     def input_view(self, direction: int | str | None = None) -> DeviceView:
         """The plan's own buffer as this rank's input of `direction` (default: the plan's own, forward but
         for C2R), stored as the plan stores it; fill it, then ``execute()``."""
@@ -554,7 +566,7 @@ class ReshapePlan(_Plan[ReshapeSpec]):
             raise
         self = cls._over(Composite(owned, "reshape plan parts"))
         self._place(spec, rank, device, stream)
-        self._exec = owned[0]._core.exec
+        self._exec = core_of(owned[0]).exec
         self._in_buf, self._out_buf = owned[1], owned[2]
         self._work = owned[3].ptr if work else 0
         return self

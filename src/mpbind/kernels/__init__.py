@@ -390,7 +390,7 @@ def _current_device() -> int:
     from mpbind import nvshmem
 
     if nvshmem.is_initialized():
-        return nvshmem._device()
+        return nvshmem.device()
     return _cuda.current_device()
 
 
@@ -568,7 +568,7 @@ class Kernel:
         room = int(per_sm) * _cuda.multiprocessor_count(self._library.device)
         from mpbind import nvshmem
 
-        return room // nvshmem._pes_sharing_this_gpu()
+        return room // nvshmem.pes_sharing_this_gpu()
 
     def launch_collective(self, *args: Any, block: Any, grid: Any = 0, shared_mem: int = 0,
                           stream: Any = None) -> tuple[int, int, int]:

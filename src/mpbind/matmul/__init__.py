@@ -25,7 +25,7 @@ from mpbind import _core, cublasmp, nccl
 from mpbind._core import Composite
 from mpbind._infra import cuda as _cuda
 from mpbind._infra import interop as _interop
-from mpbind._infra.owned import Owned
+from mpbind._infra.owned import Owned, core_of
 from mpbind.distributions import Distribution
 from mpbind.errors import CudaError, UsageError
 from mpbind.matmul._planner import EPILOGUES, ComputeCapabilityError, MatmulPlan, block_scale_elements
@@ -151,7 +151,7 @@ def _check_local(p: MatmulPlan, rank: int, device: int, arrays: dict[str, Array 
                              "pass x.T for a row-major x")
         if info.device != device:
             raise UsageError(f"{o.name} is on device {info.device}; the communicator's is {device}")
-        if info.dtype not in cublasmp._CUDA_TYPES:
+        if info.dtype not in cublasmp.DATA_TYPES:
             raise UsageError(f"{o.name}: the layer's matrices have no {info.dtype} type")
         if o.views[rank] is not None and not hasattr(arrays[o.name], "__getitem__"):
             raise UsageError(f"{o.name} is replicated and hands over a slice: it must support x[r0:r1, c0:c1]")
@@ -259,6 +259,8 @@ class PlannedMatmul(Owned):
         if m == 0 or n == 0:  # a local product with nothing on this rank
             self._core = _parts(None, matrices, own)
             self._matmul = None
+            self._matmul_plan = None
+            self._matrices = {}
             return self
         if handle is None:
             handle = cublasmp.Handle(stream)
@@ -280,20 +282,21 @@ class PlannedMatmul(Owned):
         descriptor = _descriptor(p, bias, aux, scales, comm.rank, algo_type, sm_count)
         is_complex = p.a.dtype.startswith("complex")
         compute = int(p.compute_type)
-        alpha = cublasmp._scalar(p.alpha, compute, is_complex, "alpha")
-        beta = cublasmp._scalar(p.beta, compute, is_complex, "beta")
+        alpha = cublasmp.scalar_bytes(p.alpha, compute, is_complex, "alpha")
+        beta = cublasmp.scalar_bytes(p.beta, compute, is_complex, "beta")
         if p.algorithm != "local" and not p.uniform:
             _agree_on_workspace(NCCLProcessGroup(comm), handle, descriptor, operands, (m, n, k), alpha, beta)
         keep = (operands, descriptor, bias, aux, dict(scales))
         core = _core.cublasmp.MatmulPlan(
-            handle, descriptor._core, m, n, k, alpha, operands["a"].operand(), operands["b"].operand(), beta,
+            handle, core_of(descriptor), m, n, k, alpha, operands["a"].operand(), operands["b"].operand(), beta,
             operands["c"].operand() if "c" in operands else None, operands["d"].operand(), None, keep, True)
-        matmul = cublasmp.Matmul._over(core)  # the layer's Matmul over this plan: m, n, k fixed above
-        matmul.m, matmul.n, matmul.k, matmul.descriptor = m, n, k, descriptor
-        matmul._processes = 1 if p.algorithm == "local" else p.nranks  # one grid per rank, or all ranks
-        matmul.execute = core.execute  # type: ignore[method-assign]
+        # the layer's Matmul over this plan: one grid per rank, or all ranks
+        matmul = cublasmp.Matmul.from_core(core, m, n, k, descriptor,
+                                           processes=1 if p.algorithm == "local" else p.nranks)
         self._core = _parts(matmul, matrices, own)
         self._matmul = matmul
+        self._matmul_plan = core
+        self._matrices = dict(operands)
         self._views = views
         self._shapes = {name: p.a.shape if name == "a" else p.b.shape if name == "b" else p.d.shape
                         for name in views}
@@ -317,6 +320,12 @@ class PlannedMatmul(Owned):
     def matmul(self) -> cublasmp.Matmul | None:
         """The layer's ``Matmul`` this plan runs (None on a rank with nothing to compute)."""
         return self._matmul
+
+    @property
+    def matrices(self) -> dict[str, cublasmp.Matrix]:
+        """Operand name (``a``, ``b``, ``c``, ``d``) -> the ``cublasmp.Matrix`` describing this rank's
+        piece to cuBLASMp (empty on a rank with nothing to compute). They stay the plan's."""
+        return dict(self._matrices)
 
     @property
     def workspace_size(self) -> tuple[int, int]:
@@ -359,10 +368,11 @@ class PlannedMatmul(Owned):
             raise UsageError(f"{_OVERLAPPED[self.plan.algorithm]} does not replay correctly from a CUDA graph in "
                              "cuBLASMp 0.10: to capture it, plan with algo_type=cublasmp.MatmulAlgoType.NO_OVERLAP "
                              "(or run it eagerly with execute())")
-        if self._matmul is not None:
+        if self._matmul_plan is not None:
             # The plan knows its algorithm (the thin Matmul cannot, and refuses every multi-process
-            # capture without NO_OVERLAP): the check above is the one that applies.
-            self._matmul._core.capture(stream)
+            # capture without NO_OVERLAP): the check above is the one that applies, so the core
+            # plan's capture is called, not the Matmul's.
+            self._matmul_plan.capture(stream)
         return self
 
     @property
@@ -375,6 +385,8 @@ class PlannedMatmul(Owned):
     _rank: int
     _algo_type: cublasmp.MatmulAlgoType | int | None
     _matmul: cublasmp.Matmul | None
+    _matmul_plan: Any  # the core's MatmulPlan under _matmul, or None
+    _matrices: dict[str, cublasmp.Matrix]
     _views: dict[str, tuple[int, int, int, int]]
     _shapes: dict[str, tuple[int, int]]
 
@@ -428,7 +440,7 @@ def _descriptor(p: MatmulPlan, bias: Array | None, aux: Array | None, scales: Ma
         desc.algo_type = algo_type
     if sm_count is not None:
         desc.communication_sm_count = sm_count
-    types = cublasmp._CUDA_TYPES
+    types = cublasmp.DATA_TYPES
     if p.communication_dtype is not None:
         desc.communication_type = types[p.communication_dtype]
     if bias is not None and p.bias_dtype is not None:

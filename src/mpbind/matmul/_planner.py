@@ -172,7 +172,9 @@ class OperandPlan:
         d = self.descs[0]
         return d.nprow, d.npcol, _LAYOUTS[d.layout]
 
-    def _describe_grid(self) -> str:
+    @property
+    def grid_description(self) -> str:
+        """The process grid in words: ``"2 x 1 column-major"``."""
         nprow, npcol, layout = self.grid
         return f"{nprow} x {npcol} {'column' if layout == GridLayout.COL_MAJOR else 'row'}-major"
 
@@ -935,7 +937,7 @@ def _memory(algorithm: Algorithm, ops: dict[str, OperandPlan], extents: dict[Dim
     else:
         reasons.append("workspace: sized by cublasMpMatmul_bufferSize, from cublasMpMalloc on D's grid")
     for o in ops.values():
-        reasons.append(f"{o.name.upper()}: {o._describe_grid()} grid, blocks {o.descs[0].mb} x {o.descs[0].nb}"
+        reasons.append(f"{o.name.upper()}: {o.grid_description} grid, blocks {o.descs[0].mb} x {o.descs[0].nb}"
                        + (f", rank 0's local piece {o.local_shape(0)[0]} x {o.local_shape(0)[1]}"
                           if algorithm != "local" else ""))
     return staged, symmetric
