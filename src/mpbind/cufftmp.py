@@ -321,11 +321,11 @@ class Plan(Owned):
         except BaseException:
             del core
             raise
-        plan = cls._over(core)
-        plan._comm = comm
-        plan._distribution = None if boxes is None else (boxes[0], boxes[1], boxes[3], boxes[4])
-        plan._layout = _in_subformats(plan._local_layout(dims, t), t, subformats)
-        return plan
+        self = cls._over(core)
+        self._comm = comm
+        self._distribution = None if boxes is None else (boxes[0], boxes[1], boxes[3], boxes[4])
+        self._layout = _in_subformats(self._local_layout(dims, t), t, subformats)
+        return self
 
     # --- step by step ---
 
@@ -500,8 +500,10 @@ class Plan(Owned):
         `device` is where the arrays must be; `name` names the plan in messages."""
         if not isinstance(descriptor, Descriptor):
             raise TypeError(f"descriptor must be a cufftmp.Descriptor, not {type(descriptor).__name__}")
-        return self._live.executor(descriptor._core, sides, _args.index(need, "need"), bool(via_descriptor),
-                                   _args.integer(device, "device"), str(name))
+        executor: _core.cufftmp.Executor = self._live.executor(
+            descriptor._core, sides, _args.index(need, "need"), bool(via_descriptor), _args.integer(device, "device"),
+            str(name))
+        return executor
 
     def exec_descriptor(self, input: Descriptor, output: Descriptor | None = None,
                         direction: int | None = None) -> None:
