@@ -267,7 +267,9 @@ void Tracker::enqueued(uint64_t seq, uintptr_t stream) {
     std::lock_guard<std::mutex> g(mu_);
     Record* r = slot(seq);
     OpState state = OpState::kUntracked;
-    if (!events_dropped_ && pending_.size() < kMaxPending && !capturing(stream)) {
+    // No capture check here (a driver call per operation): an event recorded while the stream captures a
+    // graph is legal and changes nothing in the graph; look() finds it "captured" and drops it.
+    if (!events_dropped_ && pending_.size() < kMaxPending) {
         void* e = nullptr;
         if (!spare_.empty()) {
             e = spare_.back();
@@ -338,8 +340,8 @@ Finding Tracker::look(int64_t now) {
         int error = 0;
         int q = query(pending_[i].event, &error);
         const Record& rec = pending_[i].op;
-        if (q == 1) {
-            if (Record* r = slot(rec.seq)) r->state = OpState::kCompleted;
+        if (q == 1 || q == 2) {
+            if (Record* r = slot(rec.seq)) r->state = q == 1 ? OpState::kCompleted : OpState::kUntracked;
             spare_.push_back(pending_[i].event);
             pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
             continue;
@@ -383,17 +385,11 @@ bool Tracker::record(void* event, uintptr_t stream) {
     return cu::api().cuEventRecord.ptr(event, reinterpret_cast<void*>(stream)) == cu::CUDA_SUCCESS;
 }
 
-bool Tracker::capturing(uintptr_t stream) {
-    cu::CUstreamCaptureStatus status = cu::CU_STREAM_CAPTURE_STATUS_NONE;
-    // An error (the legacy stream while another captures) counts as capturing: nothing recorded.
-    if (cu::api().cuStreamIsCapturing.ptr(reinterpret_cast<void*>(stream), &status) != cu::CUDA_SUCCESS) return true;
-    return status != cu::CU_STREAM_CAPTURE_STATUS_NONE;
-}
-
 int Tracker::query(void* event, int* error) {
     cu::CUresult r = cu::api().cuEventQuery.ptr(event);
     if (r == cu::CUDA_SUCCESS) return 1;
     if (r == cu::CUDA_ERROR_NOT_READY) return 0;
+    if (r == cu::CUDA_ERROR_CAPTURED_EVENT) return 2;  // recorded into a graph capture: nothing to watch
     *error = static_cast<int>(r);
     return -1;
 }
@@ -558,8 +554,8 @@ protected:
         *static_cast<int*>(event) = 0;
         return true;
     }
-    bool capturing(uintptr_t) override { return capture_; }
     int query(void* event, int*) override {
+        if (capture_) return 2;  // as the driver answers for an event recorded into a graph capture
         int& looks = *static_cast<int*>(event);
         return complete_after_ >= 0 && looks++ >= complete_after_ ? 1 : 0;
     }

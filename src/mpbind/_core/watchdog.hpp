@@ -156,7 +156,8 @@ public:
     // --- the thread that issues the work, GIL held, around one library call ---
     // A record for the operation about to be issued; its sequence number.
     uint64_t begin(const char* op, uint64_t count, int64_t bytes, const char* dtype, int peer, uintptr_t stream);
-    // The call returned: an event after it on `stream` (none while the stream captures a graph).
+    // The call returned: an event after it on `stream` (one recorded into a graph capture is dropped
+    // at the next look: the operation is then untracked).
     void enqueued(uint64_t seq, uintptr_t stream);
     // The call raised: nothing to wait for.
     void call_failed(uint64_t seq);
@@ -186,8 +187,8 @@ protected:
     // CUDA events through the driver; the tests' double overrides them.
     virtual void* new_event();                          // nullptr: none to be had
     virtual bool record(void* event, uintptr_t stream);  // false: not recorded
-    virtual bool capturing(uintptr_t stream);            // the stream captures a graph
-    virtual int query(void* event, int* error);          // 1 complete, 0 not yet, -1 a CUDA error (*error)
+    // 1 complete, 0 not yet, 2 recorded into a graph capture (nothing to wait for), -1 a CUDA error (*error)
+    virtual int query(void* event, int* error);
     virtual void destroy_event(void* event);
     // Release the events (a derived destructor calls it, so that its overrides run).
     void drop_events();
