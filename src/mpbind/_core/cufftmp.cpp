@@ -969,6 +969,7 @@ void register_cufftmp(nb::module_& parent) {
         .def("run", &Executor::run, nb::arg("ptr"), nb::arg("direction"),
              "Transform what `ptr` (checked by an earlier execute) holds, in place, in `direction`.")
         .def_prop_ro("recorded", [](Executor& e) { return e.recorded; },
+                     nb::for_getter(nb::sig("def recorded(self, /) -> list[tuple[typing.Any, ...]]")),
                      "A test double's calls (_testing.cufftmp_executor); empty for a plan's.");
     testing.def("cufftmp_executor", [](nb::handle sides, long long need, uintptr_t buffer, int device,
                                        bool via_descriptor, std::string name,
