@@ -116,14 +116,14 @@ def row_major_strides(shape: Sequence[int], what: str | None = None) -> Shape:
 
 def hermitian_shape(shape: Sequence[int]) -> Shape:
     """The Hermitian half of a real transform's `shape`: the last axis ``n // 2 + 1`` long."""
-    s = tuple(shape)
+    s = _shape(shape)
     return (*s[:-1], s[-1] // 2 + 1)
 
 
 def padded_real_shape(shape: Sequence[int]) -> Shape:
     """How an in-place real-to-complex transform stores a real piece of `shape`: the last axis padded
     to ``2 * (n // 2 + 1)`` reals, the bytes of its Hermitian half."""
-    s = tuple(shape)
+    s = _shape(shape)
     return (*s[:-1], 2 * (s[-1] // 2 + 1))
 
 

@@ -390,6 +390,17 @@ def test_hermitian_and_padded_real_shapes() -> None:
     assert dist.padded_real_shape((4, 6, 35)) == (4, 6, 36)
     for n in range(1, 20):  # the padded real row holds exactly the complex half's bytes
         assert dist.padded_real_shape((n,))[0] == 2 * dist.hermitian_shape((n,))[0]
+    for fn in (dist.hermitian_shape, dist.padded_real_shape):
+        for empty in ((), [], {}):
+            with pytest.raises(UsageError, match="at least one axis"):
+                fn(empty)
+        for junk in ("", b""):
+            with pytest.raises(TypeError, match="shape must be a sequence of ints"):
+                fn(junk)
+        with pytest.raises(UsageError, match=r"shape\[1\]"):
+            fn((4, -1))
+        with pytest.raises((TypeError, UsageError), match="shape"):
+            fn((4, "x"))
 
 
 def test_pitched_rows() -> None:
