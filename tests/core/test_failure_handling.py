@@ -228,6 +228,33 @@ def test_nothing_is_tracked_while_a_stream_captures_a_graph() -> None:
     assert [(r["state"], r["completed"]) for r in t.recent()] == [("untracked", None)]
 
 
+def test_a_burst_between_looks_shares_events_per_stream_and_still_completes() -> None:
+    t = T.FakeTracker(0.5, 1)  # each event completes on the second look after its last record
+    for _ in range(40):  # a burst on one stream: 16 events from the pool, then the newest one again
+        t.issue("all_reduce", 4, 0x10)
+    assert t.events_made == 16
+    t.issue("all_reduce", 4, 0x20)  # another stream: an event of its own
+    assert t.events_made == 17
+    t.watch()
+    assert _until(lambda: all(r["state"] == "completed" for r in t.recent()), 0.5 + 2 * SLACK)
+    time.sleep(0.3)
+    assert not t.failed
+    for _ in range(40):  # the pool is back: no event made
+        t.issue("all_reduce", 4, 0x10)
+    assert t.events_made == 17
+
+
+def test_an_operation_covered_by_a_shared_event_still_overruns() -> None:
+    t = T.FakeTracker(0.3)  # its events never complete
+    for _ in range(30):
+        t.issue("all_gather", 8, 0x10)
+    t.watch()
+    assert _until(lambda: t.failed, 0.3 + 2 * SLACK)
+    assert t.finding["seq"] == 1 and t.finding["overrun"]
+    states = [r["state"] for r in t.recent()]
+    assert states == ["pending"] * 30, states
+
+
 def test_the_flight_record_keeps_the_last_64_operations() -> None:
     t = T.FakeTracker(600.0, 0)
     for i in range(100):

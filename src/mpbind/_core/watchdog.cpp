@@ -269,21 +269,34 @@ void Tracker::enqueued(uint64_t seq, uintptr_t stream) {
     OpState state = OpState::kUntracked;
     // No capture check here (a driver call per operation): an event recorded while the stream captures a
     // graph is legal and changes nothing in the graph; look() finds it "captured" and drops it.
-    if (!events_dropped_ && pending_.size() < kMaxPending) {
-        void* e = nullptr;
-        if (!spare_.empty()) {
-            e = spare_.back();
-            spare_.pop_back();
-        } else {
-            e = new_event();
+    if (!events_dropped_) {
+        if (!prefilled_) {
+            prefilled_ = true;
+            for (size_t i = 0; i < kPrefill; ++i) {
+                if (void* e = new_event()) spare_.push_back(e);
+            }
         }
-        if (e != nullptr && record(e, stream)) {
-            state = OpState::kPending;
-            Record copy = r ? *r : Record{seq, "?", 0, -1, "", -1, stream, now_ns(), state};
-            copy.state = state;
-            pending_.push_back({copy, e});
-        } else if (e != nullptr) {
-            spare_.push_back(e);
+        if (spare_.empty() || pending_.size() >= kMaxPending) {
+            Pending* newest = pending_.empty() ? nullptr : &pending_.back();
+            if (newest != nullptr && !newest->looked && newest->op.stream == stream) {
+                // Recorded again after this operation: it completes once every operation it covers has.
+                if (record(newest->event, stream)) {
+                    newest->last = seq;
+                    state = OpState::kPending;
+                }
+            } else if (pending_.size() < kMaxPending) {
+                if (void* e = new_event()) spare_.push_back(e);
+            }
+        }
+        if (state != OpState::kPending && !spare_.empty() && pending_.size() < kMaxPending) {
+            void* e = spare_.back();
+            if (record(e, stream)) {
+                spare_.pop_back();
+                state = OpState::kPending;
+                Record copy = r ? *r : Record{seq, "?", 0, -1, "", -1, stream, now_ns(), state};
+                copy.state = state;
+                pending_.push_back({copy, seq, e});
+            }
         }
     }
     if (r) r->state = state;
@@ -330,6 +343,16 @@ std::string Tracker::report(const std::string& headline) const {
     return out;
 }
 
+void Tracker::mark(const Pending& p, OpState state) {
+    uint64_t first = std::max(p.op.seq, next_ > kRecords ? next_ - kRecords : uint64_t{1});
+    for (uint64_t s = first; s <= p.last; ++s) {
+        Record* r = slot(s);
+        // Between its first and last only this entry's operations are pending (an operation with an
+        // entry of its own ends coalescing), the others are untracked or failed and stay so.
+        if (r != nullptr && r->state == OpState::kPending) r->state = state;
+    }
+}
+
 Finding Tracker::look(int64_t now) {
     std::lock_guard<std::mutex> g(mu_);
     Finding f;
@@ -340,8 +363,9 @@ Finding Tracker::look(int64_t now) {
         int error = 0;
         int q = query(pending_[i].event, &error);
         const Record& rec = pending_[i].op;
+        pending_[i].looked = true;
         if (q == 1 || q == 2) {
-            if (Record* r = slot(rec.seq)) r->state = q == 1 ? OpState::kCompleted : OpState::kUntracked;
+            mark(pending_[i], q == 1 ? OpState::kCompleted : OpState::kUntracked);
             spare_.push_back(pending_[i].event);
             pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
             continue;
@@ -536,6 +560,7 @@ public:
     std::mutex found_mu;
     watch::Finding found;            // what fail() was given
     std::atomic<bool> reported{false};  // fail() has run
+    std::atomic<int> made{0};        // events made
 
     void fail(const watch::Finding& f) override {
         {
@@ -549,7 +574,10 @@ public:
     }
 
 protected:
-    void* new_event() override { return new int(0); }
+    void* new_event() override {
+        ++made;
+        return new int(0);
+    }
     bool record(void* event, uintptr_t) override {
         *static_cast<int*>(event) = 0;
         return true;
@@ -568,6 +596,14 @@ private:
 
 struct FakeHandle {
     std::shared_ptr<FakeTracker> t;
+};
+
+// A tracker on real CUDA events that never fails (the host cost of tracking, measured on a GPU).
+class TimingTracker : public watch::Tracker {
+public:
+    TimingTracker() : Tracker("testing.TimingTracker", 600.0) {}
+    ~TimingTracker() override { drop_events(); }
+    void fail(const watch::Finding&) override {}
 };
 
 // Operation names live as long as the process (records keep the pointer).
@@ -662,6 +698,7 @@ void register_watchdog(nb::module_& m) {
         .def("recent", [](FakeHandle& h) { return watch::describe(h.t->recent()); },
              nb::sig("def recent(self) -> list[dict[str, typing.Any]]"))
         .def_prop_ro("failed", [](FakeHandle& h) { return h.t->reported.load(); })
+        .def_prop_ro("events_made", [](FakeHandle& h) { return h.t->made.load(); }, "How many events it made.")
         .def_prop_ro("finding", [](FakeHandle& h) -> nb::object {
             if (!h.t->reported.load()) return nb::none();
             std::lock_guard<std::mutex> g(h.t->found_mu);
@@ -685,6 +722,41 @@ void register_watchdog(nb::module_& m) {
     }, nb::arg("n"),
        "Nanoseconds per tracked operation on a tracker without CUDA (the flight record and the event pool, "
        "without the driver's event record): the watchdog's own host cost per call.");
+    t.def("track_cuda_ns", [](size_t n, nb::handle stream) {
+        uintptr_t s = stream_handle(stream);
+        auto tr = std::make_shared<TimingTracker>();
+        const char* op = interned("all_reduce");
+        uint64_t k = 0;
+        auto step = [&] {
+            uint64_t seq = tr->begin(op, 1024, 4096, "float32", -1, s);
+            tr->enqueued(seq, s);
+            if ((++k & 63) == 0) tr->look(watch::now_ns());
+        };
+        for (int i = 0; i < 256; ++i) step();  // the pool made
+        if (tr->recent().back().state != watch::OpState::kPending) {
+            if (PyErr_Occurred()) PyErr_Clear();
+            raise_usage("track_cuda_ns: no CUDA event could be recorded (no GPU, or not this stream's device)");
+        }
+        return ns_per_call(n, step);  // GIL held, as a watched call holds it
+    }, nb::arg("n"), nb::arg("stream").none(),
+       "Nanoseconds per tracked operation on `stream` (an int cudaStream_t) with real CUDA events: the flight "
+       "record, the pool and cuEventRecord (a look every 64 operations, as a burst between the watchdog's looks).");
+    t.def("event_record_ns", [](size_t n, nb::handle stream) {
+        uintptr_t s = stream_handle(stream);
+        const cu::Api& d = cu::api();
+        void* e = nullptr;
+        if (d.cuEventCreate.ptr(&e, static_cast<unsigned>(cu::CU_EVENT_DISABLE_TIMING)) != cu::CUDA_SUCCESS) {
+            raise_usage("event_record_ns: cuEventCreate failed (no GPU?)");
+        }
+        double ns;
+        {
+            nb::gil_scoped_release release;
+            ns = ns_per_call(n, [&] { d.cuEventRecord.ptr(e, reinterpret_cast<void*>(s)); });
+            d.cuEventSynchronize.ptr(e);
+        }
+        d.cuEventDestroy.ptr(e);
+        return ns;
+    }, nb::arg("n"), nb::arg("stream").none(), "Nanoseconds per cuEventRecord of one event on `stream`.");
 }
 
 }  // namespace mpbind

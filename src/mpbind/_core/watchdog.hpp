@@ -144,6 +144,7 @@ class Tracker : public std::enable_shared_from_this<Tracker> {
 public:
     static constexpr size_t kRecords = 64;
     static constexpr size_t kMaxPending = 1024;
+    static constexpr size_t kPrefill = 16;  // events made at the first operation, off the later ones' path
 
     Tracker(std::string label, double timeout);
     virtual ~Tracker();
@@ -157,7 +158,9 @@ public:
     // A record for the operation about to be issued; its sequence number.
     uint64_t begin(const char* op, uint64_t count, int64_t bytes, const char* dtype, int peer, uintptr_t stream);
     // The call returned: an event after it on `stream` (one recorded into a graph capture is dropped
-    // at the next look: the operation is then untracked).
+    // at the next look: the operation is then untracked). With no spare event (a burst between two
+    // looks) or the queue full, the newest entry no look has seen, when it is on the same stream, is
+    // recorded again after this operation and covers it too (work on one stream completes in order).
     void enqueued(uint64_t seq, uintptr_t stream);
     // The call raised: nothing to wait for.
     void call_failed(uint64_t seq);
@@ -202,12 +205,16 @@ private:
     std::array<Record, kRecords> ring_{};
     uint64_t next_ = 1;
     struct Pending {
-        Record op;    // a copy: the ring may have moved on
-        void* event;  // recorded after it
+        Record op;             // the first operation it covers (a copy: the ring may have moved on)
+        uint64_t last;         // the last operation it covers (op.seq when alone)
+        void* event;           // recorded after `last`
+        bool looked = false;   // a look has seen it (it takes no more operations: its deadline holds)
     };
+    void mark(const Pending& p, OpState state);  // the ring's records of what `p` covers
     std::deque<Pending> pending_;  // oldest first
     std::vector<void*> spare_;
     bool events_dropped_ = false;
+    bool prefilled_ = false;
 };
 
 // Watch `tracker` (starts the watchdog thread on first use). Needs the GIL.
