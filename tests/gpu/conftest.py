@@ -2,6 +2,8 @@
 
 * NVLink multicast off, before NCCL, NVSHMEM or torch initialise anything in this process (the
   suites started under mpirun set it themselves and get it through ``-x``).
+* JAX without its default preallocation (75 % of the GPU's memory, held for the rest of the session):
+  the suites it runs beside, under mpirun and MPS, need that memory for NVSHMEM's heaps.
 * With ``MPBIND_NVSHMEM_PATH`` set, that NVSHMEM loaded before any test imports PyTorch.
 * The modules beside this file (the runner, the suites' helpers) importable: the suites run as
   scripts with this folder on their path; the pytest modules (imported with
@@ -15,7 +17,7 @@ import sys
 from pathlib import Path
 
 for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
-                      ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")):
+                      ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("XLA_PYTHON_CLIENT_PREALLOCATE", "false")):
     os.environ.setdefault(_name, _value)
 
 # With MPBIND_NVSHMEM_PATH naming a copy of NVSHMEM, load it before any test imports PyTorch (which
