@@ -69,8 +69,6 @@ def test_no_public_call_is_documented_twice(module: ModuleType, core: ModuleType
     assert _twice(module, core) == []
 
 
-@pytest.mark.xfail(strict=True, reason="cuFFTMp's core methods still carry the facade's docstrings "
-                                       "(_core/cufftmp.cpp is being reworked with the FFT plan's execute)")
 def test_no_cufftmp_call_is_documented_twice() -> None:
     assert _twice(cufftmp, _core.cufftmp) == []
 

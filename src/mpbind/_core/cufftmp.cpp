@@ -883,54 +883,39 @@ void register_cufftmp(nb::module_& parent) {
         m, "Plan",
         "A cuFFTMp plan (cufftCreate). Destruction is collective once a communicator is attached: "
         "close() on every PE, or drop it and drain() on every PE.");
-    plan.def("__init__", [](Plan* self) { new (self) Plan(create_plan()); }, "cufftCreate.")
+    plan.def("__init__", [](Plan* self) { new (self) Plan(create_plan()); })
         .def("attach_comm", &attach_comm, nb::arg("comm_type"), nb::arg("comm_handle") = 0,
-             nb::arg("comm") = nb::none(),
-             "cufftMpAttachComm. For CommType.MPI `comm_handle` is the address of an MPI_Comm "
-             "(MPI._addressof(comm)); `comm` (the communicator object) is kept alive until the plan is "
-             "destroyed, because cuFFTMp keeps using that address.")
-        .def("set_stream", &set_stream, nb::arg("stream").none(), "cufftSetStream.")
+             nb::arg("comm") = nb::none())
+        .def("set_stream", &set_stream, nb::arg("stream").none())
         .def("set_subformat_default", &set_subformat_default, nb::arg("subformat_forward"),
-             nb::arg("subformat_inverse"), "cufftXtSetSubformatDefault (before the plan is made).")
+             nb::arg("subformat_inverse"))
         .def("set_distribution", &set_distribution, nb::arg("lower_input"), nb::arg("upper_input"),
              nb::arg("lower_output"), nb::arg("upper_output"), nb::arg("strides_input") = nb::none(),
-             nb::arg("strides_output") = nb::none(), "cufftXtSetDistribution (before the plan is made).")
+             nb::arg("strides_output") = nb::none())
         .def("make_plan_2d", [](Plan& p, long long nx, long long ny, int t) { return make_plan(p, {nx, ny}, t); },
-             nb::arg("nx"), nb::arg("ny"), nb::arg("fft_type"),
-             "cufftMakePlan2d (collective with a communicator). Returns the work size in bytes.")
+             nb::arg("nx"), nb::arg("ny"), nb::arg("fft_type"))
         .def("make_plan_3d",
              [](Plan& p, long long nx, long long ny, long long nz, int t) { return make_plan(p, {nx, ny, nz}, t); },
-             nb::arg("nx"), nb::arg("ny"), nb::arg("nz"), nb::arg("fft_type"),
-             "cufftMakePlan3d (collective with a communicator). Returns the work size in bytes.")
+             nb::arg("nx"), nb::arg("ny"), nb::arg("nz"), nb::arg("fft_type"))
         .def("exec", [](Plan& p, nb::handle input, nb::handle output, nb::handle direction, nb::handle layout) {
             PlanState& s = p.get();
             if (!s.made()) raise_usage("exec: the plan is not made yet (call make_plan_2d/3d or a create_* method)");
             ExecCall c = plan_exec(s.fft_type, input, output, direction, layout);
             exec(p, c.in, c.out, c.direction);
         }, nb::arg("input").none(), nb::arg("output").none() = nb::none(), nb::arg("direction").none() = nb::none(),
-             nb::arg("layout").none() = nb::none(),
-             "cufftExec{C2C,Z2Z,R2C,D2Z,C2R,Z2D} by the plan's type on `input` into `output` (None: in place). "
-             "Operands are arrays of the plan's dtypes (checked to hold `layout`'s elements for this PE: "
-             "{direction: (input shape, output shape)}) or int device pointers (unchecked). `direction` is implied "
-             "for real-to-complex (FORWARD) and complex-to-real (INVERSE) plans.")
-        .def("malloc", &xt_malloc, nb::arg("format"),
-             "cufftXtMalloc: a Descriptor over this PE's part of the distributed data (collective).")
+             nb::arg("layout").none() = nb::none())
+        .def("malloc", &xt_malloc, nb::arg("format"))
         .def("exec_descriptor", &exec_descriptor, nb::arg("input"), nb::arg("output").none(),
-             nb::arg("direction"), "cufftXtExecDescriptor; output None is in place.")
+             nb::arg("direction"))
         .def("executor", &make_executor, nb::arg("descriptor"), nb::arg("sides"), nb::arg("need"),
-             nb::arg("via_descriptor"), nb::arg("device"), nb::arg("name"),
-             "An Executor of this made plan on `descriptor` (its buffer, from malloc): `sides` maps each direction "
-             "it runs to (input side, output side) of this PE, each (dtype, shape, storage, box text); `need` is the "
-             "bytes an array used in place needs from its start; `via_descriptor` runs cufftXtExecDescriptor on "
-             "the descriptor pointed at the memory (boxes), else cufftExec* on the pointer (slabs); `device` is "
-             "where arrays must be; `name` names the plan in messages.")
-        .def_prop_ro("handle", [](Plan& p) { return p.get().handle; }, "The cufftHandle, for the flat bindings.")
+             nb::arg("via_descriptor"), nb::arg("device"), nb::arg("name"))
+        .def_prop_ro("handle", [](Plan& p) { return p.get().handle; })
         .def_prop_ro("fft_type", [](Plan& p) -> std::optional<int> {
             auto& s = p.get();
             if (!s.made()) return std::nullopt;
             return s.fft_type;
-        }, "The cufftType it was made with, or None before it is made.")
-        .def_prop_ro("shape", [](Plan& p) { return p.get().shape; }, "The global extents (empty before made).")
+        })
+        .def_prop_ro("shape", [](Plan& p) { return p.get().shape; })
         .def_prop_ro("work_size", [](Plan& p) { return p.get().work_size; })
         .def_prop_ro("comm_type", [](Plan& p) -> std::optional<int> {
             auto& s = p.get();
@@ -940,7 +925,7 @@ void register_cufftmp(nb::module_& parent) {
         .def_prop_ro("stream", [](Plan& p) { return p.get().stream; })
         .def_prop_ro("distributed", [](Plan& p) { return p.get().distributed; },
                      "True when cufftXtSetDistribution set its boxes.")
-        .def("destroy", [](Plan& p) { p.close(); }, "Same as close().")
+        .def("destroy", [](Plan& p) { p.close(); })
         .def("__repr__", &plan_repr);
     bind_lifetime(plan, "Free its descriptors, then cufftDestroy (collective with a communicator). Idempotent.");
 
@@ -995,15 +980,11 @@ void register_cufftmp(nb::module_& parent) {
     desc.def("memcpy", &memcpy_host, nb::arg("host_ptr"), nb::arg("copy_type"),
              "cufftXtMemcpy between this PE's part and host memory at `host_ptr` "
              "(HOST_TO_DEVICE: into the descriptor; DEVICE_TO_HOST: out of it). Not redistributed.")
-        .def("copy_from", &copy_from, nb::arg("src"), "cufftXtMemcpy DEVICE_TO_DEVICE from another descriptor.")
-        .def_prop_ro("ptr", [](Descriptor& d) { return reinterpret_cast<uintptr_t>(d.get().desc); },
-                     "The cudaLibXtDesc*, for the flat bindings.")
-        .def_prop_ro("data", [](Descriptor& d) { return reinterpret_cast<uintptr_t>(local(d.get()).data[0]); },
-                     "Device pointer to this PE's part.")
-        .def_prop_ro("nbytes", [](Descriptor& d) { return local(d.get()).size[0]; },
-                     "Bytes of this PE's part.")
-        .def_prop_ro("subformat", [](Descriptor& d) { return d.get().desc->subFormat; },
-                     "The current cufftXtSubFormat (exec changes it).")
+        .def("copy_from", &copy_from, nb::arg("src"))
+        .def_prop_ro("ptr", [](Descriptor& d) { return reinterpret_cast<uintptr_t>(d.get().desc); })
+        .def_prop_ro("data", [](Descriptor& d) { return reinterpret_cast<uintptr_t>(local(d.get()).data[0]); })
+        .def_prop_ro("nbytes", [](Descriptor& d) { return local(d.get()).size[0]; })
+        .def_prop_ro("subformat", [](Descriptor& d) { return d.get().desc->subFormat; })
         .def_prop_ro("format", [](Descriptor& d) { return d.get().format; }, "The format it was allocated with.")
         .def("__repr__", [](Descriptor& d) {
             auto& s = *d.state();
@@ -1016,24 +997,20 @@ void register_cufftmp(nb::module_& parent) {
         m, "Reshape",
         "A cuFFTMp reshape (cufftMpCreateReshape). Destruction is collective once made: close() on every PE, "
         "or drop it and drain() on every PE.");
-    reshape.def("__init__", [](Reshape* self) { new (self) Reshape(create_reshape()); }, "cufftMpCreateReshape.")
+    reshape.def("__init__", [](Reshape* self) { new (self) Reshape(create_reshape()); })
         .def("make", &make_reshape, nb::arg("element_size"), nb::arg("lower_input"), nb::arg("upper_input"),
              nb::arg("strides_input"), nb::arg("lower_output"), nb::arg("upper_output"), nb::arg("strides_output"),
-             nb::arg("comm_type"), nb::arg("comm_handle") = 0, nb::arg("comm") = nb::none(),
-             "cufftMpMakeReshape (collective). Boxes are [lower, upper) global corners with local strides in "
-             "elements; `comm` is kept alive with the reshape.")
-        .def("workspace_size", &reshape_workspace, "cufftMpGetReshapeSize: workspace bytes exec needs.")
+             nb::arg("comm_type"), nb::arg("comm_handle") = 0, nb::arg("comm") = nb::none())
+        .def("workspace_size", &reshape_workspace)
         .def("exec", &exec_reshape, nb::arg("output"), nb::arg("input"), nb::arg("workspace"),
-             nb::arg("stream").none() = nb::none(),
-             "cufftMpExecReshapeAsync (collective): input and output are NVSHMEM device pointers, as is the "
-             "workspace when workspace_size() > 0.")
+             nb::arg("stream").none() = nb::none())
         .def_prop_ro("made", [](Reshape& r) { return r.get().made; })
         .def_prop_ro("element_size", [](Reshape& r) { return r.get().element_size; })
         .def_prop_ro("input_elements", [](Reshape& r) { return r.get().in_elements; },
                      "Elements of this PE's input box.")
         .def_prop_ro("output_elements", [](Reshape& r) { return r.get().out_elements; },
                      "Elements of this PE's output box.")
-        .def("destroy", [](Reshape& r) { r.close(); }, "Same as close().")
+        .def("destroy", [](Reshape& r) { r.close(); })
         .def("__repr__", [](Reshape& r) {
             auto& s = *r.state();
             if (s.closed()) return std::string("<cufftmp.Reshape closed>");
