@@ -67,6 +67,12 @@ def test_grid_validation(comm: nccl.Communicator) -> None:
         cublasmp.grid(comm, 1, 1, 5)
     with pytest.raises(TypeError):
         cublasmp.grid(object(), 1, 1)
+    g = cublasmp.grid(comm, 1, 1)
+    f32 = int(cublasmp.DATA_TYPES["float32"])
+    with pytest.raises(UsageError, match="lld 3 < 4 local rows"):  # columns 3 apart would overlap 4 rows
+        g.matrix_descriptor(4, 5, 4, 5, 0, 0, 3, f32)
+    d = g.matrix_descriptor(4, 5, 4, 5, 0, 0, 4, f32)
+    d.close()
 
 
 @pytest.mark.parametrize(("dtype", "tol"), [("float32", 1e-4), ("bfloat16", 3e-2), ("float64", 1e-10)])

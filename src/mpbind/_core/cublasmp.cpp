@@ -569,6 +569,13 @@ void register_cublasmp(nb::module_& parent) {
                             std::to_string(gs.npcol) + " grid");
             }
             if (lld < 1) raise_usage("lld must be >= 1");
+            // Columns lld elements apart must not overlap this process's rows: cuBLASMp does not check.
+            i64 rows = local_shape(m_, n_, mb, nb_, rsrc, csrc, gs.nprow, gs.npcol, gs.layout, gs.comm->rank).first;
+            if (lld < rows) {
+                raise_usage("lld " + std::to_string(lld) + " < " + std::to_string(rows) + " local rows: a " +
+                            std::to_string(m_) + "-row matrix in " + std::to_string(mb) + "-row blocks gives this "
+                            "process " + std::to_string(rows) + " rows, and each column needs lld >= that");
+            }
             void* d = nullptr;
             call(api().cublasMpMatrixDescriptorCreate, m_, n_, mb, nb_, rsrc, csrc, lld, dtype, gs.grid, &d);
             auto s = std::make_shared<MatrixState>(d, m_, n_, mb, nb_, rsrc, csrc, lld, dtype);
