@@ -260,6 +260,25 @@ def main(doc: str | None, start: Start, checks: Checks | Callable[[argparse.Name
     return 1 if report.failed else 0
 
 
+def run_checks(checks: Sequence[tuple[str, Callable[[], str]]], cleanup: Callable[[], None], done: str) -> None:
+    """For a single-process GPU script: run every check, printing ``PASS name: detail`` or ``FAIL name:
+    error`` (one failure does not stop the others), then `cleanup()`; exit status 1 when one failed,
+    else print `done` (the line the parent test waits for)."""
+    failed = 0
+    try:
+        for name, check in checks:
+            try:
+                print(f"PASS {name}: {check()}", flush=True)
+            except Exception as e:  # report every check, then fail
+                failed += 1
+                print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
+    finally:
+        cleanup()
+    if failed:
+        sys.exit(1)
+    print(done, flush=True)
+
+
 def nvshmem_teardown(report: Report, comm: Any, sync: Callable[[], object], finalize: Callable[[], None]) -> None:
     """The end of a suite over NVSHMEM, on every PE alike: its work synchronised (`sync`), the PEs
     aligned, then the checks that no release is left queued for ``mpbind.drain()`` and that

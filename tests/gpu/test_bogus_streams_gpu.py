@@ -72,6 +72,7 @@ def _run() -> None:
 
         mpbind.load_libraries("nvshmem")  # before torch maps its own copy
     import torch
+    from runner import run_checks
 
     from mpbind import cublasmp
     from mpbind import nvshmem as nv
@@ -134,22 +135,13 @@ def _run() -> None:
 
     checks = [("put_get.bogus", bogus_put_get), ("put_get.real", real_put_get),
               ("cublasmp.set_stream", cublasmp_set_stream)]
-    failed = 0
-    try:
-        for name, check in checks:
-            try:
-                print(f"PASS {name}: {check()}", flush=True)
-            except Exception as e:  # report every check, then fail
-                failed += 1
-                print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
-    finally:
+    def cleanup() -> None:
         torch.cuda.synchronize()
         dest.free()
         src.free()
         rt.finalize()
-    if failed:
-        sys.exit(1)
-    print(DONE, flush=True)
+
+    run_checks(checks, cleanup, DONE)
 
 
 if __name__ == "__main__":

@@ -73,6 +73,7 @@ def _run() -> None:
 
         mpbind.load_libraries("nvshmem")  # before torch maps its own copy
     import torch
+    from runner import run_checks
 
     from mpbind import _core
     from mpbind import nvshmem as nv
@@ -204,22 +205,13 @@ def _run() -> None:
                ("reduce.exact_end", reduce_at_the_end), ("reduce.past_end", reduce_past_the_end),
                ("wrapping_and_spanning", wrapping_and_spanning_views),
                ("fixed_arrays", symmetric_arrays_are_fixed)]
-    failed = 0
-    try:
-        for name, check in checks:
-            try:
-                print(f"PASS {name}: {check()}", flush=True)
-            except Exception as e:  # report every check, then fail
-                failed += 1
-                print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
-    finally:
+    def cleanup() -> None:
         torch.cuda.synchronize()
         dest.free()
         src.free()
         rt.finalize()
-    if failed:
-        sys.exit(1)
-    print(DONE, flush=True)
+
+    run_checks(checks, cleanup, DONE)
 
 
 if __name__ == "__main__":
