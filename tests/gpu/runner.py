@@ -49,7 +49,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -260,20 +260,57 @@ def main(doc: str | None, start: Start, checks: Checks | Callable[[argparse.Name
     return 1 if report.failed else 0
 
 
-def run_checks(checks: Sequence[tuple[str, Callable[[], str]]], cleanup: Callable[[], None], done: str) -> None:
-    """For a single-process GPU script: run every check, printing ``PASS name: detail`` or ``FAIL name:
-    error`` (one failure does not stop the others), then `cleanup()`; exit status 1 when one failed,
-    else print `done` (the line the parent test waits for)."""
-    failed = 0
+def run_alone(script: str | os.PathLike[str], done: str, timeout: float = 300) -> None:
+    """The pytest side of a single-process GPU script: run `script` as a child with none of an enclosing
+    mpirun's variables (a job of its own); it must exit 0 (a signal is what such checks prevent), print
+    `done`, and report no FAIL line."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))}
+    proc = subprocess.run([sys.executable, str(Path(script).resolve())], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert done in proc.stdout, out[-6000:]
+    assert "FAIL" not in proc.stdout, out[-6000:]
+
+
+@contextlib.contextmanager
+def single_pe(n: int) -> Iterator[tuple[Any, Any, Any, Any, Any]]:
+    """One NVSHMEM PE on GPU 0 for a single-process GPU script (a unique id, no MPI; the NVSHMEM of
+    ``MPBIND_NVSHMEM_PATH`` loaded before torch maps its own): (torch, mpbind.nvshmem, a stream, dest,
+    src), the last two zeroed symmetric float32 arrays of `n`. After: the device synchronised, the
+    arrays freed, NVSHMEM finalised."""
+    if os.environ.get("MPBIND_NVSHMEM_PATH"):
+        import mpbind
+
+        mpbind.load_libraries("nvshmem")
+    import torch
+
+    from mpbind import nvshmem as nv
+    from mpbind.bindings import nvshmem as flat
+
+    torch.cuda.set_device(0)
+    rt = nv.init(flat.get_uniqueid(), 0, 1, device=0)
+    dest, src = nv.zeros(n, "float32"), nv.zeros(n, "float32")
     try:
-        for name, check in checks:
-            try:
-                print(f"PASS {name}: {check()}", flush=True)
-            except Exception as e:  # report every check, then fail
-                failed += 1
-                print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
+        yield torch, nv, torch.cuda.Stream(), dest, src
     finally:
-        cleanup()
+        torch.cuda.synchronize()
+        dest.free()
+        src.free()
+        rt.finalize()
+
+
+def run_checks(checks: Sequence[tuple[str, Callable[[], object]]], done: str) -> None:
+    """For a single-process GPU script: run every check, printing ``PASS name: detail`` or ``FAIL name:
+    error`` (one failure does not stop the others); exit status 1 when one failed, else print `done`
+    (the line the parent test waits for)."""
+    failed = 0
+    for name, check in checks:
+        try:
+            print(f"PASS {name}: {check()}", flush=True)
+        except Exception as e:  # report every check, then fail
+            failed += 1
+            print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
     if failed:
         sys.exit(1)
     print(done, flush=True)

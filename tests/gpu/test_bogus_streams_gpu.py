@@ -11,11 +11,7 @@ script prints one line per check and ``streams: all passed``.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,13 +28,9 @@ def test_bogus_streams_on_one_pe() -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))}
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve())], capture_output=True, text=True,
-                          timeout=300, env=env)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]  # a signal (-11) is what the check prevents
-    assert DONE in proc.stdout, out[-6000:]
-    assert "FAIL" not in proc.stdout, out[-6000:]
+    from runner import run_alone
+
+    run_alone(__file__, DONE)
 
 
 # --- the child: one PE ---------------------------------------------------------------------------------
@@ -67,81 +59,65 @@ def _refused(call: Callable[[], object]) -> None:
 
 
 def _run() -> None:
-    if os.environ.get("MPBIND_NVSHMEM_PATH"):
-        import mpbind
-
-        mpbind.load_libraries("nvshmem")  # before torch maps its own copy
-    import torch
-    from runner import run_checks
+    from runner import run_checks, single_pe
 
     from mpbind import cublasmp
-    from mpbind import nvshmem as nv
-    from mpbind.bindings import nvshmem as flat
 
-    torch.cuda.set_device(0)
-    rt = nv.init(flat.get_uniqueid(), 0, 1, device=0)
-    stream = torch.cuda.Stream()
-    dest, src = nv.zeros(N, "float32"), nv.zeros(N, "float32")
+    with single_pe(N) as (torch, nv, stream, dest, src):
 
-    def host(arr: Any) -> np.ndarray:
-        torch.cuda.synchronize()
-        return torch.from_dlpack(arr).cpu().numpy()
-
-    def bogus_put_get() -> str:
-        local = torch.zeros(N, device="cuda")
-        for handle in BOGUS:
-            for s in (handle, Protocol(handle)):
-                _refused(lambda s=s: nv.put(dest, local, 0, stream=s))
-                _refused(lambda s=s: nv.get(local, src, 0, stream=s))
-        return f"{len(BOGUS)} handles refused, as ints and through __cuda_stream__"
-
-    def real_put_get() -> str:
-        torch.from_dlpack(src).copy_(torch.arange(N, dtype=torch.float32, device="cuda"))
-        torch.cuda.synchronize()
-        streams: list[Any] = [stream, stream.cuda_stream, Protocol(stream.cuda_stream), 0, 1, 2]
-        try:
-            import cupy
-
-            streams.append(cupy.cuda.Stream(non_blocking=True))
-        except ImportError:
-            pass
-        for s in streams:
-            out = torch.zeros(N, device="cuda")
+        def host(arr: Any) -> np.ndarray:
             torch.cuda.synchronize()
-            nv.get(out, src, 0, stream=s)
-            nv.put(dest, out, 0, stream=s)
-            nv.quiet(stream=s)
+            return torch.from_dlpack(arr).cpu().numpy()
+
+        def bogus_put_get() -> str:
+            local = torch.zeros(N, device="cuda")
+            for handle in BOGUS:
+                for s in (handle, Protocol(handle)):
+                    _refused(lambda s=s: nv.put(dest, local, 0, stream=s))
+                    _refused(lambda s=s: nv.get(local, src, 0, stream=s))
+            return f"{len(BOGUS)} handles refused, as ints and through __cuda_stream__"
+
+        def real_put_get() -> str:
+            torch.from_dlpack(src).copy_(torch.arange(N, dtype=torch.float32, device="cuda"))
             torch.cuda.synchronize()
-            np.testing.assert_array_equal(out.cpu().numpy(), np.arange(N, dtype=np.float32))
-            np.testing.assert_array_equal(host(dest), np.arange(N, dtype=np.float32))
-            torch.from_dlpack(dest).zero_()
-        return f"{len(streams)} streams ran; data checked"
+            streams: list[Any] = [stream, stream.cuda_stream, Protocol(stream.cuda_stream), 0, 1, 2]
+            try:
+                import cupy
 
-    def cublasmp_set_stream() -> str:
-        handle = cublasmp.Handle(stream)
-        try:
-            for bad in BOGUS:
-                _refused(lambda bad=bad: handle.set_stream(bad))
-                _refused(lambda bad=bad: handle.set_stream(Protocol(bad)))
-            assert handle.stream == stream.cuda_stream  # unchanged by the refusals
-            other = torch.cuda.Stream()
-            handle.set_stream(other)
-            assert handle.stream == other.cuda_stream
-            handle.set_stream(0)
-            assert handle.stream == 0
-        finally:
-            handle.close()
-        return "refused; real streams set"
+                streams.append(cupy.cuda.Stream(non_blocking=True))
+            except ImportError:
+                pass
+            for s in streams:
+                out = torch.zeros(N, device="cuda")
+                torch.cuda.synchronize()
+                nv.get(out, src, 0, stream=s)
+                nv.put(dest, out, 0, stream=s)
+                nv.quiet(stream=s)
+                torch.cuda.synchronize()
+                np.testing.assert_array_equal(out.cpu().numpy(), np.arange(N, dtype=np.float32))
+                np.testing.assert_array_equal(host(dest), np.arange(N, dtype=np.float32))
+                torch.from_dlpack(dest).zero_()
+            return f"{len(streams)} streams ran; data checked"
 
-    checks = [("put_get.bogus", bogus_put_get), ("put_get.real", real_put_get),
-              ("cublasmp.set_stream", cublasmp_set_stream)]
-    def cleanup() -> None:
-        torch.cuda.synchronize()
-        dest.free()
-        src.free()
-        rt.finalize()
+        def cublasmp_set_stream() -> str:
+            handle = cublasmp.Handle(stream)
+            try:
+                for bad in BOGUS:
+                    _refused(lambda bad=bad: handle.set_stream(bad))
+                    _refused(lambda bad=bad: handle.set_stream(Protocol(bad)))
+                assert handle.stream == stream.cuda_stream  # unchanged by the refusals
+                other = torch.cuda.Stream()
+                handle.set_stream(other)
+                assert handle.stream == other.cuda_stream
+                handle.set_stream(0)
+                assert handle.stream == 0
+            finally:
+                handle.close()
+            return "refused; real streams set"
 
-    run_checks(checks, cleanup, DONE)
+        checks = [("put_get.bogus", bogus_put_get), ("put_get.real", real_put_get),
+                  ("cublasmp.set_stream", cublasmp_set_stream)]
+        run_checks(checks, DONE)
 
 
 if __name__ == "__main__":

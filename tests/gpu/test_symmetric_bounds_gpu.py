@@ -11,11 +11,7 @@ script (``python test_symmetric_bounds_gpu.py``) prints one line per check and `
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,14 +37,9 @@ def test_symmetric_bounds_on_one_pe() -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
-    # A single-PE job of its own: none of an enclosing mpirun's variables.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))}
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve())], capture_output=True, text=True,
-                          timeout=300, env=env)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
-    assert DONE in proc.stdout, out[-6000:]
-    assert "FAIL" not in proc.stdout, out[-6000:]
+    from runner import run_alone
+
+    run_alone(__file__, DONE)
 
 
 # --- the child: one PE ---------------------------------------------------------------------------------
@@ -68,150 +59,134 @@ def _expect_refused(call: Callable[[], object], match: str, error: type[Exceptio
 
 
 def _run() -> None:
-    if os.environ.get("MPBIND_NVSHMEM_PATH"):
-        import mpbind
-
-        mpbind.load_libraries("nvshmem")  # before torch maps its own copy
-    import torch
-    from runner import run_checks
+    from runner import run_checks, single_pe
 
     from mpbind import _core
-    from mpbind import nvshmem as nv
-    from mpbind.bindings import nvshmem as flat
 
-    torch.cuda.set_device(0)
-    rt = nv.init(flat.get_uniqueid(), 0, 1, device=0)
-    stream = torch.cuda.Stream()
-    dest, src = nv.zeros(N, "float32"), nv.zeros(N, "float32")
-    checks: list[tuple[str, Callable[[], object]]] = []
+    with single_pe(N) as (torch, nv, stream, dest, src):
+        checks: list[tuple[str, Callable[[], object]]] = []
 
-    def host(arr: Any) -> np.ndarray:
-        torch.cuda.synchronize()
-        return torch.from_dlpack(arr).cpu().numpy()
+        def host(arr: Any) -> np.ndarray:
+            torch.cuda.synchronize()
+            return torch.from_dlpack(arr).cpu().numpy()
 
-    def fill(arr: Any, values: np.ndarray) -> None:
-        torch.from_dlpack(arr).copy_(torch.from_numpy(values).cuda())
-        torch.cuda.synchronize()
+        def fill(arr: Any, values: np.ndarray) -> None:
+            torch.from_dlpack(arr).copy_(torch.from_numpy(values).cuda())
+            torch.cuda.synchronize()
 
-    def reset() -> None:
-        fill(dest, np.zeros(N, np.float32))
-        fill(src, np.arange(N, dtype=np.float32))
+        def reset() -> None:
+            fill(dest, np.zeros(N, np.float32))
+            fill(src, np.arange(N, dtype=np.float32))
 
-    def put_at_the_end() -> str:
-        reset()
-        local = torch.arange(HALF, dtype=torch.float32, device="cuda") + 1000
-        nv.put(Window(dest.ptr + 4 * HALF, HALF), local, 0, stream=stream)  # ends exactly at the end
-        nv.quiet(stream=stream)
-        stream.synchronize()
-        want = np.concatenate([np.zeros(HALF), np.arange(HALF) + 1000]).astype(np.float32)
-        np.testing.assert_array_equal(host(dest), want)
-        # A framework's own view of the last element: the same bounds.
-        nv.put(torch.from_dlpack(dest)[N - 1:], torch.full((1,), 7.0, device="cuda"), 0, stream=stream)
-        nv.quiet(stream=stream)
-        stream.synchronize()
-        assert host(dest)[N - 1] == 7.0
-        return "ran; data checked"
+        def put_at_the_end() -> str:
+            reset()
+            local = torch.arange(HALF, dtype=torch.float32, device="cuda") + 1000
+            nv.put(Window(dest.ptr + 4 * HALF, HALF), local, 0, stream=stream)  # ends exactly at the end
+            nv.quiet(stream=stream)
+            stream.synchronize()
+            want = np.concatenate([np.zeros(HALF), np.arange(HALF) + 1000]).astype(np.float32)
+            np.testing.assert_array_equal(host(dest), want)
+            # A framework's own view of the last element: the same bounds.
+            nv.put(torch.from_dlpack(dest)[N - 1:], torch.full((1,), 7.0, device="cuda"), 0, stream=stream)
+            nv.quiet(stream=stream)
+            stream.synchronize()
+            assert host(dest)[N - 1] == 7.0
+            return "ran; data checked"
 
-    def put_past_the_end() -> str:
-        reset()
-        local = torch.zeros(HALF + 1, dtype=torch.float32, device="cuda")
-        msg = _expect_refused(lambda: nv.put(Window(dest.ptr + 4 * HALF, HALF + 1), local, 0, stream=stream),
-                              "dest is not NVSHMEM symmetric memory")
-        _expect_refused(lambda: nv.put(Window(dest.ptr + 4 * HALF + 2, HALF), local[:HALF], 0, stream=stream),
-                        "dest is not NVSHMEM symmetric memory")
-        np.testing.assert_array_equal(host(dest), np.zeros(N, np.float32))  # nothing was written
-        return msg
+        def put_past_the_end() -> str:
+            reset()
+            local = torch.zeros(HALF + 1, dtype=torch.float32, device="cuda")
+            msg = _expect_refused(lambda: nv.put(Window(dest.ptr + 4 * HALF, HALF + 1), local, 0, stream=stream),
+                                  "dest is not NVSHMEM symmetric memory")
+            _expect_refused(lambda: nv.put(Window(dest.ptr + 4 * HALF + 2, HALF), local[:HALF], 0, stream=stream),
+                            "dest is not NVSHMEM symmetric memory")
+            np.testing.assert_array_equal(host(dest), np.zeros(N, np.float32))  # nothing was written
+            return msg
 
-    def get_at_the_end() -> str:
-        reset()
-        out = torch.zeros(HALF, dtype=torch.float32, device="cuda")
-        nv.get(out, Window(src.ptr + 4 * HALF, HALF), 0, stream=stream)
-        nv.quiet(stream=stream)
-        stream.synchronize()
-        np.testing.assert_array_equal(out.cpu().numpy(), np.arange(HALF, N, dtype=np.float32))
-        return "ran; data checked"
+        def get_at_the_end() -> str:
+            reset()
+            out = torch.zeros(HALF, dtype=torch.float32, device="cuda")
+            nv.get(out, Window(src.ptr + 4 * HALF, HALF), 0, stream=stream)
+            nv.quiet(stream=stream)
+            stream.synchronize()
+            np.testing.assert_array_equal(out.cpu().numpy(), np.arange(HALF, N, dtype=np.float32))
+            return "ran; data checked"
 
-    def get_past_the_end() -> str:
-        out = torch.zeros(HALF, dtype=torch.float32, device="cuda")
-        return _expect_refused(lambda: nv.get(out, Window(src.ptr + 4 * HALF + 4, HALF), 0, stream=stream),
-                               "src is not NVSHMEM symmetric memory")
+        def get_past_the_end() -> str:
+            out = torch.zeros(HALF, dtype=torch.float32, device="cuda")
+            return _expect_refused(lambda: nv.get(out, Window(src.ptr + 4 * HALF + 4, HALF), 0, stream=stream),
+                                   "src is not NVSHMEM symmetric memory")
 
-    def fcollect_at_the_end() -> str:
-        reset()
-        nv.fcollect(Window(dest.ptr + 4 * HALF, HALF), Window(src.ptr, HALF), stream=stream)
-        stream.synchronize()
-        want = np.concatenate([np.zeros(HALF), np.arange(HALF)]).astype(np.float32)
-        np.testing.assert_array_equal(host(dest), want)
-        return "ran; data checked"
+        def fcollect_at_the_end() -> str:
+            reset()
+            nv.fcollect(Window(dest.ptr + 4 * HALF, HALF), Window(src.ptr, HALF), stream=stream)
+            stream.synchronize()
+            want = np.concatenate([np.zeros(HALF), np.arange(HALF)]).astype(np.float32)
+            np.testing.assert_array_equal(host(dest), want)
+            return "ran; data checked"
 
-    def fcollect_past_the_end() -> str:
-        reset()
-        _expect_refused(lambda: nv.fcollect(Window(dest.ptr + 4 * HALF + 4, HALF), Window(src.ptr, HALF),
-                                            stream=stream), "dest is not NVSHMEM symmetric memory")
-        return _expect_refused(lambda: nv.fcollect(Window(dest.ptr, HALF), Window(src.ptr + 4 * HALF + 4, HALF),
-                                                   stream=stream), "src is not NVSHMEM symmetric memory")
+        def fcollect_past_the_end() -> str:
+            reset()
+            _expect_refused(lambda: nv.fcollect(Window(dest.ptr + 4 * HALF + 4, HALF), Window(src.ptr, HALF),
+                                                stream=stream), "dest is not NVSHMEM symmetric memory")
+            return _expect_refused(lambda: nv.fcollect(Window(dest.ptr, HALF), Window(src.ptr + 4 * HALF + 4, HALF),
+                                                       stream=stream), "src is not NVSHMEM symmetric memory")
 
-    def reduce_at_the_end() -> str:
-        reset()
-        nv.reduce("sum", Window(dest.ptr + 4 * HALF, HALF), Window(src.ptr + 4 * HALF, HALF), stream=stream)
-        stream.synchronize()
-        want = np.concatenate([np.zeros(HALF), np.arange(HALF, N)]).astype(np.float32)  # one PE: the sum is src
-        np.testing.assert_array_equal(host(dest), want)
-        return "ran; data checked"
+        def reduce_at_the_end() -> str:
+            reset()
+            nv.reduce("sum", Window(dest.ptr + 4 * HALF, HALF), Window(src.ptr + 4 * HALF, HALF), stream=stream)
+            stream.synchronize()
+            want = np.concatenate([np.zeros(HALF), np.arange(HALF, N)]).astype(np.float32)  # one PE: the sum is src
+            np.testing.assert_array_equal(host(dest), want)
+            return "ran; data checked"
 
-    def reduce_past_the_end() -> str:
-        return _expect_refused(lambda: nv.reduce("sum", Window(dest.ptr + 4 * HALF, HALF + 1),
-                                                 Window(src.ptr, HALF + 1), stream=stream),
-                               "dest is not NVSHMEM symmetric memory")
+        def reduce_past_the_end() -> str:
+            return _expect_refused(lambda: nv.reduce("sum", Window(dest.ptr + 4 * HALF, HALF + 1),
+                                                     Window(src.ptr, HALF + 1), stream=stream),
+                                   "dest is not NVSHMEM symmetric memory")
 
-    def wrapping_and_spanning_views() -> str:
-        # An extent whose end would pass 2**64 (ptr + nbytes wrapped to a small address that could look
-        # inside an allocation): from a real device pointer, more bytes than 2**63 - 1.
-        wrap = (2**64 - dest.ptr) // 4 + 1
-        _expect_refused(lambda: nv.put(Window(dest.ptr + 16, wrap), torch.zeros(1, device="cuda"), 0),
-                        "holds more than 2**63 - 1 bytes", OverflowError)
-        _expect_refused(lambda: nv.put(Window(dest.ptr + 16, 2**61 - 1), torch.zeros(1, device="cuda"), 0),
-                        "dest is not NVSHMEM symmetric memory")
-        # One view over two allocations: in the symmetric heap, but not within one allocation.
-        lo, hi = sorted((dest, src), key=lambda a: a.ptr)
-        both = (hi.ptr - lo.ptr) // 4 + N
-        return _expect_refused(lambda: nv.put(Window(lo.ptr, both), torch.zeros(both, device="cuda"), 0),
-                               "dest is not NVSHMEM symmetric memory")
+        def wrapping_and_spanning_views() -> str:
+            # An extent whose end would pass 2**64 (ptr + nbytes wrapped to a small address that could look
+            # inside an allocation): from a real device pointer, more bytes than 2**63 - 1.
+            wrap = (2**64 - dest.ptr) // 4 + 1
+            _expect_refused(lambda: nv.put(Window(dest.ptr + 16, wrap), torch.zeros(1, device="cuda"), 0),
+                            "holds more than 2**63 - 1 bytes", OverflowError)
+            _expect_refused(lambda: nv.put(Window(dest.ptr + 16, 2**61 - 1), torch.zeros(1, device="cuda"), 0),
+                            "dest is not NVSHMEM symmetric memory")
+            # One view over two allocations: in the symmetric heap, but not within one allocation.
+            lo, hi = sorted((dest, src), key=lambda a: a.ptr)
+            both = (hi.ptr - lo.ptr) // 4 + N
+            return _expect_refused(lambda: nv.put(Window(lo.ptr, both), torch.zeros(both, device="cuda"), 0),
+                                   "dest is not NVSHMEM symmetric memory")
 
-    def symmetric_arrays_are_fixed() -> str:
-        # The core's own type: nothing of its description can be rewritten from Python, and an array is
-        # never made over more than its allocation.
-        reset()
-        for name, value in (("shape", (2 * N,)), ("_shape", (2 * N,)), ("_core", None), ("dtype", "int8")):
+        def symmetric_arrays_are_fixed() -> str:
+            # The core's own type: nothing of its description can be rewritten from Python, and an array is
+            # never made over more than its allocation.
+            reset()
+            for name, value in (("shape", (2 * N,)), ("_shape", (2 * N,)), ("_core", None), ("dtype", "int8")):
+                try:
+                    setattr(dest, name, value)
+                except AttributeError:
+                    continue
+                raise AssertionError(f"SymmetricArray.{name} could be set")
+            small = nv.zeros(HALF, "float32")
             try:
-                setattr(dest, name, value)
-            except AttributeError:
-                continue
-            raise AssertionError(f"SymmetricArray.{name} could be set")
-        small = nv.zeros(HALF, "float32")
-        try:
-            msg = _expect_refused(lambda: _core.nvshmem.symmetric_array(small.memory, (N,), "float32", dest.device),
-                                  "more than its symmetric allocation's 2048")
-        finally:
-            small.free()
-        nv.put(dest, torch.zeros(N, device="cuda"), 0, stream=stream)
-        nv.quiet(stream=stream)
-        stream.synchronize()
-        return msg
+                msg = _expect_refused(lambda: _core.nvshmem.symmetric_array(small.memory, (N,), "float32", dest.device),
+                                      "more than its symmetric allocation's 2048")
+            finally:
+                small.free()
+            nv.put(dest, torch.zeros(N, device="cuda"), 0, stream=stream)
+            nv.quiet(stream=stream)
+            stream.synchronize()
+            return msg
 
-    checks += [("put.exact_end", put_at_the_end), ("put.past_end", put_past_the_end),
-               ("get.exact_end", get_at_the_end), ("get.past_end", get_past_the_end),
-               ("fcollect.exact_end", fcollect_at_the_end), ("fcollect.past_end", fcollect_past_the_end),
-               ("reduce.exact_end", reduce_at_the_end), ("reduce.past_end", reduce_past_the_end),
-               ("wrapping_and_spanning", wrapping_and_spanning_views),
-               ("fixed_arrays", symmetric_arrays_are_fixed)]
-    def cleanup() -> None:
-        torch.cuda.synchronize()
-        dest.free()
-        src.free()
-        rt.finalize()
-
-    run_checks(checks, cleanup, DONE)
+        checks += [("put.exact_end", put_at_the_end), ("put.past_end", put_past_the_end),
+                   ("get.exact_end", get_at_the_end), ("get.past_end", get_past_the_end),
+                   ("fcollect.exact_end", fcollect_at_the_end), ("fcollect.past_end", fcollect_past_the_end),
+                   ("reduce.exact_end", reduce_at_the_end), ("reduce.past_end", reduce_past_the_end),
+                   ("wrapping_and_spanning", wrapping_and_spanning_views),
+                   ("fixed_arrays", symmetric_arrays_are_fixed)]
+        run_checks(checks, DONE)
 
 
 if __name__ == "__main__":
