@@ -160,6 +160,55 @@ def test_the_toolchain_is_the_installed_wheels() -> None:
     assert tools.nvshmem_version.count(".") == 2 and "?" not in tools.nvshmem_version
 
 
+@pytest.fixture(scope="module")
+def nvshmem_345(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """NVSHMEM 3.4.5's headers and device library (the release PyTorch's CUDA 13 wheels bring), from
+    its wheel on the package index: include/ and lib/libnvshmem_device.a, as an NVSHMEM home."""
+    import subprocess
+    import sys
+    import zipfile
+
+    folder = tmp_path_factory.mktemp("nvshmem-3.4.5")
+    got = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
+                          "--dest", str(folder), "nvidia-nvshmem-cu13==3.4.5"], capture_output=True, text=True,
+                         timeout=600)
+    wheels = list(folder.glob("nvidia_nvshmem_cu13-3.4.5-*.whl"))
+    if got.returncode != 0 or not wheels:
+        pytest.skip(f"nvidia-nvshmem-cu13 3.4.5 could not be downloaded: {got.stderr.strip()[-300:]}")
+    with zipfile.ZipFile(wheels[0]) as z:
+        members = [m for m in z.namelist()
+                   if m.startswith("nvidia/nvshmem/include/") or m == "nvidia/nvshmem/lib/libnvshmem_device.a"]
+        z.extractall(folder, members)
+    return folder / "nvidia" / "nvshmem"
+
+
+@pytest.mark.parametrize("which", ["ring", "collective_matmul"])
+def test_kernels_build_against_nvshmem_3_4_5(which: str, nvshmem_345: Path, cache: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its headers as they stand do not build under NVRTC (rdma-core's infiniband/mlx5dv.h, std:: type
+    # traits, a host-only constructor): the legacy prelude makes them.
+    from mpbind.collective import KERNEL_SOURCE
+
+    monkeypatch.setenv(_kernel_build.HOME_ENV, str(nvshmem_345))
+    tools = _kernel_build.toolchain()
+    assert tools.nvshmem_home == nvshmem_345 and tools.nvshmem_version == "3.4.5" and tools.legacy
+    source = _example("ring_exchange").SOURCE if which == "ring" else KERNEL_SOURCE
+    cubin = nk.compile(source, name=f"{which}_345", arch="sm_90")
+    assert cubin.kernels == (("ring_exchange",) if which == "ring" else ("ag_ring",))
+    assert {"nvshmemi_device_state_d", "nvshmemi_device_lib_version_d"} <= set(cubin.variables)
+    with pytest.raises(KernelBuildError, match=r"bad_345\(2\): error: identifier \"oops\" is undefined"):
+        nk.compile("// line 1\n__global__ void k() { oops; }", name="bad_345", arch="sm_90")
+
+
+def test_only_nvshmem_before_3_5_takes_the_legacy_prelude() -> None:
+    def legacy(version: str) -> bool:
+        return _kernel_build.Toolchain(Path("/"), Path("/"), Path("/"), version).legacy
+
+    assert legacy("3.4.5") and legacy("3.0.6") and legacy("2.11.0")
+    assert not legacy("3.5.0") and not legacy("3.8.0") and not legacy("4.0.0") and not legacy("?.?.?")
+    assert not _kernel_build.toolchain().legacy  # the installed wheel's (3.8): built as it always was
+
+
 def test_an_nvshmem_home_without_the_device_library_is_passed_over(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(_kernel_build.HOME_ENV, str(tmp_path))

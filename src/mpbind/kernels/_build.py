@@ -10,6 +10,16 @@ How the pieces fit (each choice was checked against the NVSHMEM 3.8 wheel):
   plain LLVM bitcode, which nvJitLink refuses.
 * The link goes through ``cuda.bindings.nvjitlink`` itself: cuda-core's ``Linker`` asks the driver
   for its version when its options are made, and a build machine may have no driver.
+* NVSHMEM before 3.5 (3.4.5 is the one PyTorch's wheels bring) does not build under NVRTC as its
+  headers stand, and gets a prelude (``LEGACY_PRELUDE``) and one option more; 3.5+ builds are
+  unchanged. (1) Its NVRTC builds include IBGDA's device transport, whose header needs rdma-core's
+  ``<infiniband/mlx5dv.h>`` (few machines have it): the prelude includes NVSHMEM's build options
+  once (``#pragma once``) and undefines it, as 3.5+ does for NVRTC itself; the transfers it served go
+  through NVSHMEM's proxy, and only ``transfer_device.cuh`` reads the macro, so no structure the
+  device library shares changes. (2) Its collectives name ``std::`` type traits, which NVRTC has as
+  ``cuda::std::``: the prelude makes ``std`` see those. (3) A constructor in ``nvshmem_tensor.h``
+  lacks ``__device__``: NVRTC takes unannotated functions as device functions
+  (``device_as_default_execution_space``).
 * The cache is cuda-core's ``FileStreamProgramCache`` (atomic files, safe when every PE compiles
   the same kernel at once), keyed by cuda-core's ``make_program_cache_key`` (source, options,
   architecture, NVRTC version) with our digest of what it cannot see: the NVSHMEM version and
@@ -34,6 +44,15 @@ __all__ = ["Toolchain", "build", "cache_dir", "current_arch", "kernel_symbols", 
 
 #: Defines every build gets: NVSHMEM's device code inlined into the user's module (see above).
 DEFINES = ("NVSHMEM_ENABLE_ALL_DEVICE_INLINING",)
+#: Put before the source for NVSHMEM before 3.5 (see above); ``#line`` keeps the caller's line numbers.
+LEGACY_PRELUDE = """#include <non_abi/nvshmem_build_options.h>
+#undef NVSHMEM_IBGDA_SUPPORT
+#undef NVSHMEM_IBGDA_SUPPORT_GPUMEM_ONLY
+#undef NVSHMEM_GPUNETIO_SUPPORT
+#include <cuda/std/type_traits>
+namespace std {{ using namespace ::cuda::std; }}
+#line 1 "{name}"
+"""
 #: Where compiled kernels are cached (a folder); the default is the user's cache folder.
 CACHE_ENV = "MPBIND_KERNEL_CACHE"
 #: An NVSHMEM installation (a folder holding include/ and lib/) to build against.
@@ -74,6 +93,12 @@ class Toolchain:
     @property
     def device_library(self) -> Path:
         return self.nvshmem_home / "lib" / "libnvshmem_device.a"
+
+    @property
+    def legacy(self) -> bool:
+        """An NVSHMEM before 3.5, whose headers need the legacy prelude under NVRTC (see the module)."""
+        parts = self.nvshmem_version.split(".")
+        return all(p.isdigit() for p in parts) and tuple(int(p) for p in parts) < (3, 5)
 
     def include_path(self) -> list[str]:
         return [str(self.nvshmem_include), str(self.cuda_include), str(self.cccl_include)]
@@ -280,7 +305,8 @@ def build(source: str, name: str, arch: str, defines: Sequence[str | tuple[str, 
     if not _ARCH.match(arch):
         raise UsageError(f"arch must be like 'sm_90', not {arch!r}")
     tools = toolchain()
-    fixed = {"name", "arch", "include_path", "define_macro", "relocatable_device_code"}
+    fixed = {"name", "arch", "include_path", "define_macro", "relocatable_device_code",
+             "device_as_default_execution_space"}
     clash = sorted(fixed & set(program_options))
     if clash:
         raise UsageError(f"{', '.join(clash)}: set by the build itself (use name=, arch=, defines=, include_dirs=)")
@@ -288,6 +314,7 @@ def build(source: str, name: str, arch: str, defines: Sequence[str | tuple[str, 
         options = core.ProgramOptions(
             name=name, arch=arch, std=program_options.pop("std", "c++17"),
             include_path=[*include_dirs, *tools.include_path()], relocatable_device_code=True,
+            **({"device_as_default_execution_space": True} if tools.legacy else {}),
             define_macro=[*DEFINES, *defines], **program_options)
     except TypeError as exc:
         raise UsageError(f"not a cuda.core ProgramOptions field: {exc}") from None
@@ -296,6 +323,9 @@ def build(source: str, name: str, arch: str, defines: Sequence[str | tuple[str, 
 
     digest = hashlib.sha256(tools.fingerprint() + _tree_identity(include_dirs))
     digest.update(repr(list(link_options)).encode())
+    if tools.legacy:
+        shown = name.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
+        source = LEGACY_PRELUDE.format(name=shown) + source
     key = make_program_cache_key(code=source, code_type="c++", options=options, target_type="cubin",
                                  extra_digest=digest.digest())
     store = FileStreamProgramCache(cache_dir()) if cache else None
