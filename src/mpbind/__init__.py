@@ -35,7 +35,7 @@ _PUBLIC_MODULES: tuple[str, ...] = (
     "bindings", "bindings.nccl", "bindings.nvshmem", "bindings.cublasmp", "bindings.cufftmp",
     "errors", "typing",
     "nccl", "nvshmem", "cublasmp", "cufftmp", "bootstrap", "process_group",
-    "distributions", "fft", "matmul", "collective", "kernels",
+    "distributions", "fft", "matmul", "collective", "kernels", "torch",
 )
 _SUBMODULES = frozenset(name for name in _PUBLIC_MODULES if "." not in name)
 
