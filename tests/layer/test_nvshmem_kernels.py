@@ -205,8 +205,8 @@ def test_only_nvshmem_before_3_5_takes_the_legacy_prelude() -> None:
         return _kernel_build.Toolchain(Path("/"), Path("/"), Path("/"), version).legacy
 
     assert legacy("3.4.5") and legacy("3.0.6") and legacy("2.11.0")
-    assert not legacy("3.5.0") and not legacy("3.8.0") and not legacy("4.0.0") and not legacy("?.?.?")
-    assert not _kernel_build.toolchain().legacy  # the installed wheel's (3.8): built as it always was
+    assert not legacy("3.5.0") and not legacy("3.9.2") and not legacy("4.0.0") and not legacy("?.?.?")
+    assert not _kernel_build.toolchain().legacy  # the installed wheel (the pinned release): built as it always was
 
 
 def test_an_nvshmem_home_without_the_device_library_is_passed_over(tmp_path: Path,
