@@ -37,6 +37,9 @@ _PUBLIC_MODULES: tuple[str, ...] = (
     "nccl", "nvshmem", "cublasmp", "cufftmp", "bootstrap", "process_group",
     "distributions", "fft", "matmul", "collective", "kernels", "torch",
 )
+# Public modules that import an optional package (module: package); without it, reaching one raises
+# MissingDependencyError naming the extra.
+_OPTIONAL_MODULES: dict[str, str] = {"torch": "torch"}
 _SUBMODULES = frozenset(name for name in _PUBLIC_MODULES if "." not in name)
 
 
