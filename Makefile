@@ -31,7 +31,11 @@ demo: install
 	$(VPY) -m mpbind info
 	$(VPY) examples/demo.py
 
+# The torch operators' CPU tests need PyTorch: its CPU build where the package index has one for this
+# Python (the tests skip without it; a CUDA build is several GB, so none is pulled in here).
+TORCH_CPU ?= 2.13.0+cpu
 test: install
+	$(VPY) -m pip install -q "torch==$(TORCH_CPU)" || echo "no torch $(TORCH_CPU) for this Python: the torch operator tests skip"
 	$(VPY) codegen/generate.py --check
 	$(VPY) -m pytest tests -m "not gpu"
 

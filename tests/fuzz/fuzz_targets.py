@@ -14,6 +14,7 @@ import ast
 import enum
 import functools
 import importlib
+import importlib.util
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,10 @@ import mpbind
 # The public modules (mpbind._PUBLIC_MODULES, the one list) that export something to call: not the
 # package that only holds the flat modules, the exception classes, nor the types for annotations.
 NOT_CALLED = ("bindings", "errors", "typing")
-_CALLED = [m for m in mpbind._PUBLIC_MODULES if m not in NOT_CALLED]
+# A module whose optional package is missing is left out (mpbind._OPTIONAL_MODULES: importing it raises
+# MissingDependencyError, as it should).
+_CALLED = [m for m in mpbind._PUBLIC_MODULES if m not in NOT_CALLED
+           and importlib.util.find_spec(mpbind._OPTIONAL_MODULES.get(m, "mpbind")) is not None]
 # The flat bindings, then the Pythonic layer (the package's own functions first).
 MODULES: tuple[str, ...] = (
     *(f"mpbind.{m}" for m in _CALLED if m.startswith("bindings.")),

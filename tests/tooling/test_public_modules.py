@@ -12,6 +12,7 @@ public names are the generator's, checked against their stubs (tests/flat/test_s
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import subprocess
 import sys
@@ -79,18 +80,33 @@ def test_the_check_sees_an_unlisted_module() -> None:
     assert unlisted(modules, ("nccl", "fft", "bindings", "bindings.nccl")) == ["bindings.cynvshmem", "fft.helpers"]
 
 
+def _available(name: str) -> bool:
+    """Whether public module `name` can be imported here (an optional package it needs is installed)."""
+    package = mpbind._OPTIONAL_MODULES.get(name)
+    return package is None or importlib.util.find_spec(package) is not None
+
+
 def test_top_level_modules_are_reached_lazily_and_shown() -> None:
     top = [m for m in PUBLIC if "." not in m]
+    here = [m for m in top if _available(m)]
+    missing = [m for m in top if not _available(m)]
     probe = ("import sys, mpbind\n"
              f"assert not [m for m in {top!r} if 'mpbind.' + m in sys.modules], 'imported by import mpbind'\n"
              f"shown = set(dir(mpbind))\nassert set({top!r}) <= shown, set({top!r}) - shown\n"
-             f"for m in {top!r}:\n    assert getattr(mpbind, m) is sys.modules['mpbind.' + m]\n")
+             f"for m in {here!r}:\n    assert getattr(mpbind, m) is sys.modules['mpbind.' + m]\n"
+             "from mpbind.errors import MissingDependencyError\n"
+             f"for m in {missing!r}:\n"
+             "    try:\n        getattr(mpbind, m)\n"
+             "    except MissingDependencyError as e:\n        assert 'pip install' in str(e), e\n"
+             "    else:\n        raise AssertionError(m + ' imported without its package')\n")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("name", [m for m in PUBLIC if not m.startswith("bindings")])
 def test_every_hand_written_public_module_lists_its_names(name: str) -> None:
+    if not _available(name):
+        pytest.skip(f"mpbind.{name} needs {mpbind._OPTIONAL_MODULES[name]}, which is not installed")
     module = importlib.import_module(f"mpbind.{name}")
     assert isinstance(getattr(module, "__all__", None), (list, tuple)), f"mpbind.{name} has no __all__"
     absent, own = missing_from_all(module)

@@ -1,0 +1,136 @@
+"""mpbind inside PyTorch programs: NCCL collectives as torch operators that ``torch.compile`` traces
+without a graph break, CUDA graphs capture, and autograd differentiates (optional extra ``torch``).
+
+    from mpbind import nccl, torch as mpt
+
+    comm = nccl.Communicator.from_torch()        # or any mpbind Communicator
+    y = mpt.all_reduce(x, comm)                   # torch.ops.mpbind.all_reduce(x, "Communicator#3", "sum")
+    z = mpt.reduce_scatter(y, comm)               # its gradient is an all-gather, and the reverse
+    h = mpt.copy_to_group(x, comm)                # identity forward, all-reduce backward (tensor parallelism)
+
+The operators (``torch.ops.mpbind.*``, see ``_ops``) take a communicator by its registry name
+(:func:`name_of`), so a traced program holds a string; the functions here take the communicator (or
+its name) and pass the name and the group size, which the compiler takes as constants. Each returns a
+new tensor on torch's current stream (``all_reduce_`` works in place) and never synchronises the host.
+Gradients: all-reduce (sum, avg) is its own adjoint, all-gather and reduce-scatter are each other's,
+all-to-all is its own; complex tensors are reduced as their real view (sum and avg).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    import torch
+except ModuleNotFoundError as _exc:  # pragma: no cover - depends on the environment
+    if _exc.name != "torch":
+        raise
+    from mpbind.errors import MissingDependencyError
+
+    raise MissingDependencyError("torch", "torch", "mpbind.torch") from None
+
+from torch import Tensor
+
+from mpbind.torch import _ops  # noqa: F401 - registers the operators
+from mpbind.torch._ops import REDUCTIONS
+from mpbind.torch._registry import forget, lookup, name_of, registered
+
+__all__ = [
+    "REDUCTIONS",
+    "all_gather",
+    "all_reduce",
+    "all_reduce_",
+    "all_to_all",
+    "broadcast",
+    "copy_to_group",
+    "forget",
+    "lookup",
+    "name_of",
+    "reduce_from_group",
+    "reduce_scatter",
+    "registered",
+]
+
+
+def _tensor(x: Any) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor, not {type(x).__name__}")
+    return x
+
+
+@torch.compiler.assume_constant_result
+def _resolved(comm: Any) -> tuple[str, int]:
+    """(registry name, size) of a Communicator or of a registered name: constants to the compiler."""
+    from mpbind.nccl import Communicator
+
+    c = lookup(comm, Communicator) if isinstance(comm, str) else comm
+    if not isinstance(c, Communicator):
+        raise TypeError(f"comm must be an mpbind.nccl.Communicator or its registered name, not {type(comm).__name__}")
+    return name_of(c), c.size
+
+
+def all_reduce(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
+    """The reduction (`op`: sum, prod, max, min, avg) of `x` over the ranks, as a new tensor."""
+    return torch.ops.mpbind.all_reduce(_tensor(x), _resolved(comm)[0], op)
+
+
+def all_reduce_(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
+    """:func:`all_reduce` into `x` itself (contiguous); returns `x`."""
+    torch.ops.mpbind.all_reduce_(_tensor(x), _resolved(comm)[0], op)
+    return x
+
+
+def all_gather(x: Tensor, comm: Any) -> Tensor:
+    """Every rank's `x` stacked along dim 0, rank order (``size * x.shape[0]`` rows)."""
+    name, size = _resolved(comm)
+    return torch.ops.mpbind.all_gather(_tensor(x), name, size)
+
+
+def reduce_scatter(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
+    """Block ``rank`` (of ``size`` equal blocks along dim 0) of the reduction of `x` over the ranks."""
+    name, size = _resolved(comm)
+    return torch.ops.mpbind.reduce_scatter(_tensor(x), name, op, size)
+
+
+def all_to_all(x: Tensor, comm: Any) -> Tensor:
+    """Block j (of ``size`` equal blocks along dim 0) goes to rank j; block r of the result came from rank r."""
+    name, size = _resolved(comm)
+    return torch.ops.mpbind.all_to_all(_tensor(x), name, size)
+
+
+def broadcast(x: Tensor, comm: Any, root: int) -> Tensor:
+    """Rank `root`'s `x` on every rank, as a new tensor (no gradient)."""
+    return torch.ops.mpbind.broadcast(_tensor(x), _resolved(comm)[0], root)
+
+
+class _CopyToGroup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, name: str) -> Tensor:
+        ctx.name = name
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        return torch.ops.mpbind.all_reduce(grad, ctx.name, "sum"), None
+
+
+class _ReduceFromGroup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, name: str) -> Tensor:
+        return torch.ops.mpbind.all_reduce(x, name, "sum")
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        return grad, None
+
+
+def copy_to_group(x: Tensor, comm: Any) -> Tensor:
+    """`x` itself forward, its gradient summed over the ranks backward: where a tensor-parallel block
+    begins (Megatron's ``f``)."""
+    return _CopyToGroup.apply(_tensor(x), _resolved(comm)[0])
+
+
+def reduce_from_group(x: Tensor, comm: Any) -> Tensor:
+    """`x` summed over the ranks forward, the gradient passed through backward: where a tensor-parallel
+    block ends (Megatron's ``g``)."""
+    return _ReduceFromGroup.apply(_tensor(x), _resolved(comm)[0])

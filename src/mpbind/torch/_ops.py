@@ -1,0 +1,232 @@
+"""mpbind's torch operators (namespace ``mpbind``), registered when :mod:`mpbind.torch` is imported.
+
+Each is a ``torch.library.custom_op``: a schema of tensors, ints and strings (a communicator travels
+as its registry name, the group size as an int, so that a traced program needs neither), a CUDA
+kernel that calls the layer on torch's current stream and never synchronises the host (so CUDA
+graphs capture it), a fake kernel with the exact output shape and dtype (FakeTensor, meta tensors,
+``torch.compile``), and autograd where the math defines one. ``custom_op`` in Python rather than a
+C++ ``TORCH_LIBRARY``: the kernel's work is one call into mpbind's C++ core, and a C++ library would
+have to be built against each torch release's ABI.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mpbind.errors import UsageError
+from mpbind.torch import _registry
+
+#: The reductions the operators take; sum and avg also over complex tensors (their real view).
+REDUCTIONS = ("sum", "prod", "max", "min", "avg")
+_LINEAR = ("sum", "avg")
+
+
+def _communicator(name: str) -> Any:
+    from mpbind.nccl import Communicator
+
+    return _registry.lookup(name, Communicator)
+
+
+def _check_op(op: str, x: Tensor) -> None:
+    if op not in REDUCTIONS:
+        raise UsageError(f"op must be one of {', '.join(REDUCTIONS)}, not {op!r}")
+    if x.is_complex() and op not in _LINEAR:
+        raise UsageError(f"a {op} of complex tensors is not defined (sum and avg are, over the real and imaginary "
+                         "parts)")
+
+
+def _check_group(group_size: int) -> None:
+    if group_size < 1:
+        raise UsageError(f"group_size must be >= 1, not {group_size}")
+
+
+def _blocks(x: Tensor, group_size: int, what: str) -> None:
+    """`x` splits into `group_size` equal blocks along dim 0."""
+    if x.dim() == 0 or x.shape[0] % group_size:
+        raise UsageError(f"{what}: dim 0 of a {tuple(x.shape)} tensor does not split into {group_size} equal blocks")
+
+
+def _flat(t: Tensor) -> Tensor:
+    """What NCCL is given: a complex tensor as its real view (two reals per element)."""
+    return torch.view_as_real(t) if t.is_complex() else t
+
+
+def _stream() -> Any:
+    return torch.cuda.current_stream()
+
+
+def _on_cuda(x: Tensor, what: str) -> None:
+    if x.device.type != "cuda":
+        raise UsageError(f"{what} takes CUDA tensors, not a {x.device.type} tensor")
+
+
+# --- all_reduce ---------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("mpbind::all_reduce", mutates_args=())
+def all_reduce(x: Tensor, comm: str, op: str) -> Tensor:
+    _check_op(op, x)
+    _on_cuda(x, "mpbind::all_reduce")
+    out = x.contiguous().clone()
+    _communicator(comm).all_reduce(_flat(out), _flat(out), op, stream=_stream())
+    return out
+
+
+@all_reduce.register_fake
+def _(x: Tensor, comm: str, op: str) -> Tensor:
+    _check_op(op, x)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _all_reduce_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
+    if ctx.op not in _LINEAR:
+        raise UsageError(f"an all-reduce {ctx.op} has no gradient here (sum and avg have)")
+    return torch.ops.mpbind.all_reduce(grad, ctx.comm, ctx.op), None, None
+
+
+def _save_comm_op(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    ctx.comm, ctx.op = inputs[1], inputs[2]
+
+
+all_reduce.register_autograd(_all_reduce_backward, setup_context=_save_comm_op)
+
+
+@torch.library.custom_op("mpbind::all_reduce_", mutates_args=("x",))
+def all_reduce_(x: Tensor, comm: str, op: str) -> None:
+    _check_op(op, x)
+    _on_cuda(x, "mpbind::all_reduce_")
+    if not x.is_contiguous():
+        raise UsageError("mpbind::all_reduce_ works in place on a contiguous tensor")
+    _communicator(comm).all_reduce(_flat(x), _flat(x), op, stream=_stream())
+
+
+@all_reduce_.register_fake
+def _(x: Tensor, comm: str, op: str) -> None:
+    _check_op(op, x)
+
+
+# --- all_gather and reduce_scatter (each other's adjoint) -----------------------------------------------
+
+
+@torch.library.custom_op("mpbind::all_gather", mutates_args=())
+def all_gather(x: Tensor, comm: str, group_size: int) -> Tensor:
+    _check_group(group_size)
+    _on_cuda(x, "mpbind::all_gather")
+    c = _communicator(comm)
+    if c.size != group_size:
+        raise UsageError(f"group_size is {group_size}; {comm} has {c.size} ranks")
+    src = x.contiguous()
+    out = x.new_empty((group_size * x.shape[0], *x.shape[1:]) if x.dim() else (group_size,))
+    c.all_gather(_flat(src), _flat(out), stream=_stream())
+    return out
+
+
+@all_gather.register_fake
+def _(x: Tensor, comm: str, group_size: int) -> Tensor:
+    _check_group(group_size)
+    return x.new_empty((group_size * x.shape[0], *x.shape[1:]) if x.dim() else (group_size,))
+
+
+@torch.library.custom_op("mpbind::reduce_scatter", mutates_args=())
+def reduce_scatter(x: Tensor, comm: str, op: str, group_size: int) -> Tensor:
+    _check_op(op, x)
+    _check_group(group_size)
+    _blocks(x, group_size, "mpbind::reduce_scatter")
+    _on_cuda(x, "mpbind::reduce_scatter")
+    c = _communicator(comm)
+    if c.size != group_size:
+        raise UsageError(f"group_size is {group_size}; {comm} has {c.size} ranks")
+    src = x.contiguous()
+    out = x.new_empty((x.shape[0] // group_size, *x.shape[1:]))
+    c.reduce_scatter(_flat(src), _flat(out), op, stream=_stream())
+    return out
+
+
+@reduce_scatter.register_fake
+def _(x: Tensor, comm: str, op: str, group_size: int) -> Tensor:
+    _check_op(op, x)
+    _check_group(group_size)
+    _blocks(x, group_size, "mpbind::reduce_scatter")
+    return x.new_empty((x.shape[0] // group_size, *x.shape[1:]))
+
+
+def _all_gather_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+    # y = [x_0; ...; x_{n-1}] on every rank: dL/dx_r = the sum over ranks of block r of their grads.
+    return torch.ops.mpbind.reduce_scatter(grad, ctx.comm, "sum", ctx.group_size), None, None
+
+
+def _save_comm_group(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    ctx.comm, ctx.group_size = inputs[1], inputs[-1]
+
+
+all_gather.register_autograd(_all_gather_backward, setup_context=_save_comm_group)
+
+
+def _reduce_scatter_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
+    if ctx.op not in _LINEAR:
+        raise UsageError(f"a reduce-scatter {ctx.op} has no gradient here (sum and avg have)")
+    g = torch.ops.mpbind.all_gather(grad, ctx.comm, ctx.group_size)
+    return (g / ctx.group_size if ctx.op == "avg" else g), None, None, None
+
+
+def _save_comm_op_group(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    ctx.comm, ctx.op, ctx.group_size = inputs[1], inputs[2], inputs[3]
+
+
+reduce_scatter.register_autograd(_reduce_scatter_backward, setup_context=_save_comm_op_group)
+
+
+# --- all_to_all (its own adjoint) -----------------------------------------------------------------------
+
+
+@torch.library.custom_op("mpbind::all_to_all", mutates_args=())
+def all_to_all(x: Tensor, comm: str, group_size: int) -> Tensor:
+    _check_group(group_size)
+    _blocks(x, group_size, "mpbind::all_to_all")
+    _on_cuda(x, "mpbind::all_to_all")
+    c = _communicator(comm)
+    if c.size != group_size:
+        raise UsageError(f"group_size is {group_size}; {comm} has {c.size} ranks")
+    src = x.contiguous()
+    out = torch.empty_like(src)
+    c.all_to_all(_flat(src), _flat(out), stream=_stream())
+    return out
+
+
+@all_to_all.register_fake
+def _(x: Tensor, comm: str, group_size: int) -> Tensor:
+    _check_group(group_size)
+    _blocks(x, group_size, "mpbind::all_to_all")
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _all_to_all_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+    # Block j of rank r goes to block r of rank j: the transpose of a permutation is its inverse, itself.
+    return torch.ops.mpbind.all_to_all(grad, ctx.comm, ctx.group_size), None, None
+
+
+all_to_all.register_autograd(_all_to_all_backward, setup_context=_save_comm_group)
+
+
+# --- broadcast ----------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("mpbind::broadcast", mutates_args=())
+def broadcast(x: Tensor, comm: str, root: int) -> Tensor:
+    _on_cuda(x, "mpbind::broadcast")
+    c = _communicator(comm)
+    if not 0 <= root < c.size:
+        raise UsageError(f"root {root} is not a rank of {comm} ({c.size} ranks)")
+    out = x.contiguous().clone()
+    c.broadcast(_flat(out), _flat(out), root, stream=_stream())
+    return out
+
+
+@broadcast.register_fake
+def _(x: Tensor, comm: str, root: int) -> Tensor:
+    if root < 0:
+        raise UsageError(f"root must be >= 0, not {root}")
+    return torch.empty_like(x, memory_format=torch.contiguous_format)

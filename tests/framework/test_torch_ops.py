@@ -1,0 +1,140 @@
+"""mpbind's torch operators without a GPU: their registration checked by ``torch.library.opcheck``
+(schema, fake kernel, autograd registration, AOT dispatch) on meta tensors, their shape rules and
+refusals, their gradients (each backward is the adjoint collective), and a tensor-parallel block
+compiled by ``torch.compile(fullgraph=True)`` with no graph break. The CUDA kernels, which call
+NCCL, run in the GPU suites."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import mpbind.torch as mpt  # noqa: E402
+from mpbind.errors import UsageError  # noqa: E402
+
+OPS = torch.ops.mpbind
+NAME = "Communicator#1"  # the fake kernels never look a communicator up
+
+
+def meta(*shape: int, dtype: Any = None, grad: bool = True) -> Any:
+    return torch.randn(shape, device="meta", dtype=dtype or torch.float32, requires_grad=grad)
+
+
+CASES = [
+    ("all_reduce.sum", OPS.all_reduce.default, lambda: (meta(8, 4), NAME, "sum")),
+    ("all_reduce.avg.complex", OPS.all_reduce.default, lambda: (meta(8, 4, dtype=torch.complex64), NAME, "avg")),
+    ("all_reduce.max", OPS.all_reduce.default, lambda: (meta(8, 4), NAME, "max")),
+    ("all_reduce_.in_place", OPS.all_reduce_.default, lambda: (meta(8, 4, grad=False), NAME, "sum")),
+    ("all_gather", OPS.all_gather.default, lambda: (meta(8, 4), NAME, 3)),
+    ("all_gather.bf16", OPS.all_gather.default, lambda: (meta(2, 5, dtype=torch.bfloat16), NAME, 2)),
+    ("reduce_scatter", OPS.reduce_scatter.default, lambda: (meta(8, 4), NAME, "sum", 4)),
+    ("reduce_scatter.avg", OPS.reduce_scatter.default, lambda: (meta(6, 2), NAME, "avg", 3)),
+    ("all_to_all", OPS.all_to_all.default, lambda: (meta(8, 4), NAME, 2)),
+    ("broadcast", OPS.broadcast.default, lambda: (meta(8, 4, grad=False), NAME, 0)),
+]
+
+
+@pytest.mark.parametrize(("op", "args"), [(op, args) for _, op, args in CASES], ids=[c[0] for c in CASES])
+def test_opcheck(op: Any, args: Callable[[], tuple[Any, ...]]) -> None:
+    result = torch.library.opcheck(op, args())
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+def test_output_shapes_and_dtypes() -> None:
+    x = meta(8, 4, dtype=torch.bfloat16)
+    assert OPS.all_reduce(x, NAME, "sum").shape == (8, 4)
+    assert OPS.all_gather(x, NAME, 3).shape == (24, 4)
+    assert OPS.all_gather(meta(grad=False), NAME, 5).shape == (5,)  # a 0-d tensor per rank
+    assert OPS.reduce_scatter(x, NAME, "sum", 4).shape == (2, 4)
+    assert OPS.all_to_all(x, NAME, 8).shape == (8, 4)
+    assert OPS.broadcast(x, NAME, 1).dtype == torch.bfloat16
+    t = x.detach().t()  # not contiguous: the results are
+    assert OPS.all_reduce(t, NAME, "sum").is_contiguous()
+
+
+@pytest.mark.parametrize(("call", "match"), [
+    (lambda: OPS.all_reduce(meta(4), NAME, "mean"), "op must be one of sum, prod, max, min, avg"),
+    (lambda: OPS.all_reduce(meta(4, dtype=torch.complex64), NAME, "max"), "max of complex tensors"),
+    (lambda: OPS.all_gather(meta(4), NAME, 0), "group_size must be >= 1"),
+    (lambda: OPS.reduce_scatter(meta(8, 4), NAME, "sum", 3), r"dim 0 of a \(8, 4\) tensor does not split into 3"),
+    (lambda: OPS.reduce_scatter(meta(grad=False), NAME, "sum", 1), "does not split"),
+    (lambda: OPS.all_to_all(meta(6), NAME, 4), "does not split into 4"),
+    (lambda: OPS.broadcast(meta(4), NAME, -1), "root must be >= 0"),
+    (lambda: OPS.all_reduce(torch.ones(4), NAME, "sum"), "takes CUDA tensors, not a cpu tensor"),
+    (lambda: OPS.all_reduce_(torch.ones(4), NAME, "sum"), "takes CUDA tensors"),
+])
+def test_bad_calls_are_refused_naming_what(call: Callable[[], Any], match: str) -> None:
+    with pytest.raises(UsageError, match=match):
+        call()
+
+
+def test_the_functions_take_tensors_and_communicators() -> None:
+    with pytest.raises(TypeError, match="x must be a torch.Tensor, not list"):
+        mpt.all_reduce([1.0], NAME)
+    with pytest.raises(TypeError, match="comm must be an mpbind.nccl.Communicator or its registered name, not int"):
+        mpt.all_gather(meta(4), 3)
+    with pytest.raises(UsageError, match="no mpbind object is registered as 'Communicator#999'"):
+        mpt.reduce_scatter(meta(4), "Communicator#999")
+    with pytest.raises(TypeError, match="not an mpbind object with a serial number"):
+        mpt.name_of(object())
+
+
+def _backward_ops(fn: Callable[..., Any], *inputs: Any) -> list[str]:
+    """The mpbind operators in the backward graph AOT autograd makes for `fn` (compiled on meta tensors)."""
+    from torch._functorch.aot_autograd import aot_function
+
+    seen: list[str] = []
+
+    def forward(gm: Any, _: Any) -> Any:
+        return gm
+
+    def backward(gm: Any, _: Any) -> Any:
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function" and "mpbind" in str(n.target))
+        return gm
+
+    out = aot_function(fn, fw_compiler=forward, bw_compiler=backward)(*inputs)
+    out.sum().backward()
+    return seen
+
+
+@pytest.mark.parametrize(("fn", "adjoint"), [
+    (lambda x: OPS.all_reduce(x, NAME, "sum"), ["mpbind.all_reduce.default"]),
+    (lambda x: OPS.all_reduce(x, NAME, "avg"), ["mpbind.all_reduce.default"]),
+    (lambda x: OPS.all_gather(x, NAME, 2), ["mpbind.reduce_scatter.default"]),
+    (lambda x: OPS.reduce_scatter(x, NAME, "sum", 2), ["mpbind.all_gather.default"]),
+    (lambda x: OPS.all_to_all(x, NAME, 2), ["mpbind.all_to_all.default"]),
+], ids=["all_reduce.sum", "all_reduce.avg", "all_gather", "reduce_scatter", "all_to_all"])
+def test_each_gradient_is_the_adjoint_collective(fn: Callable[[Any], Any], adjoint: list[str]) -> None:
+    x = meta(8, 4)
+    assert _backward_ops(fn, x) == adjoint
+    assert x.grad is not None and x.grad.shape == x.shape
+
+
+def test_a_reduction_without_a_gradient_says_so() -> None:
+    y = OPS.all_reduce(meta(4), NAME, "max")
+    with pytest.raises(UsageError, match="an all-reduce max has no gradient here"):
+        y.sum().backward()
+
+
+def _tp_block(x: Any, w1: Any, w2: Any) -> Any:
+    # A row-parallel pair and a sequence-parallel round trip (mpbind.torch.copy_to_group and
+    # reduce_from_group, which take a communicator, run in the GPU suite).
+    h = torch.relu(x @ w1)
+    y = OPS.all_reduce(h @ w2, NAME, "sum")
+    g = OPS.all_gather(y, NAME, 2)
+    return OPS.reduce_scatter(g, NAME, "sum", 2)
+
+
+def test_a_tensor_parallel_block_compiles_whole_forward_and_backward() -> None:
+    x, w1, w2 = meta(8, 16), meta(16, 32), meta(32, 16)
+    explained = torch._dynamo.explain(_tp_block)(x, w1, w2)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    torch.compiler.reset()
+    out = torch.compile(_tp_block, backend="aot_eager", fullgraph=True)(x, w1, w2)
+    assert out.shape == (8, 16)
+    out.sum().backward()
+    assert x.grad.shape == x.shape and w1.grad.shape == w1.shape and w2.grad.shape == w2.shape

@@ -1,0 +1,128 @@
+"""mpbind's torch operators on one GPU with one NCCL rank: every operator against its one-rank reference
+(the input itself, whatever the dtype, complex included), inside a CUDA graph and replayed on new data,
+inside ``torch.compile(fullgraph=True)`` (inductor, and ``mode="reduce-overhead"``) against eager, and
+their gradients by ``torch.autograd.gradcheck`` in double precision. Several ranks need several GPUs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU", allow_module_level=True)
+
+import mpbind.torch as mpt  # noqa: E402
+from mpbind import nccl  # noqa: E402
+from mpbind.errors import UsageError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def comm() -> Iterator[nccl.Communicator]:
+    torch.cuda.set_device(0)
+    c = nccl.Communicator.init(1, 0, nccl.get_unique_id())
+    yield c
+    torch.cuda.synchronize()
+    c.close()
+
+
+OPS: dict[str, Callable[[Any, Any], Any]] = {
+    "all_reduce.sum": lambda x, c: mpt.all_reduce(x, c),
+    "all_reduce.avg": lambda x, c: mpt.all_reduce(x, c, "avg"),
+    "all_reduce.max": lambda x, c: mpt.all_reduce(x, c, "max"),
+    "all_gather": lambda x, c: mpt.all_gather(x, c),
+    "reduce_scatter": lambda x, c: mpt.reduce_scatter(x, c),
+    "all_to_all": lambda x, c: mpt.all_to_all(x, c),
+    "broadcast": lambda x, c: mpt.broadcast(x, c, 0),
+    "copy_to_group": lambda x, c: mpt.copy_to_group(x, c),
+    "reduce_from_group": lambda x, c: mpt.reduce_from_group(x, c),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64", "int32"])
+@pytest.mark.parametrize("name", list(OPS))
+def test_each_operator_on_one_rank_is_the_identity(comm: nccl.Communicator, name: str, dtype: str) -> None:
+    if name == "all_reduce.avg" and dtype == "int32":
+        pytest.skip("an average of integers is not an integer")
+    x = (torch.arange(24, device="cuda") - 7).to(getattr(torch, dtype)).reshape(6, 4)
+    y = OPS[name](x.t(), comm)  # a transposed (non-contiguous) input too
+    torch.cuda.synchronize()
+    assert y.dtype == x.dtype and torch.equal(y, x.t()), name
+    assert y.data_ptr() != x.data_ptr() or name == "copy_to_group"  # a new tensor (copy_to_group: a view)
+
+
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_complex_tensors_are_reduced_as_their_real_view(comm: nccl.Communicator, op: str) -> None:
+    x = torch.randn(5, 3, dtype=torch.complex64, device="cuda")
+    assert torch.equal(mpt.all_reduce(x, comm, op), x)
+    with pytest.raises(UsageError, match="max of complex tensors"):
+        mpt.all_reduce(x, comm, "max")
+
+
+def test_all_reduce_in_place_and_the_registry(comm: nccl.Communicator) -> None:
+    x = torch.ones(8, device="cuda")
+    assert mpt.all_reduce_(x, comm) is x and torch.equal(x, torch.ones(8, device="cuda"))
+    name = mpt.name_of(comm)
+    assert name == f"Communicator#{comm.serial}" and name in mpt.registered() and mpt.lookup(name, nccl.Communicator)
+    assert torch.equal(mpt.all_gather(x, name), x)  # the name works where the communicator does
+
+
+def test_a_cuda_graph_captures_the_operators(comm: nccl.Communicator) -> None:
+    static = torch.zeros(16, 4, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):  # warm up off the default stream, as capture wants
+        mpt.all_reduce(static, comm)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = mpt.reduce_scatter(mpt.all_gather(mpt.all_reduce(static, comm), comm), comm)
+    for seed in range(3):
+        new = torch.randn(16, 4, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed))
+        static.copy_(new)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, new)
+
+
+def _block(x: Any, w1: Any, w2: Any, comm: nccl.Communicator) -> Any:
+    h = torch.relu(mpt.copy_to_group(x, comm) @ w1)
+    return mpt.reduce_from_group(h @ w2, comm)
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_a_compiled_block_matches_eager_forward_and_backward(comm: nccl.Communicator, mode: str) -> None:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x, w1, w2 = (torch.randn(s, device="cuda", generator=g, requires_grad=True) for s in ((8, 16), (16, 32), (32, 16)))
+    eager = _block(x, w1, w2, comm)
+    eager.sum().backward()
+    want = [t.grad.clone() for t in (x, w1, w2)]
+    for t in (x, w1, w2):
+        t.grad = None
+    torch.compiler.reset()
+    compiled = torch.compile(_block, fullgraph=True, mode=mode)  # fullgraph: a graph break raises
+    for _ in range(3):  # reduce-overhead records its graph on a later call
+        for t in (x, w1, w2):
+            t.grad = None
+        out = compiled(x, w1, w2, comm)
+        out.sum().backward()
+    torch.testing.assert_close(out, eager)
+    for t, w in zip((x, w1, w2), want, strict=True):
+        torch.testing.assert_close(t.grad, w)
+
+
+@pytest.mark.parametrize("name", ["all_reduce.sum", "all_reduce.avg", "all_gather", "reduce_scatter", "all_to_all",
+                                  "copy_to_group", "reduce_from_group"])
+def test_gradcheck_in_double_precision(comm: nccl.Communicator, name: str) -> None:
+    x = torch.randn(4, 3, dtype=torch.float64, device="cuda", requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: OPS[name](t, comm), (x,))
+
+
+def test_a_closed_communicator_is_refused_by_name() -> None:
+    c = nccl.Communicator.init(1, 0, nccl.get_unique_id())
+    name = mpt.name_of(c)
+    c.close()
+    with pytest.raises(UsageError, match="is closed"):
+        mpt.all_reduce(torch.ones(2, device="cuda"), name)
