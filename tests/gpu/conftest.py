@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
                       ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("XLA_PYTHON_CLIENT_PREALLOCATE", "false")):
@@ -30,3 +34,17 @@ if os.environ.get("MPBIND_NVSHMEM_PATH"):
 _HERE = str(Path(__file__).parent)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
+
+
+@pytest.fixture(scope="module")
+def nccl_one_rank() -> Iterator[Any]:
+    """A one-rank mpbind.nccl.Communicator on GPU 0 (torch's current device set to it), closed after the module."""
+    import torch
+
+    from mpbind import nccl
+
+    torch.cuda.set_device(0)
+    c = nccl.Communicator.init(1, 0, nccl.get_unique_id())
+    yield c
+    torch.cuda.synchronize()
+    c.close()

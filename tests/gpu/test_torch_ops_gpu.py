@@ -5,7 +5,7 @@ their gradients by ``torch.autograd.gradcheck`` in double precision. Several ran
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,12 +21,8 @@ from mpbind.errors import UsageError  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def comm() -> Iterator[nccl.Communicator]:
-    torch.cuda.set_device(0)
-    c = nccl.Communicator.init(1, 0, nccl.get_unique_id())
-    yield c
-    torch.cuda.synchronize()
-    c.close()
+def comm(nccl_one_rank: nccl.Communicator) -> nccl.Communicator:
+    return nccl_one_rank
 
 
 OPS: dict[str, Callable[[Any, Any], Any]] = {

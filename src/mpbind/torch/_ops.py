@@ -30,6 +30,14 @@ def _communicator(name: str) -> Any:
     return _registry.lookup(name, Communicator)
 
 
+def _group(comm: str, group_size: int) -> Any:
+    """The communicator called `comm`, which must have `group_size` ranks (what the fake kernel assumed)."""
+    c = _communicator(comm)
+    if c.size != group_size:
+        raise UsageError(f"group_size is {group_size}; {comm} has {c.size} ranks")
+    return c
+
+
 def _check_op(op: str, x: Tensor) -> None:
     if op not in REDUCTIONS:
         raise UsageError(f"op must be one of {', '.join(REDUCTIONS)}, not {op!r}")
@@ -115,9 +123,7 @@ def _(x: Tensor, comm: str, op: str) -> None:
 def all_gather(x: Tensor, comm: str, group_size: int) -> Tensor:
     _check_group(group_size)
     _on_cuda(x, "mpbind::all_gather")
-    c = _communicator(comm)
-    if c.size != group_size:
-        raise UsageError(f"group_size is {group_size}; {comm} has {c.size} ranks")
+    c = _group(comm, group_size)
     src = x.contiguous()
     out = x.new_empty((group_size * x.shape[0], *x.shape[1:]) if x.dim() else (group_size,))
     c.all_gather(_flat(src), _flat(out), stream=_stream())
@@ -136,9 +142,7 @@ def reduce_scatter(x: Tensor, comm: str, op: str, group_size: int) -> Tensor:
     _check_group(group_size)
     _blocks(x, group_size, "mpbind::reduce_scatter")
     _on_cuda(x, "mpbind::reduce_scatter")
-    c = _communicator(comm)
-    if c.size != group_size:
-        raise UsageError(f"group_size is {group_size}; {comm} has {c.size} ranks")
+    c = _group(comm, group_size)
     src = x.contiguous()
     out = x.new_empty((x.shape[0] // group_size, *x.shape[1:]))
     c.reduce_scatter(_flat(src), _flat(out), op, stream=_stream())
@@ -187,9 +191,7 @@ def all_to_all(x: Tensor, comm: str, group_size: int) -> Tensor:
     _check_group(group_size)
     _blocks(x, group_size, "mpbind::all_to_all")
     _on_cuda(x, "mpbind::all_to_all")
-    c = _communicator(comm)
-    if c.size != group_size:
-        raise UsageError(f"group_size is {group_size}; {comm} has {c.size} ranks")
+    c = _group(comm, group_size)
     src = x.contiguous()
     out = torch.empty_like(src)
     c.all_to_all(_flat(src), _flat(out), stream=_stream())
