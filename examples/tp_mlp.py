@@ -34,8 +34,10 @@ check fails.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -222,14 +224,46 @@ def main() -> int:
     return 1 if failed else 0
 
 
-def launch(nprocs: int, *args: str) -> int:
+#: Seconds the whole multi-GPU run may take (set-up, both layers, the checks): past it, it is ended.
+LAUNCH_TIMEOUT = 900.0
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    """End `proc`'s session, the launcher and every rank it started: SIGTERM, up to 10 s for the
+    launcher to stop, then SIGKILL to whatever is left (a rank that ignored SIGTERM outlives its launcher)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10.0)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def run_bounded(cmd: list[str], env: dict[str, str], timeout: float) -> int:
+    """Run `cmd` in a session of its own for at most `timeout` seconds: its exit status, or 124 once
+    the session was ended for running past it. Ctrl-C ends the session too and is raised again."""
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"{Path(cmd[-1]).name if cmd else 'the run'}: no result after {timeout:.0f} s; ended",
+              file=sys.stderr, flush=True)
+        _end(proc)
+        return 124
+    except KeyboardInterrupt:
+        _end(proc)
+        raise
+
+
+def launch(nprocs: int, *args: str, timeout: float = LAUNCH_TIMEOUT) -> int:
     """Run this example with one process per GPU on `nprocs` GPUs (torchrun on the loopback
-    interface) and return its exit status."""
+    interface), at most `timeout` seconds, and return its exit status (124: it ran past that)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}",
            str(Path(__file__).resolve()), *args]
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    return subprocess.run(cmd, env=env, check=False).returncode
+    return run_bounded(cmd, env, timeout)
 
 
 def on_every_gpu(count: int) -> bool:

@@ -4,8 +4,9 @@ AllGather+GEMM and GEMM+ReduceScatter on the pieces it hands over, and the demo'
 from __future__ import annotations
 
 import importlib.util
-import subprocess
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +56,12 @@ def test_the_demo_step(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFi
     assert "skipped: tensor-parallel MLP (examples/tp_mlp.py) needs more than one GPU; 1 visible" in said
     ran: list[tuple[list[str], dict[str, str]]] = []
 
-    def run(cmd: list[str], env: dict[str, str], check: bool) -> Any:
+    def run(cmd: list[str], env: dict[str, str], timeout: float) -> int:
+        assert timeout == tp.LAUNCH_TIMEOUT
         ran.append((cmd, env))
-        return subprocess.CompletedProcess(cmd, 0)
+        return 0
 
-    monkeypatch.setattr(tp.subprocess, "run", run)
+    monkeypatch.setattr(tp, "run_bounded", run)
     monkeypatch.setitem(sys.modules, "torch", object())  # present, as far as the step can tell
     from mpbind._infra import loader as _loader
     from mpbind.errors import LibraryNotFoundError
@@ -77,3 +79,25 @@ def test_the_demo_step(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFi
     assert cmd[:5] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     assert cmd[5] == str(EXAMPLE)
     assert env["NCCL_NVLS_ENABLE"] == "0" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+
+
+def test_the_launch_is_bounded_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    tp = example()
+    assert tp.run_bounded([sys.executable, "-c", "raise SystemExit(3)"], {}, 30) == 3
+    # A launcher whose child ignores SIGTERM, both past the deadline: ended, the child too.
+    marker = tmp_path / "child.pid"
+    code = ("import os, signal, subprocess, sys, time\n"
+            "child = subprocess.Popen([sys.executable, '-c', "
+            "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)'])\n"
+            f"open({str(marker)!r}, 'w').write(str(child.pid))\n"
+            "time.sleep(300)\n")
+    start = time.monotonic()
+    assert tp.run_bounded([sys.executable, "-c", code], dict(os.environ), 2.0) == 124
+    assert time.monotonic() - start < 30
+    child = Path(f"/proc/{int(marker.read_text())}/stat")
+    end = time.monotonic() + 10
+    while child.exists() and time.monotonic() < end:  # gone, or dead awaiting its reaper (state Z)
+        if child.read_text().rsplit(")", 1)[-1].split()[0] in ("Z", "X"):
+            break
+        time.sleep(0.1)
+    assert not child.exists() or child.read_text().rsplit(")", 1)[-1].split()[0] in ("Z", "X")
