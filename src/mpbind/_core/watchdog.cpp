@@ -276,27 +276,28 @@ void Tracker::enqueued(uint64_t seq, uintptr_t stream) {
                 if (void* e = new_event()) spare_.push_back(e);
             }
         }
-        if (spare_.empty() || pending_.size() >= kMaxPending) {
-            Pending* newest = pending_.empty() ? nullptr : &pending_.back();
-            if (newest != nullptr && !newest->looked && newest->op.stream == stream) {
-                // Recorded again after this operation: it completes once every operation it covers has.
-                if (record(newest->event, stream)) {
-                    newest->last = seq;
-                    state = OpState::kPending;
-                }
-            } else if (pending_.size() < kMaxPending) {
-                if (void* e = new_event()) spare_.push_back(e);
-            }
-        }
-        if (state != OpState::kPending && !spare_.empty() && pending_.size() < kMaxPending) {
-            void* e = spare_.back();
-            if (record(e, stream)) {
-                spare_.pop_back();
+        const bool room = pending_.size() < kMaxPending;
+        Pending* newest = pending_.empty() ? nullptr : &pending_.back();
+        void* e = nullptr;
+        if (room && !spare_.empty()) {
+            e = spare_.back();
+            spare_.pop_back();
+        } else if (newest != nullptr && !newest->looked && newest->op.stream == stream) {
+            // Recorded again after this operation: it completes once every operation it covers has.
+            if (record(newest->event, stream)) {
+                newest->last = seq;
                 state = OpState::kPending;
-                Record copy = r ? *r : Record{seq, "?", 0, -1, "", -1, stream, now_ns(), state};
-                copy.state = state;
-                pending_.push_back({copy, seq, e});
             }
+        } else if (room) {
+            e = new_event();
+        }
+        if (e != nullptr && record(e, stream)) {
+            state = OpState::kPending;
+            Record copy = r ? *r : Record{seq, "?", 0, -1, "", -1, stream, now_ns(), state};
+            copy.state = state;
+            pending_.push_back({copy, seq, e});
+        } else if (e != nullptr) {
+            spare_.push_back(e);
         }
     }
     if (r) r->state = state;
