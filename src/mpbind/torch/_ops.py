@@ -89,17 +89,19 @@ def _(x: Tensor, comm: str, op: str) -> Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
+def _save_arguments(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    """What every backward needs: the operator's arguments after the tensor (comm, then op or size)."""
+    ctx.args = inputs[1:]
+
+
 def _all_reduce_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
-    if ctx.op not in _LINEAR:
-        raise UsageError(f"an all-reduce {ctx.op} has no gradient here (sum and avg have)")
-    return torch.ops.mpbind.all_reduce(grad, ctx.comm, ctx.op), None, None
+    comm, op = ctx.args
+    if op not in _LINEAR:
+        raise UsageError(f"an all-reduce {op} has no gradient here (sum and avg have)")
+    return torch.ops.mpbind.all_reduce(grad, comm, op), None, None
 
 
-def _save_comm_op(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    ctx.comm, ctx.op = inputs[1], inputs[2]
-
-
-all_reduce.register_autograd(_all_reduce_backward, setup_context=_save_comm_op)
+all_reduce.register_autograd(_all_reduce_backward, setup_context=_save_arguments)
 
 
 @torch.library.custom_op("mpbind::all_reduce_", mutates_args=("x",))
@@ -119,98 +121,90 @@ def _(x: Tensor, comm: str, op: str) -> None:
 # --- all_gather and reduce_scatter (each other's adjoint) -----------------------------------------------
 
 
-@torch.library.custom_op("mpbind::all_gather", mutates_args=())
-def all_gather(x: Tensor, comm: str, group_size: int) -> Tensor:
-    _check_group(group_size)
-    _on_cuda(x, "mpbind::all_gather")
-    c = _group(comm, group_size)
-    src = x.contiguous()
-    out = x.new_empty((group_size * x.shape[0], *x.shape[1:]) if x.dim() else (group_size,))
-    c.all_gather(_flat(src), _flat(out), stream=_stream())
-    return out
-
-
-@all_gather.register_fake
-def _(x: Tensor, comm: str, group_size: int) -> Tensor:
+def _gathered(x: Tensor, comm: str, group_size: int) -> Tensor:
+    """The checks and the (empty) output of an all-gather: the fake kernel, and the CUDA kernel's start."""
     _check_group(group_size)
     return x.new_empty((group_size * x.shape[0], *x.shape[1:]) if x.dim() else (group_size,))
 
 
-@torch.library.custom_op("mpbind::reduce_scatter", mutates_args=())
-def reduce_scatter(x: Tensor, comm: str, op: str, group_size: int) -> Tensor:
-    _check_op(op, x)
-    _check_group(group_size)
-    _blocks(x, group_size, "mpbind::reduce_scatter")
-    _on_cuda(x, "mpbind::reduce_scatter")
-    c = _group(comm, group_size)
-    src = x.contiguous()
-    out = x.new_empty((x.shape[0] // group_size, *x.shape[1:]))
-    c.reduce_scatter(_flat(src), _flat(out), op, stream=_stream())
+@torch.library.custom_op("mpbind::all_gather", mutates_args=())
+def all_gather(x: Tensor, comm: str, group_size: int) -> Tensor:
+    out = _gathered(x, comm, group_size)
+    _on_cuda(x, "mpbind::all_gather")
+    _group(comm, group_size).all_gather(_flat(x.contiguous()), _flat(out), stream=_stream())
     return out
 
 
-@reduce_scatter.register_fake
-def _(x: Tensor, comm: str, op: str, group_size: int) -> Tensor:
+all_gather.register_fake(_gathered)
+
+
+def _scattered(x: Tensor, comm: str, op: str, group_size: int) -> Tensor:
+    """The checks and the (empty) output of a reduce-scatter: the fake kernel, and the CUDA kernel's start."""
     _check_op(op, x)
     _check_group(group_size)
     _blocks(x, group_size, "mpbind::reduce_scatter")
     return x.new_empty((x.shape[0] // group_size, *x.shape[1:]))
 
 
+@torch.library.custom_op("mpbind::reduce_scatter", mutates_args=())
+def reduce_scatter(x: Tensor, comm: str, op: str, group_size: int) -> Tensor:
+    out = _scattered(x, comm, op, group_size)
+    _on_cuda(x, "mpbind::reduce_scatter")
+    _group(comm, group_size).reduce_scatter(_flat(x.contiguous()), _flat(out), op, stream=_stream())
+    return out
+
+
+reduce_scatter.register_fake(_scattered)
+
+
 def _all_gather_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
     # y = [x_0; ...; x_{n-1}] on every rank: dL/dx_r = the sum over ranks of block r of their grads.
-    return torch.ops.mpbind.reduce_scatter(grad, ctx.comm, "sum", ctx.group_size), None, None
+    comm, group_size = ctx.args
+    return torch.ops.mpbind.reduce_scatter(grad, comm, "sum", group_size), None, None
 
 
-def _save_comm_group(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    ctx.comm, ctx.group_size = inputs[1], inputs[-1]
-
-
-all_gather.register_autograd(_all_gather_backward, setup_context=_save_comm_group)
+all_gather.register_autograd(_all_gather_backward, setup_context=_save_arguments)
 
 
 def _reduce_scatter_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
-    if ctx.op not in _LINEAR:
-        raise UsageError(f"a reduce-scatter {ctx.op} has no gradient here (sum and avg have)")
-    g = torch.ops.mpbind.all_gather(grad, ctx.comm, ctx.group_size)
-    return (g / ctx.group_size if ctx.op == "avg" else g), None, None, None
+    comm, op, group_size = ctx.args
+    if op not in _LINEAR:
+        raise UsageError(f"a reduce-scatter {op} has no gradient here (sum and avg have)")
+    g = torch.ops.mpbind.all_gather(grad, comm, group_size)
+    return (g / group_size if op == "avg" else g), None, None, None
 
 
-def _save_comm_op_group(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    ctx.comm, ctx.op, ctx.group_size = inputs[1], inputs[2], inputs[3]
-
-
-reduce_scatter.register_autograd(_reduce_scatter_backward, setup_context=_save_comm_op_group)
+reduce_scatter.register_autograd(_reduce_scatter_backward, setup_context=_save_arguments)
 
 
 # --- all_to_all (its own adjoint) -----------------------------------------------------------------------
 
 
-@torch.library.custom_op("mpbind::all_to_all", mutates_args=())
-def all_to_all(x: Tensor, comm: str, group_size: int) -> Tensor:
-    _check_group(group_size)
-    _blocks(x, group_size, "mpbind::all_to_all")
-    _on_cuda(x, "mpbind::all_to_all")
-    c = _group(comm, group_size)
-    src = x.contiguous()
-    out = torch.empty_like(src)
-    c.all_to_all(_flat(src), _flat(out), stream=_stream())
-    return out
-
-
-@all_to_all.register_fake
-def _(x: Tensor, comm: str, group_size: int) -> Tensor:
+def _exchanged(x: Tensor, comm: str, group_size: int) -> Tensor:
+    """The checks and the (empty) output of an all-to-all: the fake kernel, and the CUDA kernel's start."""
     _check_group(group_size)
     _blocks(x, group_size, "mpbind::all_to_all")
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
+@torch.library.custom_op("mpbind::all_to_all", mutates_args=())
+def all_to_all(x: Tensor, comm: str, group_size: int) -> Tensor:
+    out = _exchanged(x, comm, group_size)
+    _on_cuda(x, "mpbind::all_to_all")
+    _group(comm, group_size).all_to_all(_flat(x.contiguous()), _flat(out), stream=_stream())
+    return out
+
+
+all_to_all.register_fake(_exchanged)
+
+
 def _all_to_all_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
     # Block j of rank r goes to block r of rank j: the transpose of a permutation is its inverse, itself.
-    return torch.ops.mpbind.all_to_all(grad, ctx.comm, ctx.group_size), None, None
+    comm, group_size = ctx.args
+    return torch.ops.mpbind.all_to_all(grad, comm, group_size), None, None
 
 
-all_to_all.register_autograd(_all_to_all_backward, setup_context=_save_comm_group)
+all_to_all.register_autograd(_all_to_all_backward, setup_context=_save_arguments)
 
 
 # --- broadcast ----------------------------------------------------------------------------------------
