@@ -59,7 +59,8 @@ def test_output_shapes_and_dtypes() -> None:
 @pytest.mark.parametrize(("call", "match"), [
     (lambda: OPS.all_reduce(meta(4), NAME, "mean"), "op must be one of sum, prod, max, min, avg"),
     (lambda: OPS.all_reduce(meta(4, dtype=torch.complex64), NAME, "max"), "max of complex tensors"),
-    (lambda: OPS.all_gather(meta(4), NAME, 0), "group_size must be >= 1"),
+    (lambda: OPS.all_gather(meta(4), NAME, 0), r"group_size must be in \[1, 1048576\]"),
+    (lambda: OPS.all_gather(meta(4), NAME, 2**62), r"group_size must be in \[1, 1048576\] \(MAX_RANKS\), not 4611"),
     (lambda: OPS.reduce_scatter(meta(8, 4), NAME, "sum", 3), r"dim 0 of a \(8, 4\) tensor does not split into 3"),
     (lambda: OPS.reduce_scatter(meta(grad=False), NAME, "sum", 1), "does not split"),
     (lambda: OPS.all_to_all(meta(6), NAME, 4), "does not split into 4"),

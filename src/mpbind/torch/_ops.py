@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mpbind._infra.args import MAX_RANKS
 from mpbind.errors import UsageError
 from mpbind.torch import _registry
 
@@ -47,8 +48,9 @@ def _check_op(op: str, x: Tensor) -> None:
 
 
 def _check_group(group_size: int) -> None:
-    if group_size < 1:
-        raise UsageError(f"group_size must be >= 1, not {group_size}")
+    # Capped like every rank count mpbind takes: a mistyped size is refused, never an output that large.
+    if not 1 <= group_size <= MAX_RANKS:
+        raise UsageError(f"group_size must be in [1, {MAX_RANKS}] (MAX_RANKS), not {group_size}")
 
 
 def _blocks(x: Tensor, group_size: int, what: str) -> None:
