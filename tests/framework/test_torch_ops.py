@@ -35,6 +35,9 @@ CASES = [
     ("reduce_scatter.avg", OPS.reduce_scatter.default, lambda: (meta(6, 2), NAME, "avg", 3)),
     ("all_to_all", OPS.all_to_all.default, lambda: (meta(8, 4), NAME, 2)),
     ("broadcast", OPS.broadcast.default, lambda: (meta(8, 4, grad=False), NAME, 0)),
+    ("send_recv", OPS.send_recv.default, lambda: (meta(8, 4), NAME, 1, 0)),
+    ("send_recv.complex", OPS.send_recv.default, lambda: (meta(3, dtype=torch.complex64), NAME, 0, 2)),
+    ("recv", OPS.recv.default, lambda: ([4, 2], torch.bfloat16, torch.device("meta"), NAME, 1)),
 ]
 
 
@@ -139,3 +142,64 @@ def test_a_tensor_parallel_block_compiles_whole_forward_and_backward() -> None:
     assert out.shape == (8, 16)
     out.sum().backward()
     assert x.grad.shape == x.shape and w1.grad.shape == w1.shape and w2.grad.shape == w2.shape
+
+
+class _CoreStandIn:
+    """What mpbind.torch reads of a communicator's core on the way to an operator: serial, size, closed."""
+
+    def __init__(self, serial: int, size: int) -> None:
+        self.serial, self.size, self.closed = serial, size, False
+
+
+def _communicator(serial: int, size: int) -> Any:
+    from mpbind.nccl import Communicator
+
+    return Communicator._over(_CoreStandIn(serial, size))
+
+
+def _block_with(x: Any, w1: Any, w2: Any, comm: Any) -> Any:
+    h = torch.relu(mpt.copy_to_group(x, comm) @ w1)
+    y = mpt.reduce_from_group(h @ w2, comm)
+    return mpt.reduce_scatter(mpt.all_gather(y, comm), comm)
+
+
+def test_a_compiled_function_takes_the_communicator_itself() -> None:
+    # Its name and size are constants of the graph, guarded by the communicator's identity: another
+    # communicator (of another size) recompiles rather than reusing the first one's constants.
+    two, four = _communicator(10_000_001, 2), _communicator(10_000_002, 4)
+    try:
+        x, w1, w2 = meta(8, 16), meta(16, 32), meta(32, 16)
+        explained = torch._dynamo.explain(_block_with)(x, w1, w2, two)
+        assert explained.graph_break_count == 0 and explained.graph_count == 1
+        torch.compiler.reset()
+        compiled = torch.compile(lambda t, c: mpt.all_gather(t, c), backend="aot_eager", fullgraph=True)
+        assert compiled(x, two).shape == (16, 16)
+        assert compiled(x, four).shape == (32, 16)
+        out = torch.compile(_block_with, backend="aot_eager", fullgraph=True)(x, w1, w2, two)
+        assert out.shape == (8, 16)
+        out.sum().backward()
+        assert x.grad.shape == x.shape and w1.grad.shape == w1.shape and w2.grad.shape == w2.shape
+    finally:
+        mpt.forget(two), mpt.forget(four)
+
+
+
+def test_point_to_point_shapes_gradient_and_refusals() -> None:
+    x = meta(6, 2, dtype=torch.float64)
+    assert OPS.send_recv(x, NAME, 1, 0).shape == (6, 2)
+    assert OPS.recv([3, 5], torch.float16, torch.device("meta"), NAME, 0).dtype == torch.float16
+    # The gradient goes back the way the data came: to recv_from, from send_to.
+    assert _backward_ops(lambda t: OPS.send_recv(t, NAME, 1, 0), x) == ["mpbind.send_recv.default"]
+    with pytest.raises(UsageError, match="send_to and recv_from must be ranks"):
+        OPS.send_recv(x, NAME, -1, 0)
+    with pytest.raises(UsageError, match="negative extents"):
+        OPS.recv([3, -1], torch.float32, torch.device("meta"), NAME, 0)
+    with pytest.raises(UsageError, match="takes CUDA tensors"):
+        OPS.send(torch.ones(2), NAME, 0)
+
+
+def test_a_compiled_send_is_refused_not_dropped() -> None:
+    # A compiled graph drops an operator without an output, and the peer would wait for ever.
+    torch.compiler.reset()
+    with pytest.raises(Exception, match=r"UsageError\(.mpbind::send has no output, so a compiled graph would drop"):
+        torch.compile(lambda t: OPS.send(t, NAME, 1), backend="aot_eager", fullgraph=True)(meta(4))

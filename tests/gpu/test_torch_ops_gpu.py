@@ -33,6 +33,7 @@ OPS: dict[str, Callable[[Any, Any], Any]] = {
     "reduce_scatter": lambda x, c: mpt.reduce_scatter(x, c),
     "all_to_all": lambda x, c: mpt.all_to_all(x, c),
     "broadcast": lambda x, c: mpt.broadcast(x, c, 0),
+    "send_recv": lambda x, c: mpt.send_recv(x, c, 0, 0),  # to and from itself
     "copy_to_group": lambda x, c: mpt.copy_to_group(x, c),
     "reduce_from_group": lambda x, c: mpt.reduce_from_group(x, c),
 }
@@ -110,10 +111,35 @@ def test_a_compiled_block_matches_eager_forward_and_backward(comm: nccl.Communic
 
 
 @pytest.mark.parametrize("name", ["all_reduce.sum", "all_reduce.avg", "all_gather", "reduce_scatter", "all_to_all",
-                                  "copy_to_group", "reduce_from_group"])
+                                  "copy_to_group", "reduce_from_group", "send_recv"])
 def test_gradcheck_in_double_precision(comm: nccl.Communicator, name: str) -> None:
     x = torch.randn(4, 3, dtype=torch.float64, device="cuda", requires_grad=True)
     assert torch.autograd.gradcheck(lambda t: OPS[name](t, comm), (x,))
+
+
+def test_send_and_recv_in_one_group(comm: nccl.Communicator) -> None:
+    x = torch.arange(12, dtype=torch.float32, device="cuda").reshape(3, 4)
+    with nccl.group():  # a rank sending to itself: both halves in one group
+        mpt.send(x, comm, 0)
+        y = mpt.recv((3, 4), torch.float32, comm, 0)
+    torch.cuda.synchronize()
+    assert torch.equal(y, x)
+    with pytest.raises(UsageError, match="peer 1 is not a rank"):
+        mpt.recv((2,), torch.float32, comm, 1)
+
+
+def test_a_compiled_function_with_the_communicator_recompiles_for_another(comm: nccl.Communicator) -> None:
+    other = nccl.Communicator.init(1, 0, nccl.get_unique_id())
+    try:
+        torch.compiler.reset()
+        f = torch.compile(lambda t, c: mpt.all_gather(t, c) * 2, fullgraph=True)
+        x = torch.ones(3, device="cuda")
+        assert torch.equal(f(x, comm), 2 * x) and torch.equal(f(x, other), 2 * x)
+        other.close()
+        with pytest.raises(Exception, match="is closed"):  # the second graph held the closed one's name
+            f(x, other)
+    finally:
+        other.close()
 
 
 def test_a_closed_communicator_is_refused_by_name() -> None:

@@ -72,6 +72,14 @@ class Owned(Uncopyable):
         """Creation order in this process; queued releases run newest first."""
         return int(self._core.serial)
 
+    # Identity, as object's, but spelled out: torch.compile takes an object as a constant (mpbind.torch
+    # registers the classes its operators take) only when its class defines equality and hashing.
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return object.__hash__(self)
+
     def __enter__(self: _O) -> _O:
         return self
 

@@ -31,6 +31,8 @@ except ModuleNotFoundError as _exc:  # pragma: no cover - depends on the environ
 
 from torch import Tensor
 
+from mpbind.errors import UsageError
+from mpbind.nccl import Communicator
 from mpbind.torch import _ops  # noqa: F401 - registers the operators
 from mpbind.torch._ops import REDUCTIONS
 from mpbind.torch._registry import forget, lookup, name_of, registered
@@ -47,9 +49,26 @@ __all__ = [
     "lookup",
     "name_of",
     "reduce_from_group",
+    "recv",
     "reduce_scatter",
     "registered",
+    "send",
+    "send_recv",
 ]
+
+
+def _constants(*classes: type) -> None:
+    """Let ``torch.compile`` take these mpbind objects as constants, guarded by identity, so that a
+    compiled function may be given the communicator itself; without this, reading its name from the
+    core is a graph break. Registered with torch's pytree constants (a class without leaves)."""
+    from torch.utils import _pytree
+
+    for cls in classes:
+        if not _pytree.is_constant_class(cls):
+            _pytree.register_constant(cls)
+
+
+_constants(Communicator)
 
 
 def _tensor(x: Any) -> Tensor:
@@ -61,8 +80,6 @@ def _tensor(x: Any) -> Tensor:
 @torch.compiler.assume_constant_result
 def _resolved(comm: Any) -> tuple[str, int]:
     """(registry name, size) of a Communicator or of a registered name: constants to the compiler."""
-    from mpbind.nccl import Communicator
-
     c = lookup(comm, Communicator) if isinstance(comm, str) else comm
     if not isinstance(c, Communicator):
         raise TypeError(f"comm must be an mpbind.nccl.Communicator or its registered name, not {type(comm).__name__}")
@@ -101,6 +118,27 @@ def all_to_all(x: Tensor, comm: Any) -> Tensor:
 def broadcast(x: Tensor, comm: Any, root: int) -> Tensor:
     """Rank `root`'s `x` on every rank, as a new tensor (no gradient)."""
     return torch.ops.mpbind.broadcast(_tensor(x), _resolved(comm)[0], root)
+
+
+def send_recv(x: Tensor, comm: Any, send_to: int, recv_from: int) -> Tensor:
+    """Send `x` to rank `send_to` and receive a tensor of the same shape and dtype from `recv_from`, in
+    one NCCL group (a ring or a pipeline's exchange); its gradient goes back the way the data came."""
+    return torch.ops.mpbind.send_recv(_tensor(x), _resolved(comm)[0], send_to, recv_from)
+
+
+def send(x: Tensor, comm: Any, peer: int) -> None:
+    """Send `x` to rank `peer` (which calls :func:`recv`). Not inside a compiled function, which would
+    drop an operator without an output: use :func:`send_recv` there."""
+    torch.ops.mpbind.send(_tensor(x), _resolved(comm)[0], peer)
+
+
+def recv(shape: Any, dtype: torch.dtype, comm: Any, peer: int, device: Any = None) -> Tensor:
+    """A new tensor of `shape` and `dtype` received from rank `peer` (on `device`, default the current
+    CUDA device)."""
+    if device is None and not torch.cuda.is_available():
+        raise UsageError("recv receives into a CUDA tensor, and torch sees no CUDA device")
+    where = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    return torch.ops.mpbind.recv(list(shape), dtype, where, _resolved(comm)[0], peer)
 
 
 class _CopyToGroup(torch.autograd.Function):

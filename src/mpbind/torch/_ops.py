@@ -228,3 +228,85 @@ def _(x: Tensor, comm: str, root: int) -> Tensor:
     if root < 0:
         raise UsageError(f"root must be >= 0, not {root}")
     return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+# --- point to point: send_recv (its adjoint is the reverse exchange), send, recv -------------------------
+
+
+def _peer(c: Any, comm: str, peer: int, what: str) -> None:
+    if not 0 <= peer < c.size:
+        raise UsageError(f"{what} {peer} is not a rank of {comm} ({c.size} ranks)")
+
+
+def _exchange_output(x: Tensor, comm: str, send_to: int, recv_from: int) -> Tensor:
+    """The checks and the (empty) output of a send_recv: the fake kernel, and the CUDA kernel's start."""
+    if send_to < 0 or recv_from < 0:
+        raise UsageError(f"send_to and recv_from must be ranks (>= 0), not {send_to} and {recv_from}")
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("mpbind::send_recv", mutates_args=())
+def send_recv(x: Tensor, comm: str, send_to: int, recv_from: int) -> Tensor:
+    out = _exchange_output(x, comm, send_to, recv_from)
+    _on_cuda(x, "mpbind::send_recv")
+    c = _communicator(comm)
+    _peer(c, comm, send_to, "send_to")
+    _peer(c, comm, recv_from, "recv_from")
+    from mpbind.nccl import group
+
+    with group():  # one NCCL group: a ring of such exchanges does not deadlock
+        c.send(_flat(x.contiguous()), send_to, stream=_stream())
+        c.recv(_flat(out), recv_from, stream=_stream())
+    return out
+
+
+send_recv.register_fake(_exchange_output)
+
+
+def _send_recv_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
+    # y (here) = x (of recv_from): the gradient goes back the way the data came.
+    comm, send_to, recv_from = ctx.args
+    return torch.ops.mpbind.send_recv(grad, comm, recv_from, send_to), None, None, None
+
+
+send_recv.register_autograd(_send_recv_backward, setup_context=_save_arguments)
+
+
+@torch.library.custom_op("mpbind::send", mutates_args=())
+def send(x: Tensor, comm: str, peer: int) -> None:
+    _on_cuda(x, "mpbind::send")
+    c = _communicator(comm)
+    _peer(c, comm, peer, "peer")
+    c.send(_flat(x.contiguous()), peer, stream=_stream())
+
+
+@send.register_fake
+def _(x: Tensor, comm: str, peer: int) -> None:
+    # An operator without an output is dropped from compiled graphs, and the peer's recv would wait
+    # for a message that never comes: refused there, before anything is sent.
+    raise UsageError("mpbind::send has no output, so a compiled graph would drop it; use send_recv (or send "
+                     "outside the compiled function)")
+
+
+def _received(shape: list[int], dtype: torch.dtype, device: torch.device, comm: str, peer: int) -> Tensor:
+    """The checks and the (empty) output of a recv: the fake kernel, and the CUDA kernel's start."""
+    if peer < 0:
+        raise UsageError(f"peer must be a rank (>= 0), not {peer}")
+    if any(n < 0 for n in shape):
+        raise UsageError(f"shape must not have negative extents, not {tuple(shape)}")
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+@torch.library.custom_op("mpbind::recv", mutates_args=())
+def recv(shape: list[int], dtype: torch.dtype, device: torch.device, comm: str, peer: int) -> Tensor:
+    out = _received(shape, dtype, device, comm, peer)
+    if out.device.type == "meta":  # no tensor argument picks the kernel: a meta recv is its shape alone
+        return out
+    _on_cuda(out, "mpbind::recv")
+    c = _communicator(comm)
+    _peer(c, comm, peer, "peer")
+    c.recv(_flat(out), peer, stream=_stream())
+    return out
+
+
+recv.register_fake(_received)
