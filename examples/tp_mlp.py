@@ -5,6 +5,7 @@ each), checked against the same block on one GPU, with the time of each layer.
     mpirun --allow-run-as-root --bind-to none -np N -x NCCL_NVLS_ENABLE=0 -x NVSHMEM_DISABLE_NVLS=1 \\
         -x TORCH_SYMM_MEM_DISABLE_MULTICAST=1 python examples/tp_mlp.py
     python examples/tp_mlp.py                 (one rank: local GEMMs)
+    python examples/tp_mlp.py --compile       (also the block as mpbind.torch operators, compiled)
 
 ``examples/demo.py`` runs it on every GPU when more than one is visible. Nothing is downloaded;
 torchrun meets on the loopback interface.
@@ -119,6 +120,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--explain", action="store_true", help="print each plan's explain() on rank 0")
     ap.add_argument("--csv", type=Path, help="also write the table here (rank 0)")
+    ap.add_argument("--compile", action="store_true",
+                    help="also run the block as mpbind.torch operators: eager, torch.compile(fullgraph=True) and "
+                         "mode='reduce-overhead' (CUDA graphs), forward and backward")
     a = ap.parse_args()
     for name, value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
                         ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")):
@@ -196,6 +200,9 @@ def main() -> int:
                    per_call_ms(lambda: F.linear(F.gelu(F.linear(x, w1, b1), approximate="tanh"), w2, b2),
                                a.iters, a.warmup)]
             torch.cuda.synchronize()
+    if a.compile:
+        ref = want[rows].float()
+        failed += compiled_block(comm, rank, (x_mine, w1_mine, b1_mine, w2_mine, b2), ref, a.iters, a.warmup)
     comm.close()
     if how == "torchrun":
         import torch.distributed as td
@@ -222,6 +229,65 @@ def main() -> int:
                 out.writerow(["layer", "ranks", "ms", "1 GPU ms", "TFLOP/s"])
                 out.writerows([name, size, ms, one_ms, tflops] for name, ms, one_ms, tflops in rows)
     return 1 if failed else 0
+
+
+def op_block(x: Any, w1: Any, b1: Any, w2: Any, b2: Any, comm: Any) -> Any:
+    """The block as Megatron's sequence-parallel MLP written with mpbind.torch's operators: gather the
+    tokens, GEMM + GELU on this rank's features, GEMM, reduce-scatter the partial sums by token."""
+    import torch.nn.functional as F
+
+    import mpbind.torch as mpt
+
+    h = F.gelu(F.linear(mpt.all_gather(x, comm), w1, b1), approximate="tanh")
+    return mpt.reduce_scatter(F.linear(h, w2), comm) + b2
+
+
+def compiled_block(comm: Any, rank: int, mine: tuple[Any, ...], ref: Any, iters: int, warmup: int) -> int:
+    """Run :func:`op_block` eager, compiled (``fullgraph=True``, no graph break) and compiled with
+    CUDA graphs; check each against the one-GPU block and the compiled gradients against eager's
+    (inductor fuses the bias and GELU, so results agree within TOLERANCE, not bitwise); time them.
+    Returns the number of failed checks on this rank."""
+    import torch
+
+    leaves = [t.detach().clone().requires_grad_(True) for t in mine]
+    explained = torch._dynamo.explain(op_block)(*leaves, comm)
+    failed = int(explained.graph_break_count != 0)
+    torch.compiler.reset()
+    modes: dict[str, Any] = {"eager": op_block}
+    for mode in ("default", "reduce-overhead"):
+        modes[f"compiled ({mode})"] = torch.compile(op_block, fullgraph=True, mode=mode)
+    grads: dict[str, list[Any]] = {}
+    times: dict[str, tuple[float, float]] = {}
+    for name, fn in modes.items():
+        for _ in range(3):  # reduce-overhead records its CUDA graph on a later call
+            for t in leaves:
+                t.grad = None
+            y = fn(*leaves, comm)
+            y.float().square().mean().backward()
+        torch.cuda.synchronize()
+        err = float((y.detach().float() - ref).abs().max() / ref.abs().max())
+        grads[name] = [t.grad.float() for t in leaves]
+        gerr = max(float((g - e).abs().max() / e.abs().max().clamp_min(1e-30))
+                   for g, e in zip(grads[name], grads["eager"], strict=True))
+        ok = err <= TOLERANCE and gerr <= TOLERANCE
+        failed += int(not ok)
+        print(f"tp_mlp rank={rank} ops {name}: {'ok' if ok else 'FAILED'} |y - y_1gpu| {err:.2e}, "
+              f"|grad - grad_eager| {gerr:.2e}, graph breaks {explained.graph_break_count}", flush=True)
+
+        def step(fn: Any = fn) -> None:
+            for t in leaves:
+                t.grad = None
+            fn(*leaves, comm).float().square().mean().backward()
+
+        with torch.no_grad():
+            forward_ms = per_call_ms(lambda fn=fn: fn(*leaves, comm), iters, warmup)
+        times[name] = (forward_ms, per_call_ms(step, iters, warmup))
+    if rank == 0:
+        print("| mpbind.torch block | forward (ms) | forward + backward (ms) |")
+        print("|---|---|---|")
+        for name, (fwd, both) in times.items():
+            print(f"| {name} | {fwd:.3f} | {both:.3f} |")
+    return failed
 
 
 #: Seconds the whole multi-GPU run may take (set-up, both layers, the checks): past it, it is ended.

@@ -55,3 +55,19 @@ def test_tp_mlp_example_as_the_demo_starts_it(mpirun: str, capfd: pytest.Capture
     out = capfd.readouterr().out
     assert rc == 0, out[-8000:]
     every_rank_ok(out, 2)
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 4], ids=lambda n: f"np{n}")
+def test_tp_mlp_example_compiled(mpirun: str, nprocs: int) -> None:
+    # The block as mpbind.torch operators: eager, torch.compile(fullgraph=True), mode="reduce-overhead";
+    # each against one GPU, the compiled gradients against eager's, no graph break.
+    need_gpus(nprocs, ONE_RANK_PER_GPU)
+    result = launch(EXAMPLES / "tp_mlp.py", nprocs, *SMALL, "--compile", timeout=400, mpirun=mpirun,
+                    forward=FORWARDED, share_gpu=False)
+    assert result.rc == 0, result.out[-8000:]
+    every_rank_ok(result.out, nprocs)
+    for mode in ("eager", r"compiled \(default\)", r"compiled \(reduce-overhead\)"):
+        ok = {int(r) for r in re.findall(rf"^tp_mlp rank=(\d+) ops {mode}: ok .* graph breaks 0$", result.out,
+                                         re.MULTILINE)}
+        assert ok == set(range(nprocs)), f"{mode}: ranks ok {sorted(ok)}\n{result.out[-8000:]}"
+    assert "| compiled (reduce-overhead) |" in result.out, result.out[-4000:]
