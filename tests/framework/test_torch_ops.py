@@ -203,3 +203,41 @@ def test_a_compiled_send_is_refused_not_dropped() -> None:
     torch.compiler.reset()
     with pytest.raises(Exception, match=r"UsageError\(.mpbind::send has no output, so a compiled graph would drop"):
         torch.compile(lambda t: OPS.send(t, NAME, 1), backend="aot_eager", fullgraph=True)(meta(4))
+
+
+def _fft_plan(serial: int, shape: tuple[int, ...], dtype: str, nranks: int, rank: int) -> Any:
+    """An FFTPlan of the planner's real decision for `rank` of `nranks`, over a stand-in core: what the
+    fake kernels read (shapes, dtypes, kind) without cuFFTMp."""
+    from mpbind.fft import FFTPlan
+    from mpbind.fft._planner import plan_fft
+
+    p = FFTPlan._over(_CoreStandIn(serial, nranks))
+    p._place(plan_fft(shape, dtype, nranks), rank, 0, None)
+    return p
+
+
+def test_the_fft_operator_takes_the_plans_shapes_and_dtypes() -> None:
+    c2c, r2c = _fft_plan(10_000_011, (8, 6, 4), "complex64", 2, 1), _fft_plan(10_000_012, (8, 6, 4), "float32", 2, 0)
+    try:
+        x = meta(*c2c.input_shape, dtype=torch.complex64)
+        assert set(torch.library.opcheck(OPS.fft.default, (x, mpt.name_of(c2c), mpt.FORWARD)).values()) == {"SUCCESS"}
+        y = mpt.fft(x, c2c)
+        assert y.shape == c2c.output_shape and y.dtype == torch.complex64
+        assert mpt.fft(y, c2c, "inverse").shape == c2c.input_shape
+        assert _backward_ops(lambda t: torch.view_as_real(mpt.fft(t, c2c)), x) == ["mpbind.fft.default"]  # the inverse
+        half = mpt.fft(meta(*r2c.input_shape), r2c)
+        assert half.shape == r2c.output_shape and half.dtype == torch.complex64
+        with pytest.raises(UsageError, match="a r2c plan transforms FORWARD"):
+            mpt.fft(meta(*r2c.input_shape), r2c, "inverse")
+        with pytest.raises(UsageError, match=r"input must be complex64 of shape \(4, 6, 4\), not float32 of shape"):
+            mpt.fft(meta(4, 6, 4), c2c)
+        with pytest.raises(UsageError, match="has no gradient here"):
+            mpt.fft(meta(*r2c.input_shape), r2c).abs().sum().backward()
+        with pytest.raises(TypeError, match="plan must be an mpbind.fft.FFTPlan or its registered name, not int"):
+            mpt.fft(x, 3)
+        torch.compiler.reset()
+        loss = torch.compile(lambda t, p: mpt.fft(t, p).abs().square().sum(), backend="aot_eager", fullgraph=True)
+        loss(x, c2c).backward()
+        assert x.grad.shape == x.shape
+    finally:
+        mpt.forget(c2c), mpt.forget(r2c)

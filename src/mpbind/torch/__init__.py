@@ -1,19 +1,26 @@
-"""mpbind inside PyTorch programs: NCCL collectives as torch operators that ``torch.compile`` traces
-without a graph break, CUDA graphs capture, and autograd differentiates (optional extra ``torch``).
+"""mpbind inside PyTorch programs: NCCL collectives and the distributed FFT and reshape plans as torch
+operators that ``torch.compile`` traces without a graph break, CUDA graphs capture, and autograd
+differentiates (optional extra ``torch``).
 
-    from mpbind import nccl, torch as mpt
+    from mpbind import fft, nccl, torch as mpt
 
     comm = nccl.Communicator.from_torch()        # or any mpbind Communicator
     y = mpt.all_reduce(x, comm)                   # torch.ops.mpbind.all_reduce(x, "Communicator#3", "sum")
     z = mpt.reduce_scatter(y, comm)               # its gradient is an all-gather, and the reverse
     h = mpt.copy_to_group(x, comm)                # identity forward, all-reduce backward (tensor parallelism)
+    r = mpt.send_recv(x, comm, send_to=(rank + 1) % n, recv_from=(rank - 1) % n)   # a ring step
+    p = fft.plan(mpi_comm, (nx, ny, nz), "complex64")
+    k = mpt.fft(slab, p)                          # its gradient is the inverse transform of the gradient
 
-The operators (``torch.ops.mpbind.*``, see ``_ops``) take a communicator by its registry name
-(:func:`name_of`), so a traced program holds a string; the functions here take the communicator (or
-its name) and pass the name and the group size, which the compiler takes as constants. Each returns a
-new tensor on torch's current stream (``all_reduce_`` works in place) and never synchronises the host.
+The operators (``torch.ops.mpbind.*``, see ``_ops`` and ``_plan_ops``) take a communicator or a plan
+by its registry name (:func:`name_of`), so a traced program holds a string; the functions here take
+the object (or its name) and pass the name and the group size, which the compiler takes as constants
+(an object is guarded by identity: another one recompiles). Each returns a new tensor on torch's
+current stream (``all_reduce_`` works in place) and never synchronises the host.
 Gradients: all-reduce (sum, avg) is its own adjoint, all-gather and reduce-scatter are each other's,
-all-to-all is its own; complex tensors are reduced as their real view (sum and avg).
+all-to-all is its own, send_recv's is the exchange back; complex tensors are reduced as their real
+view (sum and avg). A C2C FFT's gradient is the unnormalised transform the other way; a reshape's,
+the reshape back (give ``reverse``). ``send`` has no output, so compiled graphs refuse it.
 """
 
 from __future__ import annotations
@@ -32,8 +39,9 @@ except ModuleNotFoundError as _exc:  # pragma: no cover - depends on the environ
 from torch import Tensor
 
 from mpbind.errors import UsageError
+from mpbind.fft import FORWARD, INVERSE, FFTPlan, ReshapePlan
 from mpbind.nccl import Communicator
-from mpbind.torch import _ops  # noqa: F401 - registers the operators
+from mpbind.torch import _ops, _plan_ops  # noqa: F401 - registers the operators
 from mpbind.torch._ops import REDUCTIONS
 from mpbind.torch._registry import forget, lookup, name_of, registered
 
@@ -44,7 +52,10 @@ __all__ = [
     "all_reduce_",
     "all_to_all",
     "broadcast",
+    "FORWARD",
+    "INVERSE",
     "copy_to_group",
+    "fft",
     "forget",
     "lookup",
     "name_of",
@@ -52,6 +63,7 @@ __all__ = [
     "recv",
     "reduce_scatter",
     "registered",
+    "reshape",
     "send",
     "send_recv",
 ]
@@ -68,7 +80,7 @@ def _constants(*classes: type) -> None:
             _pytree.register_constant(cls)
 
 
-_constants(Communicator)
+_constants(Communicator, FFTPlan, ReshapePlan)
 
 
 def _tensor(x: Any) -> Tensor:
@@ -84,6 +96,17 @@ def _resolved(comm: Any) -> tuple[str, int]:
     if not isinstance(c, Communicator):
         raise TypeError(f"comm must be an mpbind.nccl.Communicator or its registered name, not {type(comm).__name__}")
     return name_of(c), c.size
+
+
+@torch.compiler.assume_constant_result
+def _plan_name(plan: Any, kind: type) -> str:
+    """The registry name of a plan of `kind` (or the name itself, checked): a constant to the compiler."""
+    if isinstance(plan, str):
+        lookup(plan, kind)
+        return plan
+    if not isinstance(plan, kind):
+        raise TypeError(f"plan must be an mpbind.fft.{kind.__name__} or its registered name, not {type(plan).__name__}")
+    return name_of(plan)
 
 
 def all_reduce(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
@@ -139,6 +162,25 @@ def recv(shape: Any, dtype: torch.dtype, comm: Any, peer: int, device: Any = Non
         raise UsageError("recv receives into a CUDA tensor, and torch sees no CUDA device")
     where = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     return torch.ops.mpbind.recv(list(shape), dtype, where, _resolved(comm)[0], peer)
+
+
+def fft(x: Tensor, plan: Any, direction: int | str = "forward") -> Tensor:
+    """This rank's piece of the distributed FFT of `plan` (an :class:`mpbind.fft.FFTPlan`) of this rank's
+    piece `x`, as a new tensor; `direction` ``"forward"``/``fft.FORWARD`` or ``"inverse"``/``fft.INVERSE``
+    (both unnormalised). Collective. C2C plans have a gradient (the transform the other way)."""
+    if isinstance(direction, str) and direction.lower() in ("forward", "inverse"):
+        direction = FORWARD if direction.lower() == "forward" else INVERSE
+    if isinstance(direction, bool) or not isinstance(direction, int):
+        raise UsageError(f"direction must be 'forward', 'inverse', fft.FORWARD or fft.INVERSE, not {direction!r}")
+    return torch.ops.mpbind.fft(_tensor(x), _plan_name(plan, FFTPlan), direction)
+
+
+def reshape(x: Tensor, plan: Any, reverse: Any = None) -> Tensor:
+    """This rank's piece of the global array `plan` (an :class:`mpbind.fft.ReshapePlan`) moves to its
+    output distribution, as a new tensor. Collective. With `reverse` (the plan back, from the output
+    distribution to the input) it has a gradient: the reshape back."""
+    back = "" if reverse is None else _plan_name(reverse, ReshapePlan)
+    return torch.ops.mpbind.reshape(_tensor(x), _plan_name(plan, ReshapePlan), back)
 
 
 class _CopyToGroup(torch.autograd.Function):

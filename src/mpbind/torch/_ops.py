@@ -68,7 +68,7 @@ def _stream() -> Any:
     return torch.cuda.current_stream()
 
 
-def _on_cuda(x: Tensor, what: str) -> None:
+def on_cuda(x: Tensor, what: str) -> None:
     if x.device.type != "cuda":
         raise UsageError(f"{what} takes CUDA tensors, not a {x.device.type} tensor")
 
@@ -79,7 +79,7 @@ def _on_cuda(x: Tensor, what: str) -> None:
 @torch.library.custom_op("mpbind::all_reduce", mutates_args=())
 def all_reduce(x: Tensor, comm: str, op: str) -> Tensor:
     _check_op(op, x)
-    _on_cuda(x, "mpbind::all_reduce")
+    on_cuda(x, "mpbind::all_reduce")
     out = x.contiguous().clone()
     _communicator(comm).all_reduce(_flat(out), _flat(out), op, stream=_stream())
     return out
@@ -91,7 +91,7 @@ def _(x: Tensor, comm: str, op: str) -> Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-def _save_arguments(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+def save_arguments(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
     """What every backward needs: the operator's arguments after the tensor (comm, then op or size)."""
     ctx.args = inputs[1:]
 
@@ -103,13 +103,13 @@ def _all_reduce_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, N
     return torch.ops.mpbind.all_reduce(grad, comm, op), None, None
 
 
-all_reduce.register_autograd(_all_reduce_backward, setup_context=_save_arguments)
+all_reduce.register_autograd(_all_reduce_backward, setup_context=save_arguments)
 
 
 @torch.library.custom_op("mpbind::all_reduce_", mutates_args=("x",))
 def all_reduce_(x: Tensor, comm: str, op: str) -> None:
     _check_op(op, x)
-    _on_cuda(x, "mpbind::all_reduce_")
+    on_cuda(x, "mpbind::all_reduce_")
     if not x.is_contiguous():
         raise UsageError("mpbind::all_reduce_ works in place on a contiguous tensor")
     _communicator(comm).all_reduce(_flat(x), _flat(x), op, stream=_stream())
@@ -132,7 +132,7 @@ def _gathered(x: Tensor, comm: str, group_size: int) -> Tensor:
 @torch.library.custom_op("mpbind::all_gather", mutates_args=())
 def all_gather(x: Tensor, comm: str, group_size: int) -> Tensor:
     out = _gathered(x, comm, group_size)
-    _on_cuda(x, "mpbind::all_gather")
+    on_cuda(x, "mpbind::all_gather")
     _group(comm, group_size).all_gather(_flat(x.contiguous()), _flat(out), stream=_stream())
     return out
 
@@ -151,7 +151,7 @@ def _scattered(x: Tensor, comm: str, op: str, group_size: int) -> Tensor:
 @torch.library.custom_op("mpbind::reduce_scatter", mutates_args=())
 def reduce_scatter(x: Tensor, comm: str, op: str, group_size: int) -> Tensor:
     out = _scattered(x, comm, op, group_size)
-    _on_cuda(x, "mpbind::reduce_scatter")
+    on_cuda(x, "mpbind::reduce_scatter")
     _group(comm, group_size).reduce_scatter(_flat(x.contiguous()), _flat(out), op, stream=_stream())
     return out
 
@@ -165,7 +165,7 @@ def _all_gather_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
     return torch.ops.mpbind.reduce_scatter(grad, comm, "sum", group_size), None, None
 
 
-all_gather.register_autograd(_all_gather_backward, setup_context=_save_arguments)
+all_gather.register_autograd(_all_gather_backward, setup_context=save_arguments)
 
 
 def _reduce_scatter_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
@@ -176,7 +176,7 @@ def _reduce_scatter_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None
     return (g / group_size if op == "avg" else g), None, None, None
 
 
-reduce_scatter.register_autograd(_reduce_scatter_backward, setup_context=_save_arguments)
+reduce_scatter.register_autograd(_reduce_scatter_backward, setup_context=save_arguments)
 
 
 # --- all_to_all (its own adjoint) -----------------------------------------------------------------------
@@ -192,7 +192,7 @@ def _exchanged(x: Tensor, comm: str, group_size: int) -> Tensor:
 @torch.library.custom_op("mpbind::all_to_all", mutates_args=())
 def all_to_all(x: Tensor, comm: str, group_size: int) -> Tensor:
     out = _exchanged(x, comm, group_size)
-    _on_cuda(x, "mpbind::all_to_all")
+    on_cuda(x, "mpbind::all_to_all")
     _group(comm, group_size).all_to_all(_flat(x.contiguous()), _flat(out), stream=_stream())
     return out
 
@@ -206,7 +206,7 @@ def _all_to_all_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
     return torch.ops.mpbind.all_to_all(grad, comm, group_size), None, None
 
 
-all_to_all.register_autograd(_all_to_all_backward, setup_context=_save_arguments)
+all_to_all.register_autograd(_all_to_all_backward, setup_context=save_arguments)
 
 
 # --- broadcast ----------------------------------------------------------------------------------------
@@ -214,7 +214,7 @@ all_to_all.register_autograd(_all_to_all_backward, setup_context=_save_arguments
 
 @torch.library.custom_op("mpbind::broadcast", mutates_args=())
 def broadcast(x: Tensor, comm: str, root: int) -> Tensor:
-    _on_cuda(x, "mpbind::broadcast")
+    on_cuda(x, "mpbind::broadcast")
     c = _communicator(comm)
     if not 0 <= root < c.size:
         raise UsageError(f"root {root} is not a rank of {comm} ({c.size} ranks)")
@@ -248,7 +248,7 @@ def _exchange_output(x: Tensor, comm: str, send_to: int, recv_from: int) -> Tens
 @torch.library.custom_op("mpbind::send_recv", mutates_args=())
 def send_recv(x: Tensor, comm: str, send_to: int, recv_from: int) -> Tensor:
     out = _exchange_output(x, comm, send_to, recv_from)
-    _on_cuda(x, "mpbind::send_recv")
+    on_cuda(x, "mpbind::send_recv")
     c = _communicator(comm)
     _peer(c, comm, send_to, "send_to")
     _peer(c, comm, recv_from, "recv_from")
@@ -269,12 +269,12 @@ def _send_recv_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, Non
     return torch.ops.mpbind.send_recv(grad, comm, recv_from, send_to), None, None, None
 
 
-send_recv.register_autograd(_send_recv_backward, setup_context=_save_arguments)
+send_recv.register_autograd(_send_recv_backward, setup_context=save_arguments)
 
 
 @torch.library.custom_op("mpbind::send", mutates_args=())
 def send(x: Tensor, comm: str, peer: int) -> None:
-    _on_cuda(x, "mpbind::send")
+    on_cuda(x, "mpbind::send")
     c = _communicator(comm)
     _peer(c, comm, peer, "peer")
     c.send(_flat(x.contiguous()), peer, stream=_stream())
@@ -302,7 +302,7 @@ def recv(shape: list[int], dtype: torch.dtype, device: torch.device, comm: str, 
     out = _received(shape, dtype, device, comm, peer)
     if out.device.type == "meta":  # no tensor argument picks the kernel: a meta recv is its shape alone
         return out
-    _on_cuda(out, "mpbind::recv")
+    on_cuda(out, "mpbind::recv")
     c = _communicator(comm)
     _peer(c, comm, peer, "peer")
     c.recv(_flat(out), peer, stream=_stream())

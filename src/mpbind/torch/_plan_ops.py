@@ -1,0 +1,135 @@
+"""mpbind's torch operators over plans (namespace ``mpbind``): the distributed FFT and reshape of
+:mod:`mpbind.fft`, registered when :mod:`mpbind.torch` is imported.
+
+A plan travels as its registry name, like a communicator. The fake kernels read the plan for this
+rank's input and output shapes and dtypes (a plan is made before the program is traced, on every
+rank). The CUDA kernels run the plan's work on its stream, ordered after torch's current stream and
+before it again (an event each way, so CUDA graphs capture it), into a new tensor; the input is
+copied into the plan's buffer, never transformed in place.
+
+Gradients. A C2C transform is linear with the adjoint ``F^H``: the unnormalised DFT's adjoint is the
+unnormalised inverse, so the gradient of FORWARD is INVERSE of the incoming gradient (and the
+reverse), through the same plan. A reshape is a permutation of elements: its adjoint is the
+reshape back, through the plan given as ``reverse``. R2C and C2R plans have no gradient here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mpbind.errors import UsageError
+from mpbind.fft import FORWARD, INVERSE, FFTPlan, ReshapePlan
+from mpbind.torch import _registry
+from mpbind.torch._ops import on_cuda, save_arguments
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)  # the plans' dtypes (float32, complex64, ...) are torch's names too
+
+
+def _check_input(x: Tensor, shape: tuple[int, ...], dtype: str, what: str) -> None:
+    if tuple(x.shape) != tuple(shape) or x.dtype != _dtype(dtype):
+        raise UsageError(f"{what}: this rank's input must be {dtype} of shape {tuple(shape)}, not {str(x.dtype)[6:]} "
+                         f"of shape {tuple(x.shape)}")
+
+
+def _on_plan_stream(handle: int, run: Callable[[], object], *tensors: Tensor) -> None:
+    """`run` queued on the plan's stream `handle`, after the work already on torch's current stream and
+    before what comes next there. The tensors it reads or writes are marked in use on that stream."""
+    current = torch.cuda.current_stream()
+    if handle == current.cuda_stream:
+        run()
+        return
+    other = torch.cuda.ExternalStream(handle)
+    other.wait_stream(current)
+    for t in tensors:
+        t.record_stream(other)
+    run()
+    current.wait_stream(other)
+
+
+# --- fft ----------------------------------------------------------------------------------------------
+
+
+def _sides(p: FFTPlan, direction: int) -> tuple[tuple[int, ...], str, tuple[int, ...], str]:
+    """(input shape, input dtype, output shape, output dtype) of this rank for `direction`."""
+    allowed = {"c2c": (FORWARD, INVERSE), "r2c": (FORWARD,), "c2r": (INVERSE,)}[p.kind]
+    if direction not in allowed:
+        names = " or ".join("FORWARD" if d == FORWARD else "INVERSE" for d in allowed)
+        raise UsageError(f"a {p.kind} plan transforms {names} ({', '.join(map(str, allowed))}), not {direction}")
+    if p.kind == "c2c" and direction == INVERSE:
+        return p.output_shape, p.output_dtype, p.input_shape, p.input_dtype
+    return p.input_shape, p.input_dtype, p.output_shape, p.output_dtype
+
+
+def _transformed(x: Tensor, plan: str, direction: int) -> Tensor:
+    """The checks and the (empty) output of an FFT: the fake kernel, and the CUDA kernel's start."""
+    in_shape, in_dtype, out_shape, out_dtype = _sides(_registry.lookup(plan, FFTPlan), direction)
+    _check_input(x, in_shape, in_dtype, "mpbind::fft")
+    return x.new_empty(out_shape, dtype=_dtype(out_dtype))
+
+
+@torch.library.custom_op("mpbind::fft", mutates_args=())
+def fft(x: Tensor, plan: str, direction: int) -> Tensor:
+    out = _transformed(x, plan, direction)
+    on_cuda(x, "mpbind::fft")
+    p = _registry.lookup(plan, FFTPlan)
+    src = x.contiguous()
+    _on_plan_stream(p.stream, lambda: p.execute(src, direction=direction, out=out), src, out)
+    return out
+
+
+fft.register_fake(_transformed)
+
+
+def _fft_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+    plan, direction = ctx.args
+    p = _registry.lookup(plan, FFTPlan)
+    if p.kind != "c2c":
+        raise UsageError(f"a {p.kind} plan has no gradient here (c2c plans have)")
+    back = INVERSE if direction == FORWARD else FORWARD  # the unnormalised DFT's adjoint is its unnormalised inverse
+    return torch.ops.mpbind.fft(grad.contiguous(), plan, back), None, None
+
+
+fft.register_autograd(_fft_backward, setup_context=save_arguments)
+
+
+# --- reshape -------------------------------------------------------------------------------------------
+
+
+def _moved(x: Tensor, plan: str, reverse: str) -> Tensor:
+    """The checks and the (empty) output of a reshape: the fake kernel, and the CUDA kernel's start."""
+    p = _registry.lookup(plan, ReshapePlan)
+    _check_input(x, p.input_shape, p.dtype, "mpbind::reshape")
+    if reverse:
+        r = _registry.lookup(reverse, ReshapePlan)
+        if (r.input_shape, r.output_shape, r.dtype) != (p.output_shape, p.input_shape, p.dtype):
+            raise UsageError(f"reverse ({reverse}) must move {p.dtype} {p.output_shape} pieces back to "
+                             f"{p.input_shape}, not {r.dtype} {r.input_shape} to {r.output_shape}")
+    return x.new_empty(p.output_shape)
+
+
+@torch.library.custom_op("mpbind::reshape", mutates_args=())
+def reshape(x: Tensor, plan: str, reverse: str) -> Tensor:
+    out = _moved(x, plan, reverse)
+    on_cuda(x, "mpbind::reshape")
+    _registry.lookup(plan, ReshapePlan).execute(x.contiguous(), out=out, stream=torch.cuda.current_stream())
+    return out
+
+
+reshape.register_fake(_moved)
+
+
+def _reshape_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+    plan, reverse = ctx.args
+    if not reverse:
+        raise UsageError(f"a gradient through {plan} needs the plan back (reverse=, from its output distribution "
+                         "to its input)")
+    return torch.ops.mpbind.reshape(grad.contiguous(), reverse, plan), None, None
+
+
+reshape.register_autograd(_reshape_backward, setup_context=save_arguments)
