@@ -47,7 +47,7 @@ import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
 from array_checks import expect_changed, expect_close, expect_equal  # noqa: E402
 from mpi4py import MPI  # noqa: E402
-from runner import Check, Checks, Report, expect, expect_raises, main, nvshmem_teardown  # noqa: E402
+from runner import Check, Checks, Report, expect, expect_raises, main, nvshmem_session  # noqa: E402
 
 import mpbind  # noqa: E402
 from mpbind import _core, fft, nvshmem  # noqa: E402
@@ -657,12 +657,8 @@ def started(args: argparse.Namespace, report: Report) -> Iterator[Ctx]:
     c = Ctx(comm, pe, comm.Get_size(), device, cp.cuda.Stream(non_blocking=True), args.only, args.torch)
     if args.torch:
         report.check("torch.one_nvshmem_copy", one_nvshmem_copy)
-    nvshmem.init(mpi_comm=comm, device=device)
-    report.passes("init.nvshmem", f"{c.npes} PE(s), device {device}")
-    try:
+    with nvshmem_session(report, comm, device, c.sync):
         yield c
-    finally:
-        nvshmem_teardown(report, comm, c.sync, nvshmem.finalize)
 
 
 def arguments(ap: argparse.ArgumentParser) -> None:

@@ -328,6 +328,20 @@ def nvshmem_teardown(report: Report, comm: Any, sync: Callable[[], object], fina
     report.check("teardown.nvshmem_finalize", finalize)
 
 
+@contextlib.contextmanager
+def nvshmem_session(report: Report, comm: Any, device: int, sync: Callable[[], object]) -> Iterator[None]:
+    """NVSHMEM initialised over the mpi4py `comm` on `device` for a suite's checks; then
+    :func:`nvshmem_teardown` with NVSHMEM's finalize."""
+    from mpbind import nvshmem
+
+    nvshmem.init(mpi_comm=comm, device=device)
+    report.passes("init.nvshmem", f"{comm.Get_size()} PE(s), device {device}")
+    try:
+        yield
+    finally:
+        nvshmem_teardown(report, comm, sync, nvshmem.finalize)
+
+
 def nvshmem_status(value: int) -> str:
     """NVSHMEM's ``init_status()`` by name."""
     from mpbind.bindings import nvshmem

@@ -61,6 +61,10 @@ THIRD_PARTY: dict[tuple[str, str], str] = {
         "the base class of ctypes' scalar types: how a ctypes kernel argument is recognised",
     ("benchmarks/_tp.py", "torch._scaled_mm"): "PyTorch's FP8 GEMM, the reference of the FP8 layers",
     ("tests/gpu/tp_layers_suite.py", "torch._scaled_mm"): "PyTorch's FP8 GEMM, the reference of the FP8 layers",
+    ("tests/gpu/torch_fft_suite.py", "torch._dynamo"):
+        "torch._dynamo.explain: the graph-break count of a function, which torch.compile has no public form of",
+    ("examples/tp_mlp.py", "torch._dynamo"):
+        "torch._dynamo.explain: the graph-break count of a function, which torch.compile has no public form of",
     ("benchmarks/nvshmem_latency.py", "uid._data"):
         "nvshmem4py's unique id bytes, broadcast as nvshmem.core.init does",
     ("benchmarks/nvshmem_latency.py", "nb_internal._inspect_function_pointer"):
