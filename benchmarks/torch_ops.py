@@ -1,0 +1,148 @@
+"""The same NCCL all-reduce through mpbind's torch operator, the layer, ``torch.distributed`` and
+torch's functional collective, eager and inside ``torch.compile(fullgraph=True)``, one process per
+GPU, in one run.
+
+    python benchmarks/torch_ops.py [--sizes 8,4096,1048576] [--calls 2000] [--out DIR]      (one rank)
+    mpirun -np 2 -x NCCL_NVLS_ENABLE=0 -x NVSHMEM_DISABLE_NVLS=1 -x TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \\
+        python benchmarks/torch_ops.py
+
+Host time per call (``perf_counter_ns`` around one call, nothing synchronised in the loop, the
+median over every call; the variants interleaved batch by batch) of a float32 sum:
+
+* ``layer``: ``comm.all_reduce(t, t)``, the direct call (in place);
+* ``op``: ``mpbind.torch.all_reduce(t, comm)`` (a new tensor), ``op_inplace``: ``all_reduce_``;
+* ``torch``: ``torch.distributed.all_reduce(t)`` (in place);
+* ``funcol``: ``wait_tensor(all_reduce(t, "sum", group))`` of ``torch.distributed._functional_collectives``;
+* ``compiled_op`` and ``compiled_funcol``: the same function, ``t * 2`` then the all-reduce, compiled
+  (inductor, ``fullgraph=True``) once with the mpbind operator and once with the functional collective;
+  ``eager_op``: that function uncompiled.
+
+Targets: ``op`` within 3 µs of ``layer``; ``compiled_op`` at most 0.5x ``compiled_funcol``.
+Rank 0 prints the table and writes ``torch_ops.csv`` and ``torch_ops.png`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"),
+                      ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")):
+    os.environ.setdefault(_name, _value)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.distributed._functional_collectives as funcol  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _results  # noqa: E402
+from _timing import host_times  # noqa: E402
+from _torch_gpu import mapped_nccl, start_process_group  # noqa: E402
+
+import mpbind.torch as mpt  # noqa: E402
+from mpbind import nccl  # noqa: E402
+
+VARIANTS = ("layer", "op", "op_inplace", "torch", "funcol", "eager_op", "compiled_op", "compiled_funcol")
+
+
+def launched() -> tuple[int, int]:
+    """(rank, size) from mpirun's environment, or one rank."""
+    env = os.environ
+    return int(env.get("OMPI_COMM_WORLD_RANK", "0")), int(env.get("OMPI_COMM_WORLD_SIZE", "1"))
+
+
+def variants(comm: nccl.Communicator, t: Any) -> dict[str, Callable[[], Any]]:
+    group = dist.group.WORLD
+
+    def with_op(x: Any) -> Any:
+        return mpt.all_reduce(x * 2, comm)
+
+    def with_funcol(x: Any) -> Any:
+        return funcol.wait_tensor(funcol.all_reduce(x * 2, "sum", group))
+
+    compiled_op = torch.compile(with_op, fullgraph=True)
+    compiled_funcol = torch.compile(with_funcol, fullgraph=True)
+    return {
+        "layer": lambda: comm.all_reduce(t, t),
+        "op": lambda: mpt.all_reduce(t, comm),
+        "op_inplace": lambda: mpt.all_reduce_(t, comm),
+        "torch": lambda: dist.all_reduce(t),
+        "funcol": lambda: funcol.wait_tensor(funcol.all_reduce(t, "sum", group)),
+        "eager_op": lambda: with_op(t),
+        "compiled_op": lambda: compiled_op(t),
+        "compiled_funcol": lambda: compiled_funcol(t),
+    }
+
+
+def measure(comm: nccl.Communicator, nbytes: int, calls: int, batches: int) -> dict[str, Any]:
+    t = torch.ones(nbytes // 4, dtype=torch.float32, device="cuda")
+    fns = variants(comm, t)
+    size = comm.size
+    for name, fn in fns.items():  # check each against the sum it must give (the first call compiles)
+        t.fill_(1.0)
+        out = fn()
+        torch.cuda.synchronize()
+        got = t if out is None or name in ("layer", "op_inplace", "torch") else out
+        want = float(2 * size if name in ("eager_op", "compiled_op", "compiled_funcol") else size)
+        if not bool(torch.all(got == want)):
+            raise SystemExit(f"{name}: wrong all-reduce at {nbytes} B: {got[:4].tolist()} != {want}")
+        for _ in range(3):
+            fn()
+    host: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    per_batch = max(1, calls // batches)
+    for b in range(batches):
+        k = b % len(VARIANTS)
+        for name in VARIANTS[k:] + VARIANTS[:k]:
+            t.fill_(0.0)
+            torch.cuda.synchronize()
+            comm.all_reduce(t, t)  # the ranks start each batch together
+            torch.cuda.synchronize()
+            host[name] += host_times(fns[name], per_batch)
+            torch.cuda.synchronize()
+    row: dict[str, Any] = {"bytes": nbytes}
+    for name in VARIANTS:
+        row[f"{name}_us"] = statistics.median(host[name])
+    row["op_minus_layer_us"] = row["op_us"] - row["layer_us"]
+    row["compiled_op_over_compiled_funcol"] = row["compiled_op_us"] / row["compiled_funcol_us"]
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="8,4096,1048576", help="message sizes in bytes, comma-separated")
+    ap.add_argument("--calls", type=int, default=2000, help="calls timed per variant and size")
+    ap.add_argument("--batches", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=Path("benchmark-results"))
+    args = ap.parse_args()
+    rank, size = launched()
+    if size > torch.cuda.device_count():
+        raise SystemExit(f"{size} processes but {torch.cuda.device_count()} GPUs: NCCL allows one rank per GPU")
+    torch.cuda.set_device(rank)
+    start_process_group(rank, size, 29517)
+    comm = nccl.Communicator.from_torch()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if any(s < 4 or s % 4 for s in sizes):
+        raise SystemExit("--sizes: multiples of 4 bytes (float32)")
+    rows = [measure(comm, nbytes, args.calls, args.batches) for nbytes in sizes]
+    if rank == 0:
+        header = list(rows[0])
+        print(f"# {size} rank(s), {torch.cuda.get_device_name()}; torch {torch.__version__}; NCCL mapped: "
+              f"{mapped_nccl()}; host µs per call, median of {args.calls}")
+        print(_results.table(header, [[r[h] for h in header] for r in rows]))
+        _results.write_csv(args.out / "torch_ops.csv", header, [[r[h] for h in header] for r in rows])
+        xs = [float(r["bytes"]) for r in rows]
+        drawn = _results.plot(args.out / "torch_ops.png", f"all_reduce float32, {size} rank(s)", "bytes", [
+            ("host time per call (µs)", {v: (xs, [r[f"{v}_us"] for r in rows]) for v in VARIANTS}),
+        ])
+        print(f"wrote {args.out / 'torch_ops.csv'}" + (" and .png" if drawn else " (no matplotlib: no plot)"))
+    comm.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
