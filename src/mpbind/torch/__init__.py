@@ -75,9 +75,12 @@ def _constants(*classes: type) -> None:
     core is a graph break. Registered with torch's pytree constants (a class without leaves)."""
     from torch.utils import _pytree
 
+    register, known = getattr(_pytree, "register_constant", None), getattr(_pytree, "is_constant_class", None)
+    if register is None or known is None:  # an older PyTorch: the objects' names still work
+        return
     for cls in classes:
-        if not _pytree.is_constant_class(cls):
-            _pytree.register_constant(cls)
+        if not known(cls):
+            register(cls)
 
 
 _constants(Communicator, FFTPlan, ReshapePlan)
