@@ -220,7 +220,8 @@ def test_the_fft_operator_takes_the_plans_shapes_and_dtypes() -> None:
     c2c, r2c = _fft_plan(10_000_011, (8, 6, 4), "complex64", 2, 1), _fft_plan(10_000_012, (8, 6, 4), "float32", 2, 0)
     try:
         x = meta(*c2c.input_shape, dtype=torch.complex64)
-        assert set(torch.library.opcheck(OPS.fft.default, (x, mpt.name_of(c2c), mpt.FORWARD)).values()) == {"SUCCESS"}
+        checked = torch.library.opcheck(OPS.fft.default, (x, mpt.name_of(c2c), mpt.FORWARD, ""))
+        assert set(checked.values()) == {"SUCCESS"}, checked
         y = mpt.fft(x, c2c)
         assert y.shape == c2c.output_shape and y.dtype == torch.complex64
         assert mpt.fft(y, c2c, "inverse").shape == c2c.input_shape
@@ -231,7 +232,7 @@ def test_the_fft_operator_takes_the_plans_shapes_and_dtypes() -> None:
             mpt.fft(meta(*r2c.input_shape), r2c, "inverse")
         with pytest.raises(UsageError, match=r"input must be complex64 of shape \(4, 6, 4\), not float32 of shape"):
             mpt.fft(meta(4, 6, 4), c2c)
-        with pytest.raises(UsageError, match="has no gradient here"):
+        with pytest.raises(UsageError, match=r"a gradient through r2c plan FFTPlan#10000012 needs its c2r plan back"):
             mpt.fft(meta(*r2c.input_shape), r2c).abs().sum().backward()
         with pytest.raises(TypeError, match="plan must be an mpbind.fft.FFTPlan or its registered name, not int"):
             mpt.fft(x, 3)
@@ -241,3 +242,48 @@ def test_the_fft_operator_takes_the_plans_shapes_and_dtypes() -> None:
         assert x.grad.shape == x.shape
     finally:
         mpt.forget(c2c), mpt.forget(r2c)
+
+
+def test_r2c_and_c2r_gradients_run_through_the_plan_of_the_other_kind() -> None:
+    from mpbind.fft._planner import plan_fft
+
+    r2c = _fft_plan(10_000_021, (8, 6, 5), "float32", 2, 1)
+    c2r = _fft_plan(10_000_022, (8, 6, 5), "complex64", 2, 1)
+    c2r._place(plan_fft((8, 6, 5), "complex64", 2, kind="c2r", input=r2c.spec.output, output=r2c.spec.input), 1, 0,
+               None)
+    c2c = _fft_plan(10_000_023, (8, 6, 4), "complex64", 2, 1)
+    try:
+        x = meta(*r2c.input_shape)
+        assert set(torch.library.opcheck(OPS.fft.default, (x, mpt.name_of(r2c), mpt.FORWARD, mpt.name_of(c2r))
+                                         ).values()) == {"SUCCESS"}
+        assert _backward_ops(lambda t: torch.view_as_real(mpt.fft(t, r2c, reverse=c2r)), x) == ["mpbind.fft.default"]
+        z = meta(*c2r.input_shape, dtype=torch.complex64)
+        y = mpt.fft(z, c2r, reverse=r2c)  # INVERSE, a C2R plan's only direction, by default
+        assert y.shape == r2c.input_shape and y.dtype == torch.float32
+        y.sum().backward()
+        assert z.grad.shape == z.shape and z.grad.dtype == torch.complex64
+        with pytest.raises(UsageError, match="reverse .* must be a c2r plan of the global shape"):
+            mpt.fft(x, r2c, reverse=c2c)
+        with pytest.raises(UsageError, match="a c2c plan's gradient runs through"):
+            mpt.fft(meta(*c2c.input_shape, dtype=torch.complex64), c2c, reverse=r2c)
+    finally:
+        mpt.forget(r2c), mpt.forget(c2r), mpt.forget(c2c)
+
+
+@pytest.mark.parametrize(("n", "lo", "up", "interior"), [
+    (8, 0, 5, (1, 4)),    # even n: bins 1..3 (4 is the Nyquist bin)
+    (7, 0, 4, (1, 4)),    # odd n: bins 1..3, no Nyquist bin
+    (8, 2, 5, (0, 2)),    # a piece from bin 2: its bins 2 and 3
+    (8, 4, 5, (0, 0)),    # the Nyquist bin alone
+    (9, 3, 5, (0, 2)),    # odd: bins 3 and 4 both interior
+])
+def test_the_interior_bins_of_a_piece(n: int, lo: int, up: int, interior: tuple[int, int]) -> None:
+    from mpbind.distributions import Box
+    from mpbind.torch._plan_ops import _interior_bins
+
+    class Plan:
+        kind, shape = "r2c", (4, n)
+        output_box = Box((0, lo), (4, up))
+
+    s = _interior_bins(Plan())  # type: ignore[arg-type]
+    assert (s.start, s.stop) == interior

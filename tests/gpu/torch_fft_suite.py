@@ -9,8 +9,9 @@ gradient (a weighted loss of the spectrum) against autograd through ``torch.fft.
 array, each PE's piece; ``torch.autograd.gradcheck`` in double precision on one PE (on several, each
 PE's perturbations would move the others' outputs); a loss compiled with ``torch.compile(fullgraph=True)``
 (no graph break) against eager, forward and gradient; the operator captured in a CUDA graph and
-replayed on new data; an R2C plan's operator (and its refusal of a gradient); a reshape there and
-back with its gradient (the reshape back).
+replayed on new data; R2C and C2R plans' operators and their gradients (through the plan of the
+other kind) against autograd through ``torch.fft.rfftn`` and ``irfftn``; a reshape there and back with
+its gradient (the reshape back).
 """
 
 from __future__ import annotations
@@ -185,15 +186,30 @@ def cuda_graph(c: Ctx) -> str:
         return "replays " + ", ".join(f"{e:.1e}" for e in errs)
 
 
-@CHECKS("fft.r2c")
-def r2c(c: Ctx) -> str:
-    with plan(c, "float32") as p:
-        g = seeded(SHAPE, torch.float32, 10)
-        x = cut(g, p.input_box).requires_grad_(True)
-        y = mpt.fft(x, p)
-        err = close(y, cut(torch.fft.rfftn(g), p.output_box), RTOL[torch.float32], "r2c")
-        expect_raises(UsageError, lambda: y.abs().sum().backward(), "r2c gradient", "has no gradient here")
-        return f"rel. err {err:.1e}; its gradient refused"
+@CHECKS("fft.r2c_c2r.gradients_against_one_gpu")
+def r2c_c2r(c: Ctx) -> str:
+    # Each through the plan of the other kind; against autograd through torch.fft.rfftn / irfftn.
+    with plan(c, "float32") as p, plan(c, "complex64", "c2r") as q:
+        g = seeded(SHAPE, torch.float32, 10).requires_grad_(True)
+        w = seeded(p.shape[:-1] + (p.shape[-1] // 2 + 1,), torch.float32, 11).abs()
+        x = cut(g.detach(), p.input_box).requires_grad_(True)
+        y = mpt.fft(x, p, reverse=q)
+        err = close(y, cut(torch.fft.rfftn(g.detach()), p.output_box), RTOL[torch.float32], "r2c")
+        weighted_loss(torch.fft.rfftn(g), w).backward()
+        weighted_loss(y, cut(w, p.output_box)).backward()
+        gerr = close(x.grad, cut(g.grad, p.input_box), 1e-4, "r2c gradient")
+        expect_raises(UsageError, lambda: mpt.fft(x, p).abs().sum().backward(), "no reverse plan", "reverse=")
+
+        spectrum = torch.fft.rfftn(seeded(SHAPE, torch.float32, 12))  # Hermitian where it must be
+        z = cut(spectrum, q.input_box).requires_grad_(True)
+        zg = spectrum.clone().requires_grad_(True)
+        r = mpt.fft(z, q, reverse=p)  # INVERSE, unnormalised
+        cerr = close(r, cut(torch.fft.irfftn(spectrum, s=SHAPE, norm="forward"), q.output_box), 1e-4, "c2r")
+        v = seeded(SHAPE, torch.float32, 13)
+        (torch.fft.irfftn(zg, s=SHAPE, norm="forward") * v).sum().backward()
+        (r * cut(v, q.output_box)).sum().backward()
+        cgerr = close(z.grad, cut(zg.grad, q.input_box), 1e-4, "c2r gradient")
+        return f"rel. err r2c {err:.1e}, its gradient {gerr:.1e}; c2r {cerr:.1e}, its gradient {cgerr:.1e}"
 
 
 @CHECKS("reshape.there_and_back")

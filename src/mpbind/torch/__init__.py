@@ -19,8 +19,9 @@ the object (or its name) and pass the name and the group size, which the compile
 current stream (``all_reduce_`` works in place) and never synchronises the host.
 Gradients: all-reduce (sum, avg) is its own adjoint, all-gather and reduce-scatter are each other's,
 all-to-all is its own, send_recv's is the exchange back; complex tensors are reduced as their real
-view (sum and avg). A C2C FFT's gradient is the unnormalised transform the other way; a reshape's,
-the reshape back (give ``reverse``). ``send`` has no output, so compiled graphs refuse it.
+view (sum and avg). A C2C FFT's gradient is the unnormalised transform the other way; an R2C's or
+C2R's, the plan of the other kind (give ``reverse``); a reshape's, the reshape back (``reverse``).
+``send`` has no output, so compiled graphs refuse it.
 """
 
 from __future__ import annotations
@@ -102,14 +103,13 @@ def _resolved(comm: Any) -> tuple[str, int]:
 
 
 @torch.compiler.assume_constant_result
-def _plan_name(plan: Any, kind: type) -> str:
-    """The registry name of a plan of `kind` (or the name itself, checked): a constant to the compiler."""
-    if isinstance(plan, str):
-        lookup(plan, kind)
-        return plan
-    if not isinstance(plan, kind):
+def _plan_name(plan: Any, kind: type) -> tuple[str, str]:
+    """(registry name, kind of transform or "") of a plan of class `kind`, or of its name: constants to
+    the compiler."""
+    p = lookup(plan, kind) if isinstance(plan, str) else plan
+    if not isinstance(p, kind):
         raise TypeError(f"plan must be an mpbind.fft.{kind.__name__} or its registered name, not {type(plan).__name__}")
-    return name_of(plan)
+    return name_of(p), getattr(p, "kind", "")
 
 
 def all_reduce(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
@@ -167,23 +167,29 @@ def recv(shape: Any, dtype: torch.dtype, comm: Any, peer: int, device: Any = Non
     return torch.ops.mpbind.recv(list(shape), dtype, where, _resolved(comm)[0], peer)
 
 
-def fft(x: Tensor, plan: Any, direction: int | str = "forward") -> Tensor:
+def fft(x: Tensor, plan: Any, direction: int | str | None = None, reverse: Any = None) -> Tensor:
     """This rank's piece of the distributed FFT of `plan` (an :class:`mpbind.fft.FFTPlan`) of this rank's
     piece `x`, as a new tensor; `direction` ``"forward"``/``fft.FORWARD`` or ``"inverse"``/``fft.INVERSE``
-    (both unnormalised). Collective. C2C plans have a gradient (the transform the other way)."""
+    (both unnormalised; default: forward, inverse for a C2R plan). Collective. A C2C plan's gradient
+    runs through the plan itself; an R2C or C2R plan's through `reverse`, the plan of the other kind
+    from this plan's output distribution back to its input."""
+    name, kind = _plan_name(plan, FFTPlan)
+    if direction is None:
+        direction = INVERSE if kind == "c2r" else FORWARD
     if isinstance(direction, str) and direction.lower() in ("forward", "inverse"):
         direction = FORWARD if direction.lower() == "forward" else INVERSE
     if isinstance(direction, bool) or not isinstance(direction, int):
         raise UsageError(f"direction must be 'forward', 'inverse', fft.FORWARD or fft.INVERSE, not {direction!r}")
-    return torch.ops.mpbind.fft(_tensor(x), _plan_name(plan, FFTPlan), direction)
+    back = "" if reverse is None else _plan_name(reverse, FFTPlan)[0]
+    return torch.ops.mpbind.fft(_tensor(x), name, direction, back)
 
 
 def reshape(x: Tensor, plan: Any, reverse: Any = None) -> Tensor:
     """This rank's piece of the global array `plan` (an :class:`mpbind.fft.ReshapePlan`) moves to its
     output distribution, as a new tensor. Collective. With `reverse` (the plan back, from the output
     distribution to the input) it has a gradient: the reshape back."""
-    back = "" if reverse is None else _plan_name(reverse, ReshapePlan)
-    return torch.ops.mpbind.reshape(_tensor(x), _plan_name(plan, ReshapePlan), back)
+    back = "" if reverse is None else _plan_name(reverse, ReshapePlan)[0]
+    return torch.ops.mpbind.reshape(_tensor(x), _plan_name(plan, ReshapePlan)[0], back)
 
 
 class _CopyToGroup(torch.autograd.Function):

@@ -10,7 +10,10 @@ copied into the plan's buffer, never transformed in place.
 Gradients. A C2C transform is linear with the adjoint ``F^H``: the unnormalised DFT's adjoint is the
 unnormalised inverse, so the gradient of FORWARD is INVERSE of the incoming gradient (and the
 reverse), through the same plan. A reshape is a permutation of elements: its adjoint is the
-reshape back, through the plan given as ``reverse``. R2C and C2R plans have no gradient here.
+reshape back, through the plan given as ``reverse``. An R2C transform's adjoint is the C2R of the
+incoming gradient with the Hermitian half's interior bins halved (each stands for two bins of the
+full spectrum); a C2R's is the R2C of the gradient with them doubled; each through the plan of the
+other kind given as ``reverse``.
 """
 
 from __future__ import annotations
@@ -66,16 +69,32 @@ def _sides(p: FFTPlan, direction: int) -> tuple[tuple[int, ...], str, tuple[int,
     return p.input_shape, p.input_dtype, p.output_shape, p.output_dtype
 
 
-def _transformed(x: Tensor, plan: str, direction: int) -> Tensor:
+def _check_reverse(p: FFTPlan, plan: str, reverse: str) -> None:
+    """`reverse` (an R2C plan's C2R, or the reverse) runs this plan's transform back on this rank."""
+    r = _registry.lookup(reverse, FFTPlan)
+    want = {"r2c": "c2r", "c2r": "r2c"}.get(p.kind)
+    if want is None:
+        raise UsageError(f"a c2c plan's gradient runs through {plan} itself: reverse must be empty")
+    if r.kind != want or (r.input_shape, r.output_shape) != (p.output_shape, p.input_shape) \
+            or r.shape != p.shape:
+        raise UsageError(f"reverse ({reverse}) must be a {want} plan of the global shape {p.shape} from this plan's "
+                         f"output pieces {p.output_shape} to its inputs {p.input_shape}, not a {r.kind} plan of "
+                         f"{r.shape} from {r.input_shape} to {r.output_shape}")
+
+
+def _transformed(x: Tensor, plan: str, direction: int, reverse: str) -> Tensor:
     """The checks and the (empty) output of an FFT: the fake kernel, and the CUDA kernel's start."""
-    in_shape, in_dtype, out_shape, out_dtype = _sides(_registry.lookup(plan, FFTPlan), direction)
+    p = _registry.lookup(plan, FFTPlan)
+    in_shape, in_dtype, out_shape, out_dtype = _sides(p, direction)
     _check_input(x, in_shape, in_dtype, "mpbind::fft")
+    if reverse:
+        _check_reverse(p, plan, reverse)
     return x.new_empty(out_shape, dtype=_dtype(out_dtype))
 
 
 @torch.library.custom_op("mpbind::fft", mutates_args=())
-def fft(x: Tensor, plan: str, direction: int) -> Tensor:
-    out = _transformed(x, plan, direction)
+def fft(x: Tensor, plan: str, direction: int, reverse: str) -> Tensor:
+    out = _transformed(x, plan, direction, reverse)
     on_cuda(x, "mpbind::fft")
     p = _registry.lookup(plan, FFTPlan)
     src = x.contiguous()
@@ -86,13 +105,33 @@ def fft(x: Tensor, plan: str, direction: int) -> Tensor:
 fft.register_fake(_transformed)
 
 
-def _fft_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-    plan, direction = ctx.args
+def _interior_bins(p: FFTPlan) -> slice:
+    """This rank's bins of the halved (last) axis, in its piece, that stand for two of the full
+    spectrum (k and N - k): all but k = 0 and, for an even N, k = N/2."""
+    n = p.shape[-1]
+    box = p.output_box if p.kind == "r2c" else p.input_box  # the complex side
+    lo, up = box.lower[-1], box.upper[-1]
+    first, last = max(lo, 1), min(up, (n + 1) // 2)  # interior k: 1 .. ceil(n/2) - 1
+    return slice(first - lo, max(last - lo, first - lo))
+
+
+def _fft_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
+    plan, direction, reverse = ctx.args
     p = _registry.lookup(plan, FFTPlan)
-    if p.kind != "c2c":
-        raise UsageError(f"a {p.kind} plan has no gradient here (c2c plans have)")
-    back = INVERSE if direction == FORWARD else FORWARD  # the unnormalised DFT's adjoint is its unnormalised inverse
-    return torch.ops.mpbind.fft(grad.contiguous(), plan, back), None, None
+    if p.kind == "c2c":  # the unnormalised DFT's adjoint is its unnormalised inverse
+        back = INVERSE if direction == FORWARD else FORWARD
+        return torch.ops.mpbind.fft(grad.contiguous(), plan, back, ""), None, None, None
+    if not reverse:
+        other = "c2r" if p.kind == "r2c" else "r2c"
+        raise UsageError(f"a gradient through {p.kind} plan {plan} needs its {other} plan back (reverse=)")
+    # y = R2C(x) = crop(F x): dx = Re(F^H pad(dy)) = C2R(dy with its interior bins halved).
+    # y = C2R(z) = Re(F^H pad(D z)), D doubling the interior bins: dz = D R2C(dy).
+    mask = torch.ones(p.output_shape if p.kind == "r2c" else p.input_shape, dtype=grad.real.dtype,
+                      device=grad.device)
+    mask[..., _interior_bins(p)] = 0.5 if p.kind == "r2c" else 2.0
+    if p.kind == "r2c":
+        return torch.ops.mpbind.fft((grad * mask).contiguous(), reverse, INVERSE, plan), None, None, None
+    return torch.ops.mpbind.fft(grad.contiguous(), reverse, FORWARD, plan) * mask, None, None, None
 
 
 fft.register_autograd(_fft_backward, setup_context=save_arguments)
