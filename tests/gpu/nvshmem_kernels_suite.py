@@ -167,7 +167,7 @@ def kernel_checks(c: Ctx) -> Iterator[Check]:
 # --- the collective matmul ----------------------------------------------------------------------------------
 
 COLLECTIVE_MATMUL = Checks()
-SHAPES = ((256, 512, 384), (1024, 4096, 4096), (2, 64, 8))
+SHAPES = ((256, 512, 384), (1024, 4096, 4096), (2, 64, 8), (255, 512, 384), (1, 64, 8))  # odd m: uneven halves
 
 
 @COLLECTIVE_MATMUL.cases
@@ -214,7 +214,9 @@ def collective_matmul_checks(c: Ctx) -> Iterator[Check]:
     # Arguments that differ between PEs, or that one PE refuses: the same error on every PE.
     yield "refuse.n_differs", lambda: refused(
         lambda: AllGatherMatmul(64, 128, 32 + 32 * (pe == n_pes - 1), "float16"), "same arguments on every PE")
-    yield "refuse.odd_m_on_one_pe", lambda: refused(lambda: AllGatherMatmul(64 + (pe == 0), 128, 32, "float16"),
+    yield "refuse.m_differs", lambda: refused(lambda: AllGatherMatmul(64 + (pe == 0), 128, 32, "float16"),
+                                              "same arguments on every PE")
+    yield "refuse.bad_m_on_one_pe", lambda: refused(lambda: AllGatherMatmul(64 - 64 * (pe == 0), 128, 32, "float16"),
                                                     "refused on PE 0")
     nvshmem.barrier_all()
     yield "barrier.after_refusals", lambda: None

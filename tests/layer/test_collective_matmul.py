@@ -52,7 +52,7 @@ def _agreed(mine: tuple[object, ...], *others: tuple[object, ...]) -> str:
 
 
 @pytest.mark.parametrize(("args", "match"), [
-    ((1023, 4096, 4096, "float16", "host", 16), "must be even"),
+    ((-1, 4096, 4096, "float16", "host", 16), "positive ints"),
     ((0, 4096, 4096, "float16", "host", 16), "positive ints"),
     ((1024, 4096, 4096, "int8", "host", 16), "dtype must be one of"),
     ((1024, 4096, 4096, "float16", "nccl", 16), "method must be one of"),

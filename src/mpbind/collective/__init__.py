@@ -2,12 +2,13 @@
 GEMMs, as in the bidirectional-ring all-gather matmul of JAX's Pallas guides.
 
 Every PE holds ``x`` (``[m, k]``, its rows of the gathered left operand) and ``w`` (``[k, n]``, its
-columns of the right operand) and gets ``out = concat(x of PE 0 .. P-1) @ w`` (``[P*m, n]``). Each
-chunk is split in two halves that travel the ring in opposite directions (the top half to the left
-neighbour, the bottom half to the right one), forwarded PE to PE by NVSHMEM puts with signals; while
-the halves of step s+1 are in flight, the GEMMs of step s run. The GEMM is the caller's: any callable
-``gemm(a, b, out)`` that writes ``a @ b`` into ``out`` (arrays of ``x``'s framework: PyTorch,
-CuPy); the default is ``torch.matmul(a, b, out=out)`` or ``out[...] = a @ b``.
+columns of the right operand) and gets ``out = concat(x of PE 0 .. P-1) @ w`` (``[P*m, n]``), any m.
+Each chunk is split in two halves (its top m // 2 rows and the rest) that travel the ring in opposite
+directions (the top half to the left neighbour, the bottom half to the right one), forwarded PE to PE
+by NVSHMEM puts with signals; while the halves of step s+1 are in flight, the GEMMs of step s run.
+The GEMM is the caller's: any callable ``gemm(a, b, out)`` that writes ``a @ b`` into ``out`` (arrays
+of ``x``'s framework: PyTorch, CuPy); the default is ``torch.matmul(a, b, out=out)`` or
+``out[...] = a @ b``.
 
 ::
 
@@ -52,9 +53,9 @@ from mpbind.process_group import NVSHMEMProcessGroup, ProcessGroup, agree, small
 __all__ = ["AllGatherMatmul", "KERNEL_SOURCE"]
 
 #: The "kernel" method's communication kernel. The symmetric buffers hold, per call parity, P chunks
-#: of two halves each (slot(parity, source PE, half)); signals are laid out alike and count the
-#: CTAs' puts (each adds 1), so the r-th call of a parity has delivered a half once its signal reaches
-#: r * CTAs (`epoch` is r).
+#: of m rows each, a top half of m // 2 rows and a bottom half of the rest (slot(parity, source PE,
+#: half)); signals are laid out per half and count the CTAs' puts (each adds 1), so the r-th call of a
+#: parity has delivered a half once its signal reaches r * CTAs (`epoch` is r).
 KERNEL_SOURCE = r"""
 #include <nvshmem.h>
 #include <nvshmemx.h>
@@ -68,19 +69,28 @@ __device__ void put_slice(char* dst, const char* src, unsigned long long len, ui
     }
 }
 
-extern "C" __global__ void ag_ring(char* slots, const char* x, unsigned long long half_bytes,
-                                   uint64_t* signals, unsigned long long epoch, int parity) {
+// This CTA's slice [*begin, *begin + *len) of a half of `bytes`.
+__device__ void slice_of(unsigned long long bytes, unsigned long long* begin, unsigned long long* len) {
+    const unsigned long long per = (bytes + gridDim.x - 1) / gridDim.x;
+    *begin = min(bytes, blockIdx.x * per);
+    *len = min(bytes, *begin + per) - *begin;
+}
+
+extern "C" __global__ void ag_ring(char* slots, const char* x, unsigned long long top_bytes,
+                                   unsigned long long bottom_bytes, uint64_t* signals, unsigned long long epoch,
+                                   int parity) {
     const int me = nvshmem_my_pe(), npes = nvshmem_n_pes();
     const int left = (me + npes - 1) % npes, right = (me + 1) % npes;
-    const unsigned long long per = (half_bytes + gridDim.x - 1) / gridDim.x;
-    const unsigned long long begin = min(half_bytes, blockIdx.x * per);
-    const unsigned long long len = min(half_bytes, begin + per) - begin;
+    unsigned long long begin, len, begin_b, len_b;  // this CTA's slices of the top and the bottom half
+    slice_of(top_bytes, &begin, &len);
+    slice_of(bottom_bytes, &begin_b, &len_b);
     const unsigned long long target = epoch * gridDim.x;
-#define SLOT(src, half) (slots + ((((unsigned long long)parity * npes + (src)) * 2 + (half)) * half_bytes))
+#define SLOT(src, half) (slots + ((unsigned long long)parity * npes + (src)) * (top_bytes + bottom_bytes) \
+                         + ((half) ? top_bytes : 0))
 #define SIGNAL(src, half) (signals + (((unsigned long long)parity * npes + (src)) * 2 + (half)))
     // Step 0: this PE's top half goes left, its bottom half right.
     put_slice(SLOT(me, 0) + begin, x + begin, len, SIGNAL(me, 0), left);
-    put_slice(SLOT(me, 1) + begin, x + half_bytes + begin, len, SIGNAL(me, 1), right);
+    put_slice(SLOT(me, 1) + begin_b, x + top_bytes + begin_b, len_b, SIGNAL(me, 1), right);
     // Steps 1 .. P-2: forward what arrived, once all of its CTAs' slices are there.
     for (int s = 1; s < npes - 1; ++s) {
         const int from_right = (me + s) % npes, from_left = (me + npes - s) % npes;
@@ -89,7 +99,7 @@ extern "C" __global__ void ag_ring(char* slots, const char* x, unsigned long lon
         put_slice(SLOT(from_right, 0) + begin, SLOT(from_right, 0) + begin, len, SIGNAL(from_right, 0), left);
         if (threadIdx.x == 0) nvshmem_signal_wait_until(SIGNAL(from_left, 1), NVSHMEM_CMP_GE, target);
         __syncthreads();
-        put_slice(SLOT(from_left, 1) + begin, SLOT(from_left, 1) + begin, len, SIGNAL(from_left, 1), right);
+        put_slice(SLOT(from_left, 1) + begin_b, SLOT(from_left, 1) + begin_b, len_b, SIGNAL(from_left, 1), right);
     }
     nvshmem_quiet();  // x may be overwritten once the kernel is done
 }
@@ -100,7 +110,6 @@ _DTYPES = ("float16", "bfloat16", "float32")
 # A PE's refusal, by the code _local_problem finds: its message travels in the agreement.
 _PROBLEMS = {
     1: "m, k and n must be positive ints",
-    2: "m (rows of x per PE) must be even: each chunk travels as two halves",
     3: f"dtype must be one of {', '.join(_DTYPES)}",
     4: f"method must be one of {', '.join(_METHODS)}",
     5: "ctas must be a positive int (at most 2**31 - 1, a grid's width) or None",
@@ -117,8 +126,6 @@ def _local_problem(m: Any, k: Any, n: Any, dtype: Any, method: Any, ctas: Any, *
 
     if not (positive(m) and positive(k) and positive(n)):
         return 1, None
-    if m % 2:
-        return 2, None
     try:
         name = dtype_name(dtype)
     except (TypeError, ValueError):
@@ -199,7 +206,9 @@ class AllGatherMatmul(Uncopyable):
         self.ctas = DEFAULT_CTAS if ctas is None else ctas
         self.n_pes, self.pe = nvshmem.n_pes(), nvshmem.my_pe()
         self._gemm = gemm
-        self._half_bytes = (m // 2) * k * itemsize(name)
+        # Each chunk travels as two halves, the top one of m // 2 rows (none for m = 1), the bottom one of the rest.
+        self._top_bytes = (m // 2) * k * itemsize(name)
+        self._chunk_bytes = m * k * itemsize(name)
         self._slots = nvshmem.empty((2, self.n_pes, m, k), name)
         self._signals = nvshmem.zeros((2, self.n_pes, 2), "uint64")
         self._epoch = 0  # calls made; odd and even calls use the two halves of the buffers
@@ -226,14 +235,15 @@ class AllGatherMatmul(Uncopyable):
 
         self._library = nk.compile(KERNEL_SOURCE, name="ag_ring").load()
         self._kernel = self._library.kernel(
-            "ag_ring", nk.symmetric("slots"), nk.pointer("x"), nk.value("half_bytes", "uint64"),
+            "ag_ring", nk.symmetric("slots"), nk.pointer("x"), nk.value("top_bytes", "uint64"),
+            nk.value("bottom_bytes", "uint64"),
             nk.symmetric("signals", "uint64"), nk.value("epoch", "uint64"), nk.value("parity", "int32"),
             collective=True)
 
     # --- addresses ----------------------------------------------------------------------------
 
     def _slot(self, parity: int, src: int, half: int) -> int:
-        return self._slots.ptr + ((parity * self.n_pes + src) * 2 + half) * self._half_bytes
+        return self._slots.ptr + (parity * self.n_pes + src) * self._chunk_bytes + (self._top_bytes if half else 0)
 
     def _signal(self, parity: int, src: int, half: int) -> int:
         return self._signals.ptr + ((parity * self.n_pes + src) * 2 + half) * 8
@@ -243,7 +253,7 @@ class AllGatherMatmul(Uncopyable):
         key = (framework.__name__, parity, src, half)
         view = self._views.get(key)
         if view is None:
-            rows = self.m if half == 2 else self.m // 2
+            rows = (self.m, self.m // 2, self.m - self.m // 2)[(half + 1) % 3]  # half 2, 0, 1
             code, bits = dlpack_code(self.dtype)
             ptr = self._slot(parity, src, 0 if half == 2 else half)
             view = framework.from_dlpack(_core.dlpack_view(ptr, [rows, self.k], code, bits, self._slots.device,
@@ -304,27 +314,32 @@ class AllGatherMatmul(Uncopyable):
     def _host_ring(self, x_ptr: int, parity: int) -> None:
         from mpbind.bindings import nvshmem as flat
 
-        comm, half, epoch = int(self._comm.handle), self._half_bytes, self._round
+        comm, top, epoch = int(self._comm.handle), self._top_bytes, self._round
+        sizes = (top, self._chunk_bytes - top)
         left, right = (self.pe - 1) % self.n_pes, (self.pe + 1) % self.n_pes
-        base = x_ptr
-        add = int(flat.SignalOp.ADD)
-        ge = int(flat.CmpType.GE)
-        flat.putmem_signal_nbi_on_stream(self._slot(parity, self.pe, 0), base, half,
-                                         self._signal(parity, self.pe, 0), 1, add, left, comm)
-        flat.putmem_signal_nbi_on_stream(self._slot(parity, self.pe, 1), base + half, half,
-                                         self._signal(parity, self.pe, 1), 1, add, right, comm)
+        add, ge = int(flat.SignalOp.ADD), int(flat.CmpType.GE)
+
+        def forward(src: int, half: int, source: int, pe: int) -> None:
+            """Half `half` of PE `src`'s chunk, read at `source`, into its slot on `pe`, with its signal."""
+            dst, signal = self._slot(parity, src, half), self._signal(parity, src, half)
+            if sizes[half]:
+                flat.putmem_signal_nbi_on_stream(dst, source, sizes[half], signal, 1, add, pe, comm)
+            else:  # m = 1 has no top half; its signal still counts
+                flat.signal_op_on_stream(signal, 1, add, pe, comm)
+
+        forward(self.pe, 0, x_ptr, left)
+        forward(self.pe, 1, x_ptr + top, right)
         for s in range(1, self.n_pes - 1):
             from_right, from_left = (self.pe + s) % self.n_pes, (self.pe - s) % self.n_pes
             flat.signal_wait_until_on_stream(self._signal(parity, from_right, 0), ge, epoch, comm)
-            flat.putmem_signal_nbi_on_stream(self._slot(parity, from_right, 0), self._slot(parity, from_right, 0), half,
-                                             self._signal(parity, from_right, 0), 1, add, left, comm)
+            forward(from_right, 0, self._slot(parity, from_right, 0), left)
             flat.signal_wait_until_on_stream(self._signal(parity, from_left, 1), ge, epoch, comm)
-            flat.putmem_signal_nbi_on_stream(self._slot(parity, from_left, 1), self._slot(parity, from_left, 1), half,
-                                             self._signal(parity, from_left, 1), 1, add, right, comm)
+            forward(from_left, 1, self._slot(parity, from_left, 1), right)
         flat.quiet_on_stream(comm)
 
     def _launch_ring(self, x_ptr: int, parity: int) -> None:
-        self._kernel.launch_collective(self._slots, x_ptr, self._half_bytes, self._signals,
+        self._kernel.launch_collective(self._slots, x_ptr, self._top_bytes, self._chunk_bytes - self._top_bytes,
+                                       self._signals,
                                        self._round, parity, grid=self.ctas, block=512, stream=self._comm)
 
     def _gemms(self, framework: Any, gemm: Callable[[Any, Any, Any], Any], x: Any, w: Any, out: Any, parity: int,
@@ -342,7 +357,8 @@ class AllGatherMatmul(Uncopyable):
                 flat.signal_wait_until_on_stream(self._signal(parity, from_left, 1), ge, target, stream)
                 gemm(self._rows(framework, parity, from_right, 2), w, out[from_right * m:(from_right + 1) * m])
                 continue
-            gemm(self._rows(framework, parity, from_right, 0), w, out[from_right * m:from_right * m + h])
+            if h:  # m = 1: no top half (its signal still comes)
+                gemm(self._rows(framework, parity, from_right, 0), w, out[from_right * m:from_right * m + h])
             flat.signal_wait_until_on_stream(self._signal(parity, from_left, 1), ge, target, stream)
             gemm(self._rows(framework, parity, from_left, 1), w, out[from_left * m + h:(from_left + 1) * m])
 
