@@ -148,3 +148,32 @@ def test_a_closed_communicator_is_refused_by_name() -> None:
     c.close()
     with pytest.raises(UsageError, match="is closed"):
         mpt.all_reduce(torch.ones(2, device="cuda"), name)
+
+
+def test_eager_calls_skip_the_dispatcher_only_when_nothing_needs_it(comm: nccl.Communicator) -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from mpbind.torch import _ops
+
+    x = torch.ones(4, device="cuda")
+    assert _ops.direct(x)
+    leaf = torch.ones(4, device="cuda", requires_grad=True)
+    assert not _ops.direct(leaf)  # a gradient to record: the autograd kernel must see it
+    with torch.no_grad():
+        assert _ops.direct(leaf)
+    assert not _ops.direct(torch.ones(4))  # CPU: the dispatcher refuses it, naming the device
+
+    seen: list[str] = []
+
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Seen():
+        assert not _ops.direct(x)
+        mpt.all_reduce(x, comm)
+    assert "mpbind.all_reduce.default" in seen  # the mode saw the operator
+    # Both paths give the same result, and the gradient of the dispatcher's path is the adjoint.
+    y = torch.arange(6.0, device="cuda")
+    assert torch.equal(mpt.all_gather(y, comm), torch.ops.mpbind.all_gather(y, mpt.name_of(comm), 1))

@@ -57,6 +57,11 @@ THIRD_PARTY: dict[tuple[str, str], str] = {
         "cuda.pathfinder's LoadedDL field holding the dlopen handle as an int (its only form of it)",
     ("src/mpbind/cufftmp.py", "MPI._addressof"):
         "mpi4py's documented way to an MPI_Comm's address, which cuFFTMp's attach takes",
+    ("src/mpbind/torch/_ops.py", "torch._C"): "PyTorch's C module, for the two queries below",
+    ("src/mpbind/torch/_ops.py", "torch._C._is_torch_function_mode_enabled"):
+        "whether a torch-function mode is active, which a direct call (no dispatcher) would bypass; no public form",
+    ("src/mpbind/torch/_ops.py", "torch._C._len_torch_dispatch_stack"):
+        "whether a dispatch mode is active, which a direct call (no dispatcher) would bypass; no public form",
     ("src/mpbind/kernels/__init__.py", "ctypes._SimpleCData"):
         "the base class of ctypes' scalar types: how a ctypes kernel argument is recognised",
     ("benchmarks/_tp.py", "torch._scaled_mm"): "PyTorch's FP8 GEMM, the reference of the FP8 layers",

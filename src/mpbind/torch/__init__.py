@@ -93,13 +93,16 @@ def _tensor(x: Any) -> Tensor:
     return x
 
 
-@torch.compiler.assume_constant_result
-def _resolved(comm: Any) -> tuple[str, int]:
-    """(registry name, size) of a Communicator or of a registered name: constants to the compiler."""
+def _resolve(comm: Any) -> tuple[str, int]:
+    """(registry name, size) of a Communicator or of a registered name."""
     c = lookup(comm, Communicator) if isinstance(comm, str) else comm
     if not isinstance(c, Communicator):
         raise TypeError(f"comm must be an mpbind.nccl.Communicator or its registered name, not {type(comm).__name__}")
     return name_of(c), c.size
+
+
+#: :func:`_resolve` as the compiler sees it: constants.
+_resolved = torch.compiler.assume_constant_result(_resolve)
 
 
 @torch.compiler.assume_constant_result
@@ -114,47 +117,65 @@ def _plan_name(plan: Any, kind: type) -> tuple[str, str]:
 
 def all_reduce(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
     """The reduction (`op`: sum, prod, max, min, avg) of `x` over the ranks, as a new tensor."""
+    if _ops.direct(x):
+        return _ops.all_reduce_kernel(x, _resolve(comm)[0], op)
     return torch.ops.mpbind.all_reduce(_tensor(x), _resolved(comm)[0], op)
 
 
 def all_reduce_(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
     """:func:`all_reduce` into `x` itself (contiguous); returns `x`."""
+    if _ops.direct(x):
+        _ops.all_reduce_in_place_kernel(x, _resolve(comm)[0], op)
+        return x
     torch.ops.mpbind.all_reduce_(_tensor(x), _resolved(comm)[0], op)
     return x
 
 
 def all_gather(x: Tensor, comm: Any) -> Tensor:
     """Every rank's `x` stacked along dim 0, rank order (``size * x.shape[0]`` rows)."""
+    if _ops.direct(x):
+        return _ops.all_gather_kernel(x, *_resolve(comm))
     name, size = _resolved(comm)
     return torch.ops.mpbind.all_gather(_tensor(x), name, size)
 
 
 def reduce_scatter(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
     """Block ``rank`` (of ``size`` equal blocks along dim 0) of the reduction of `x` over the ranks."""
+    if _ops.direct(x):
+        name, size = _resolve(comm)
+        return _ops.reduce_scatter_kernel(x, name, op, size)
     name, size = _resolved(comm)
     return torch.ops.mpbind.reduce_scatter(_tensor(x), name, op, size)
 
 
 def all_to_all(x: Tensor, comm: Any) -> Tensor:
     """Block j (of ``size`` equal blocks along dim 0) goes to rank j; block r of the result came from rank r."""
+    if _ops.direct(x):
+        return _ops.all_to_all_kernel(x, *_resolve(comm))
     name, size = _resolved(comm)
     return torch.ops.mpbind.all_to_all(_tensor(x), name, size)
 
 
 def broadcast(x: Tensor, comm: Any, root: int) -> Tensor:
     """Rank `root`'s `x` on every rank, as a new tensor (no gradient)."""
+    if _ops.direct(x):
+        return _ops.broadcast_kernel(x, _resolve(comm)[0], root)
     return torch.ops.mpbind.broadcast(_tensor(x), _resolved(comm)[0], root)
 
 
 def send_recv(x: Tensor, comm: Any, send_to: int, recv_from: int) -> Tensor:
     """Send `x` to rank `send_to` and receive a tensor of the same shape and dtype from `recv_from`, in
     one NCCL group (a ring or a pipeline's exchange); its gradient goes back the way the data came."""
+    if _ops.direct(x):
+        return _ops.send_recv_kernel(x, _resolve(comm)[0], send_to, recv_from)
     return torch.ops.mpbind.send_recv(_tensor(x), _resolved(comm)[0], send_to, recv_from)
 
 
 def send(x: Tensor, comm: Any, peer: int) -> None:
     """Send `x` to rank `peer` (which calls :func:`recv`). Not inside a compiled function, which would
     drop an operator without an output: use :func:`send_recv` there."""
+    if _ops.direct(x):
+        return _ops.send_kernel(x, _resolve(comm)[0], peer)
     torch.ops.mpbind.send(_tensor(x), _resolved(comm)[0], peer)
 
 
@@ -222,4 +243,6 @@ def copy_to_group(x: Tensor, comm: Any) -> Tensor:
 def reduce_from_group(x: Tensor, comm: Any) -> Tensor:
     """`x` summed over the ranks forward, the gradient passed through backward: where a tensor-parallel
     block ends (Megatron's ``g``)."""
+    if _ops.direct(x):
+        return _ops.all_reduce_kernel(x, _resolve(comm)[0], "sum")
     return _ReduceFromGroup.apply(_tensor(x), _resolved(comm)[0])

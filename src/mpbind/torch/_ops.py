@@ -6,7 +6,9 @@ kernel that calls the layer on torch's current stream and never synchronises the
 graphs capture it), a fake kernel with the exact output shape and dtype (FakeTensor, meta tensors,
 ``torch.compile``), and autograd where the math defines one. ``custom_op`` in Python rather than a
 C++ ``TORCH_LIBRARY``: the kernel's work is one call into mpbind's C++ core, and a C++ library would
-have to be built against each torch release's ABI.
+have to be built against each torch release's ABI. The price is the dispatcher's Python path (tens of
+µs a call, measured in ``benchmarks/torch_ops.py``): eager calls that need nothing from it (see
+:func:`direct`) run the same kernel (``*_kernel``) directly.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mpbind import nccl
 from mpbind._infra.args import MAX_RANKS
 from mpbind.errors import UsageError
 from mpbind.torch import _registry
@@ -25,10 +28,18 @@ REDUCTIONS = ("sum", "prod", "max", "min", "avg")
 _LINEAR = ("sum", "avg")
 
 
-def _communicator(name: str) -> Any:
-    from mpbind.nccl import Communicator
+def direct(x: Any) -> bool:
+    """Whether a call may run its kernel directly, without the dispatcher, whose Python custom-op path
+    costs tens of µs a call: eager (torch.compile traces the operator), no gradient to record, a plain
+    CUDA tensor (no subclass: FakeTensor, DTensor), and no torch-function or dispatch mode that is to
+    see the call. The kernel is the same either way."""
+    return (not torch.compiler.is_compiling() and type(x) is Tensor and x.is_cuda
+            and not (x.requires_grad and torch.is_grad_enabled())
+            and not torch._C._is_torch_function_mode_enabled() and torch._C._len_torch_dispatch_stack() == 0)
 
-    return _registry.lookup(name, Communicator)
+
+def _communicator(name: str) -> Any:
+    return _registry.lookup(name, nccl.Communicator)
 
 
 def _group(comm: str, group_size: int) -> Any:
@@ -76,13 +87,15 @@ def on_cuda(x: Tensor, what: str) -> None:
 # --- all_reduce ---------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("mpbind::all_reduce", mutates_args=())
-def all_reduce(x: Tensor, comm: str, op: str) -> Tensor:
+def all_reduce_kernel(x: Tensor, comm: str, op: str) -> Tensor:
     _check_op(op, x)
     on_cuda(x, "mpbind::all_reduce")
     out = x.contiguous().clone()
     _communicator(comm).all_reduce(_flat(out), _flat(out), op, stream=_stream())
     return out
+
+
+all_reduce = torch.library.custom_op("mpbind::all_reduce", all_reduce_kernel, mutates_args=())
 
 
 @all_reduce.register_fake
@@ -106,13 +119,15 @@ def _all_reduce_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, N
 all_reduce.register_autograd(_all_reduce_backward, setup_context=save_arguments)
 
 
-@torch.library.custom_op("mpbind::all_reduce_", mutates_args=("x",))
-def all_reduce_(x: Tensor, comm: str, op: str) -> None:
+def all_reduce_in_place_kernel(x: Tensor, comm: str, op: str) -> None:
     _check_op(op, x)
     on_cuda(x, "mpbind::all_reduce_")
     if not x.is_contiguous():
         raise UsageError("mpbind::all_reduce_ works in place on a contiguous tensor")
     _communicator(comm).all_reduce(_flat(x), _flat(x), op, stream=_stream())
+
+
+all_reduce_ = torch.library.custom_op("mpbind::all_reduce_", all_reduce_in_place_kernel, mutates_args=("x",))
 
 
 @all_reduce_.register_fake
@@ -129,12 +144,14 @@ def _gathered(x: Tensor, comm: str, group_size: int) -> Tensor:
     return x.new_empty((group_size * x.shape[0], *x.shape[1:]) if x.dim() else (group_size,))
 
 
-@torch.library.custom_op("mpbind::all_gather", mutates_args=())
-def all_gather(x: Tensor, comm: str, group_size: int) -> Tensor:
+def all_gather_kernel(x: Tensor, comm: str, group_size: int) -> Tensor:
     out = _gathered(x, comm, group_size)
     on_cuda(x, "mpbind::all_gather")
     _group(comm, group_size).all_gather(_flat(x.contiguous()), _flat(out), stream=_stream())
     return out
+
+
+all_gather = torch.library.custom_op("mpbind::all_gather", all_gather_kernel, mutates_args=())
 
 
 all_gather.register_fake(_gathered)
@@ -148,12 +165,14 @@ def _scattered(x: Tensor, comm: str, op: str, group_size: int) -> Tensor:
     return x.new_empty((x.shape[0] // group_size, *x.shape[1:]))
 
 
-@torch.library.custom_op("mpbind::reduce_scatter", mutates_args=())
-def reduce_scatter(x: Tensor, comm: str, op: str, group_size: int) -> Tensor:
+def reduce_scatter_kernel(x: Tensor, comm: str, op: str, group_size: int) -> Tensor:
     out = _scattered(x, comm, op, group_size)
     on_cuda(x, "mpbind::reduce_scatter")
     _group(comm, group_size).reduce_scatter(_flat(x.contiguous()), _flat(out), op, stream=_stream())
     return out
+
+
+reduce_scatter = torch.library.custom_op("mpbind::reduce_scatter", reduce_scatter_kernel, mutates_args=())
 
 
 reduce_scatter.register_fake(_scattered)
@@ -189,12 +208,14 @@ def _exchanged(x: Tensor, comm: str, group_size: int) -> Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op("mpbind::all_to_all", mutates_args=())
-def all_to_all(x: Tensor, comm: str, group_size: int) -> Tensor:
+def all_to_all_kernel(x: Tensor, comm: str, group_size: int) -> Tensor:
     out = _exchanged(x, comm, group_size)
     on_cuda(x, "mpbind::all_to_all")
     _group(comm, group_size).all_to_all(_flat(x.contiguous()), _flat(out), stream=_stream())
     return out
+
+
+all_to_all = torch.library.custom_op("mpbind::all_to_all", all_to_all_kernel, mutates_args=())
 
 
 all_to_all.register_fake(_exchanged)
@@ -212,8 +233,7 @@ all_to_all.register_autograd(_all_to_all_backward, setup_context=save_arguments)
 # --- broadcast ----------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("mpbind::broadcast", mutates_args=())
-def broadcast(x: Tensor, comm: str, root: int) -> Tensor:
+def broadcast_kernel(x: Tensor, comm: str, root: int) -> Tensor:
     on_cuda(x, "mpbind::broadcast")
     c = _communicator(comm)
     if not 0 <= root < c.size:
@@ -221,6 +241,9 @@ def broadcast(x: Tensor, comm: str, root: int) -> Tensor:
     out = x.contiguous().clone()
     c.broadcast(_flat(out), _flat(out), root, stream=_stream())
     return out
+
+
+broadcast = torch.library.custom_op("mpbind::broadcast", broadcast_kernel, mutates_args=())
 
 
 @broadcast.register_fake
@@ -245,19 +268,19 @@ def _exchange_output(x: Tensor, comm: str, send_to: int, recv_from: int) -> Tens
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op("mpbind::send_recv", mutates_args=())
-def send_recv(x: Tensor, comm: str, send_to: int, recv_from: int) -> Tensor:
+def send_recv_kernel(x: Tensor, comm: str, send_to: int, recv_from: int) -> Tensor:
     out = _exchange_output(x, comm, send_to, recv_from)
     on_cuda(x, "mpbind::send_recv")
     c = _communicator(comm)
     _peer(c, comm, send_to, "send_to")
     _peer(c, comm, recv_from, "recv_from")
-    from mpbind.nccl import group
-
-    with group():  # one NCCL group: a ring of such exchanges does not deadlock
+    with nccl.group():  # one NCCL group: a ring of such exchanges does not deadlock
         c.send(_flat(x.contiguous()), send_to, stream=_stream())
         c.recv(_flat(out), recv_from, stream=_stream())
     return out
+
+
+send_recv = torch.library.custom_op("mpbind::send_recv", send_recv_kernel, mutates_args=())
 
 
 send_recv.register_fake(_exchange_output)
@@ -272,12 +295,14 @@ def _send_recv_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, Non
 send_recv.register_autograd(_send_recv_backward, setup_context=save_arguments)
 
 
-@torch.library.custom_op("mpbind::send", mutates_args=())
-def send(x: Tensor, comm: str, peer: int) -> None:
+def send_kernel(x: Tensor, comm: str, peer: int) -> None:
     on_cuda(x, "mpbind::send")
     c = _communicator(comm)
     _peer(c, comm, peer, "peer")
     c.send(_flat(x.contiguous()), peer, stream=_stream())
+
+
+send = torch.library.custom_op("mpbind::send", send_kernel, mutates_args=())
 
 
 @send.register_fake
@@ -297,8 +322,7 @@ def _received(shape: list[int], dtype: torch.dtype, device: torch.device, comm: 
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-@torch.library.custom_op("mpbind::recv", mutates_args=())
-def recv(shape: list[int], dtype: torch.dtype, device: torch.device, comm: str, peer: int) -> Tensor:
+def recv_kernel(shape: list[int], dtype: torch.dtype, device: torch.device, comm: str, peer: int) -> Tensor:
     out = _received(shape, dtype, device, comm, peer)
     if out.device.type == "meta":  # no tensor argument picks the kernel: a meta recv is its shape alone
         return out
@@ -307,6 +331,9 @@ def recv(shape: list[int], dtype: torch.dtype, device: torch.device, comm: str, 
     _peer(c, comm, peer, "peer")
     c.recv(_flat(out), peer, stream=_stream())
     return out
+
+
+recv = torch.library.custom_op("mpbind::recv", recv_kernel, mutates_args=())
 
 
 recv.register_fake(_received)
