@@ -10,12 +10,15 @@ Host time per call (``perf_counter_ns`` around one call, nothing synchronised in
 median over every call; the variants interleaved batch by batch) of a float32 sum:
 
 * ``layer``: ``comm.all_reduce(t, t)``, the direct call (in place);
-* ``op``: ``mpbind.torch.all_reduce(t, comm)`` (a new tensor), ``op_inplace``: ``all_reduce_``;
+* ``op``: ``mpbind.torch.all_reduce(t, comm)`` (a new tensor; eager, it runs the kernel directly),
+  ``op_inplace``: ``all_reduce_``, ``op_dispatcher``: ``torch.ops.mpbind.all_reduce`` (the dispatcher's
+  path, which autograd and compiled graphs take);
 * ``torch``: ``torch.distributed.all_reduce(t)`` (in place);
 * ``funcol``: ``wait_tensor(all_reduce(t, "sum", group))`` of ``torch.distributed._functional_collectives``;
 * ``compiled_op`` and ``compiled_funcol``: the same function, ``t * 2`` then the all-reduce, compiled
   (inductor, ``fullgraph=True``) once with the mpbind operator and once with the functional collective;
-  ``eager_op``: that function uncompiled.
+  ``eager_op``: that function uncompiled; ``compiled_floor``: ``t * 2`` alone, compiled (what a compiled
+  function costs without a collective).
 
 Targets: ``op`` within 3 µs of ``layer``; ``compiled_op`` at most 0.5x ``compiled_funcol``.
 Rank 0 prints the table and writes ``torch_ops.csv`` and ``torch_ops.png`` under ``--out``.
@@ -47,7 +50,8 @@ from _torch_gpu import mapped_nccl, start_process_group  # noqa: E402
 import mpbind.torch as mpt  # noqa: E402
 from mpbind import nccl  # noqa: E402
 
-VARIANTS = ("layer", "op", "op_inplace", "torch", "funcol", "eager_op", "compiled_op", "compiled_funcol")
+VARIANTS = ("layer", "op", "op_inplace", "op_dispatcher", "torch", "funcol", "eager_op", "compiled_op",
+            "compiled_funcol", "compiled_floor")
 
 
 def launched() -> tuple[int, int]:
@@ -67,15 +71,19 @@ def variants(comm: nccl.Communicator, t: Any) -> dict[str, Callable[[], Any]]:
 
     compiled_op = torch.compile(with_op, fullgraph=True)
     compiled_funcol = torch.compile(with_funcol, fullgraph=True)
+    compiled_floor = torch.compile(lambda x: x * 2, fullgraph=True)
+    name = mpt.name_of(comm)
     return {
         "layer": lambda: comm.all_reduce(t, t),
         "op": lambda: mpt.all_reduce(t, comm),
         "op_inplace": lambda: mpt.all_reduce_(t, comm),
+        "op_dispatcher": lambda: torch.ops.mpbind.all_reduce(t, name, "sum"),
         "torch": lambda: dist.all_reduce(t),
         "funcol": lambda: funcol.wait_tensor(funcol.all_reduce(t, "sum", group)),
         "eager_op": lambda: with_op(t),
         "compiled_op": lambda: compiled_op(t),
         "compiled_funcol": lambda: compiled_funcol(t),
+        "compiled_floor": lambda: compiled_floor(t),
     }
 
 
@@ -88,7 +96,7 @@ def measure(comm: nccl.Communicator, nbytes: int, calls: int, batches: int) -> d
         out = fn()
         torch.cuda.synchronize()
         got = t if out is None or name in ("layer", "op_inplace", "torch") else out
-        want = float(2 * size if name in ("eager_op", "compiled_op", "compiled_funcol") else size)
+        want = float(2 * size if name in ("eager_op", "compiled_op", "compiled_funcol", "compiled_floor") else size)
         if not bool(torch.all(got == want)):
             raise SystemExit(f"{name}: wrong all-reduce at {nbytes} B: {got[:4].tolist()} != {want}")
         for _ in range(3):
