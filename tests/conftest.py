@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata as md
 import re
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,11 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 VERSIONS = Path(__file__).resolve().parents[1] / "codegen" / "versions.toml"
+
+# A shell without job control starts a background command (`make test &`) with SIGINT ignored, and
+# Python then leaves it ignored, as do the processes it starts: the Ctrl-C tests would wait in vain.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ except ModuleNotFoundError as _exc:  # pragma: no cover - depends on the environ
 
 from torch import Tensor
 
+from mpbind._infra import args as _args
 from mpbind.errors import UsageError
 from mpbind.fft import FORWARD, INVERSE, FFTPlan, ReshapePlan
 from mpbind.nccl import Communicator
@@ -182,10 +183,17 @@ def send(x: Tensor, comm: Any, peer: int) -> None:
 def recv(shape: Any, dtype: torch.dtype, comm: Any, peer: int, device: Any = None) -> Tensor:
     """A new tensor of `shape` and `dtype` received from rank `peer` (on `device`, default the current
     CUDA device)."""
+    dims = [_args.integer(n, "shape's extents", minimum=0) for n in _args.sequence(shape, "shape", _args.MAX_NDIM)]
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, not {type(dtype).__name__}")
+    name = _resolved(comm)[0]
     if device is None and not torch.cuda.is_available():
         raise UsageError("recv receives into a CUDA tensor, and torch sees no CUDA device")
-    where = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-    return torch.ops.mpbind.recv(list(shape), dtype, where, _resolved(comm)[0], peer)
+    try:
+        where = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:  # a device this torch cannot name or reach
+        raise UsageError(f"device {device!r}: {exc}") from None
+    return torch.ops.mpbind.recv(dims, dtype, where, name, _args.integer(peer, "peer", minimum=0))
 
 
 def fft(x: Tensor, plan: Any, direction: int | str | None = None, reverse: Any = None) -> Tensor:
