@@ -287,3 +287,32 @@ def test_the_interior_bins_of_a_piece(n: int, lo: int, up: int, interior: tuple[
 
     s = _interior_bins(Plan())  # type: ignore[arg-type]
     assert (s.start, s.stop) == interior
+
+
+def _reshape_plan(serial: int, source: Any, target: Any, rank: int) -> Any:
+    """A ReshapePlan of the planner's real decision for `rank`, over a stand-in core (no cuFFTMp)."""
+    from mpbind.fft import ReshapePlan
+    from mpbind.fft._planner import plan_reshape
+
+    p = ReshapePlan._over(_CoreStandIn(serial, source.nranks))
+    p._place(plan_reshape(source, target, "float32"), rank, 0, None)
+    return p
+
+
+def test_the_reshape_operator_and_its_gradient_through_the_plan_back() -> None:
+    from mpbind import distributions as dist
+
+    by_x, by_y = dist.Split((8, 6, 4), 2, 0), dist.Split((8, 6, 4), 2, 1)
+    there, back = _reshape_plan(10_000_031, by_x, by_y, 1), _reshape_plan(10_000_032, by_y, by_x, 1)
+    try:
+        x = meta(*there.input_shape)
+        checked = torch.library.opcheck(OPS.reshape.default, (x, mpt.name_of(there), mpt.name_of(back)))
+        assert set(checked.values()) == {"SUCCESS"}, checked
+        assert mpt.reshape(x, there, reverse=back).shape == there.output_shape == (8, 3, 4)
+        assert _backward_ops(lambda t: mpt.reshape(t, there, reverse=back), x) == ["mpbind.reshape.default"]
+        with pytest.raises(UsageError, match="needs the plan back"):
+            mpt.reshape(x, there).sum().backward()
+        with pytest.raises(UsageError, match=r"reverse \(ReshapePlan#10000031\) must move"):
+            mpt.reshape(x, there, reverse=there)
+    finally:
+        mpt.forget(there), mpt.forget(back)
