@@ -1,4 +1,5 @@
-"""Command line: ``python -m mpbind info`` and ``python -m mpbind coverage [--json]``."""
+"""Command line: ``python -m mpbind info``, ``python -m mpbind coverage [--json]`` and
+``python -m mpbind --version``."""
 
 from __future__ import annotations
 
@@ -7,11 +8,18 @@ import json
 import sys
 
 
+def _version() -> str:
+    import mpbind
+
+    return mpbind.__version__
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m mpbind",
         description="Inspect the NVIDIA libraries mpbind binds.",
     )
+    parser.add_argument("--version", action="version", version=f"mpbind {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser(
         "info",

@@ -410,3 +410,13 @@ def test_load_libraries_loads_now_and_first(tmp_path: Path, installed: dict[str,
     assert [Path(p).resolve() for p in out["mapped"]] == [Path(wheel_copy).resolve()]
     assert Path(out["paths"]["nvshmem"]).resolve() == Path(wheel_copy).resolve()
     assert out["errors"] == ["TypeError", "ValueError", "ValueError"]
+
+
+def test_version_is_the_installed_distributions() -> None:
+    import importlib.metadata as md
+
+    proc = subprocess.run([sys.executable, "-m", "mpbind", "--version"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"mpbind {md.version('mpbind')}"
+    meta = md.metadata("mpbind")
+    assert "License :: OSI Approved :: Apache Software License" in meta.get_all("Classifier")
