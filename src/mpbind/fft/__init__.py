@@ -293,6 +293,11 @@ class _Plan(Owned, Generic[_Spec]):
     def output_shape(self) -> tuple[int, ...]:
         return self.spec.output_side(self._rank).shape
 
+    @property
+    def device(self) -> int:
+        """The GPU this rank's part of the plan runs on."""
+        return self._device
+
     def _view(self, ptr: int, side: Side, room: int, owner: Any) -> DeviceView:
         """This rank's piece `side` at `ptr` (`room` symmetric bytes from there), kept alive by `owner`."""
         return DeviceView._of(ptr, side.shape, side.strides, side.dtype, self._device, room, owner)
@@ -427,10 +432,6 @@ class FFTPlan(_Plan[FFTSpec]):
     def buffer_bytes(self) -> int:
         """Bytes an array used in place needs from its start on this rank."""
         return self._need
-
-    @property
-    def device(self) -> int:
-        return self._device
 
     @property
     def stream(self) -> int:

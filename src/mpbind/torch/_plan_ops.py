@@ -40,6 +40,11 @@ def _check_input(x: Tensor, shape: tuple[int, ...], dtype: str, what: str) -> No
                          f"of shape {tuple(x.shape)}")
 
 
+def _on_device(x: Tensor, device: int, what: str) -> None:
+    if x.device.index != device:
+        raise UsageError(f"{what}: x is on {x.device}; the plan's PE uses cuda:{device}")
+
+
 def _on_plan_stream(handle: int, run: Callable[[], object], *tensors: Tensor) -> None:
     """`run` queued on the plan's stream `handle`, after the work already on torch's current stream and
     before what comes next there. The tensors it reads or writes are marked in use on that stream."""
@@ -97,6 +102,7 @@ def fft(x: Tensor, plan: str, direction: int, reverse: str) -> Tensor:
     out = _transformed(x, plan, direction, reverse)
     on_cuda(x, "mpbind::fft")
     p = _registry.lookup(plan, FFTPlan)
+    _on_device(x, p.device, "mpbind::fft")
     src = x.contiguous()
     _on_plan_stream(p.stream, lambda: p.execute(src, direction=direction, out=out), src, out)
     return out
@@ -156,7 +162,9 @@ def _moved(x: Tensor, plan: str, reverse: str) -> Tensor:
 def reshape(x: Tensor, plan: str, reverse: str) -> Tensor:
     out = _moved(x, plan, reverse)
     on_cuda(x, "mpbind::reshape")
-    _registry.lookup(plan, ReshapePlan).execute(x.contiguous(), out=out, stream=torch.cuda.current_stream())
+    p = _registry.lookup(plan, ReshapePlan)
+    _on_device(x, p.device, "mpbind::reshape")
+    p.execute(x.contiguous(), out=out, stream=torch.cuda.current_stream(x.device))
     return out
 
 
