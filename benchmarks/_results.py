@@ -69,3 +69,18 @@ def plot(png: Path, title: str, x_label: str, panels: Sequence[tuple[str, dict[s
     fig.savefig(png, dpi=120)
     plt.close(fig)
     return True
+
+
+def report(csv_path: Path, rows: Sequence[dict[str, Any]], title: str, x: str,
+           panels: Sequence[tuple[str, Sequence[str], str]]) -> None:
+    """Rows of one measurement each (dicts with the same keys, `x` among them): the table on stdout,
+    the CSV at `csv_path` and its plot beside it (``.png``), one panel per (y label, series, column
+    suffix): series ``name`` is column ``name + suffix``."""
+    header = list(rows[0])
+    cells = [[r[h] for h in header] for r in rows]
+    print(table(header, cells))
+    write_csv(csv_path, header, cells)
+    xs = [float(r[x]) for r in rows]
+    drawn = plot(csv_path.with_suffix(".png"), title, x, [
+        (label, {name: (xs, [r[name + suffix] for r in rows]) for name in names}) for label, names, suffix in panels])
+    print(f"wrote {csv_path}" + (" and .png" if drawn else " (no matplotlib: no plot)"))

@@ -158,17 +158,10 @@ def main() -> None:
     rows = [measure(comm, watched, nbytes, args, world) for nbytes in sizes]
     libs = loaded_libnccl()
     if rank == 0:
-        header = list(rows[0])
         print(f"# {comm.size} ranks; libnccl mapped: {libs}; mpbind loaded {_loader.load('nccl').path} "
               f"(NCCL {flat.get_version()}); torch reports NCCL {torch.cuda.nccl.version()}")
-        print(_results.table(header, [[r[h] for h in header] for r in rows]))
-        _results.write_csv(args.out / "nccl_allreduce.csv", header, [[r[h] for h in header] for r in rows])
-        xs = [float(r["bytes"]) for r in rows]
-        drawn = _results.plot(args.out / "nccl_allreduce.png", f"all_reduce float32, {comm.size} GPUs", "bytes", [
-            ("host time per call (µs)", {v: (xs, [r[f"{v}_host_us"] for r in rows]) for v in VARIANTS}),
-            ("bus bandwidth (GB/s)", {v: (xs, [r[f"{v}_busbw_GBps"] for r in rows]) for v in VARIANTS}),
-        ])
-        print(f"wrote {args.out / 'nccl_allreduce.csv'}" + (" and .png" if drawn else " (no matplotlib: no plot)"))
+        _results.report(args.out / "nccl_allreduce.csv", rows, f"all_reduce float32, {comm.size} GPUs", "bytes", [
+            ("host time per call (µs)", VARIANTS, "_host_us"), ("bus bandwidth (GB/s)", VARIANTS, "_busbw_GBps")])
     if watched.failed:
         raise SystemExit(f"the watchdog failed the watched communicator: {watched.recent_operations()[-3:]}")
     watched.close()

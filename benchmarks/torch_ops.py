@@ -138,16 +138,10 @@ def main() -> None:
         raise SystemExit("--sizes: multiples of 4 bytes (float32)")
     rows = [measure(comm, nbytes, args.calls, args.batches) for nbytes in sizes]
     if rank == 0:
-        header = list(rows[0])
         print(f"# {size} rank(s), {torch.cuda.get_device_name()}; torch {torch.__version__}; NCCL mapped: "
               f"{mapped_nccl()}; host µs per call, median of {args.calls}")
-        print(_results.table(header, [[r[h] for h in header] for r in rows]))
-        _results.write_csv(args.out / "torch_ops.csv", header, [[r[h] for h in header] for r in rows])
-        xs = [float(r["bytes"]) for r in rows]
-        drawn = _results.plot(args.out / "torch_ops.png", f"all_reduce float32, {size} rank(s)", "bytes", [
-            ("host time per call (µs)", {v: (xs, [r[f"{v}_us"] for r in rows]) for v in VARIANTS}),
-        ])
-        print(f"wrote {args.out / 'torch_ops.csv'}" + (" and .png" if drawn else " (no matplotlib: no plot)"))
+        _results.report(args.out / "torch_ops.csv", rows, f"all_reduce float32, {size} rank(s)", "bytes",
+                        [("host time per call (µs)", VARIANTS, "_us")])
     comm.close()
     dist.destroy_process_group()
 
