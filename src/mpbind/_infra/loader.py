@@ -138,7 +138,7 @@ def load(name: str) -> LoadedLibrary:
         load(dep)
     for dep, minimum in spec.min_versions:
         have = loaded_version(dep)
-        if have is not None and _version_tuple(have) < _version_tuple(minimum):
+        if have is not None and version_tuple(have) < version_tuple(minimum):
             raise LibraryNotFoundError(
                 f"{spec.name} needs {dep} >= {minimum}, but the process has {dep} {have} "
                 f"({load(dep).path}); install a newer one or point {LIBRARIES[dep].env_var} at it "
@@ -201,7 +201,8 @@ def _described(owner: Owner | None) -> str:
     return f"{owner}, family {owner.family}" if owner.family else str(owner)
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
+def version_tuple(version: str) -> tuple[int, ...]:
+    """``"3.4.5"`` as ``(3, 4, 5)``, for comparing versions (parts that are not numbers are left out)."""
     return tuple(int(p) for p in version.split(".") if p.isdigit())
 
 

@@ -97,8 +97,7 @@ class Toolchain:
     @property
     def legacy(self) -> bool:
         """An NVSHMEM before 3.5, whose headers need the legacy prelude under NVRTC (see the module)."""
-        parts = self.nvshmem_version.split(".")
-        return all(p.isdigit() for p in parts) and tuple(int(p) for p in parts) < (3, 5)
+        return _loader.version_tuple(self.nvshmem_version) < (3, 5)
 
     def include_path(self) -> list[str]:
         return [str(self.nvshmem_include), str(self.cuda_include), str(self.cccl_include)]
