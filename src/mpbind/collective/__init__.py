@@ -253,7 +253,8 @@ class AllGatherMatmul(Uncopyable):
         key = (framework.__name__, parity, src, half)
         view = self._views.get(key)
         if view is None:
-            rows = (self.m, self.m // 2, self.m - self.m // 2)[(half + 1) % 3]  # half 2, 0, 1
+            top = self.m // 2
+            rows = (top, self.m - top, self.m)[half]
             code, bits = dlpack_code(self.dtype)
             ptr = self._slot(parity, src, 0 if half == 2 else half)
             view = framework.from_dlpack(_core.dlpack_view(ptr, [rows, self.k], code, bits, self._slots.device,
