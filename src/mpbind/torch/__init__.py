@@ -94,11 +94,18 @@ def _tensor(x: Any) -> Tensor:
     return x
 
 
+def _object(obj: Any, kind: type, what: str) -> Any:
+    """`obj` itself, or the registered object it names, which must be a `kind`."""
+    found = lookup(obj, kind) if isinstance(obj, str) else obj
+    if not isinstance(found, kind):
+        raise TypeError(f"{what} must be an {kind.__module__}.{kind.__name__} or its registered name, not "
+                        f"{type(obj).__name__}")
+    return found
+
+
 def _resolve(comm: Any) -> tuple[str, int]:
     """(registry name, size) of a Communicator or of a registered name."""
-    c = lookup(comm, Communicator) if isinstance(comm, str) else comm
-    if not isinstance(c, Communicator):
-        raise TypeError(f"comm must be an mpbind.nccl.Communicator or its registered name, not {type(comm).__name__}")
+    c = _object(comm, Communicator, "comm")
     return name_of(c), c.size
 
 
@@ -110,9 +117,7 @@ _resolved = torch.compiler.assume_constant_result(_resolve)
 def _plan_name(plan: Any, kind: type) -> tuple[str, str]:
     """(registry name, kind of transform or "") of a plan of class `kind`, or of its name: constants to
     the compiler."""
-    p = lookup(plan, kind) if isinstance(plan, str) else plan
-    if not isinstance(p, kind):
-        raise TypeError(f"plan must be an mpbind.fft.{kind.__name__} or its registered name, not {type(plan).__name__}")
+    p = _object(plan, kind, "plan")
     return name_of(p), getattr(p, "kind", "")
 
 

@@ -87,9 +87,8 @@ def _check_reverse(p: FFTPlan, plan: str, reverse: str) -> None:
                          f"{r.shape} from {r.input_shape} to {r.output_shape}")
 
 
-def _transformed(x: Tensor, plan: str, direction: int, reverse: str) -> Tensor:
-    """The checks and the (empty) output of an FFT: the fake kernel, and the CUDA kernel's start."""
-    p = _registry.lookup(plan, FFTPlan)
+def _output(p: FFTPlan, x: Tensor, plan: str, direction: int, reverse: str) -> Tensor:
+    """The checks and the (empty) output of an FFT through `p` (called `plan`)."""
     in_shape, in_dtype, out_shape, out_dtype = _sides(p, direction)
     _check_input(x, in_shape, in_dtype, "mpbind::fft")
     if reverse:
@@ -97,11 +96,16 @@ def _transformed(x: Tensor, plan: str, direction: int, reverse: str) -> Tensor:
     return x.new_empty(out_shape, dtype=_dtype(out_dtype))
 
 
+def _transformed(x: Tensor, plan: str, direction: int, reverse: str) -> Tensor:
+    """The fake kernel: the checks and the (empty) output."""
+    return _output(_registry.lookup(plan, FFTPlan), x, plan, direction, reverse)
+
+
 @torch.library.custom_op("mpbind::fft", mutates_args=())
 def fft(x: Tensor, plan: str, direction: int, reverse: str) -> Tensor:
-    out = _transformed(x, plan, direction, reverse)
-    on_cuda(x, "mpbind::fft")
     p = _registry.lookup(plan, FFTPlan)
+    out = _output(p, x, plan, direction, reverse)
+    on_cuda(x, "mpbind::fft")
     _on_device(x, p.device, "mpbind::fft")
     src = x.contiguous()
     _on_plan_stream(p.stream, lambda: p.execute(src, direction=direction, out=out), src, out)
@@ -146,9 +150,8 @@ fft.register_autograd(_fft_backward, setup_context=save_arguments)
 # --- reshape -------------------------------------------------------------------------------------------
 
 
-def _moved(x: Tensor, plan: str, reverse: str) -> Tensor:
-    """The checks and the (empty) output of a reshape: the fake kernel, and the CUDA kernel's start."""
-    p = _registry.lookup(plan, ReshapePlan)
+def _moved_by(p: ReshapePlan, x: Tensor, reverse: str) -> Tensor:
+    """The checks and the (empty) output of a reshape through `p`."""
     _check_input(x, p.input_shape, p.dtype, "mpbind::reshape")
     if reverse:
         r = _registry.lookup(reverse, ReshapePlan)
@@ -158,11 +161,16 @@ def _moved(x: Tensor, plan: str, reverse: str) -> Tensor:
     return x.new_empty(p.output_shape)
 
 
+def _moved(x: Tensor, plan: str, reverse: str) -> Tensor:
+    """The fake kernel: the checks and the (empty) output."""
+    return _moved_by(_registry.lookup(plan, ReshapePlan), x, reverse)
+
+
 @torch.library.custom_op("mpbind::reshape", mutates_args=())
 def reshape(x: Tensor, plan: str, reverse: str) -> Tensor:
-    out = _moved(x, plan, reverse)
-    on_cuda(x, "mpbind::reshape")
     p = _registry.lookup(plan, ReshapePlan)
+    out = _moved_by(p, x, reverse)
+    on_cuda(x, "mpbind::reshape")
     _on_device(x, p.device, "mpbind::reshape")
     p.execute(x.contiguous(), out=out, stream=torch.cuda.current_stream(x.device))
     return out
