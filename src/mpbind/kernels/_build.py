@@ -97,7 +97,8 @@ class Toolchain:
     @property
     def legacy(self) -> bool:
         """An NVSHMEM before 3.5, whose headers need the legacy prelude under NVRTC (see the module)."""
-        return _loader.version_tuple(self.nvshmem_version) < (3, 5)
+        known = _loader.version_tuple(self.nvshmem_version)  # major.minor.patch from the header; "?" unread
+        return len(known) == 3 and known < (3, 5)
 
     def include_path(self) -> list[str]:
         return [str(self.nvshmem_include), str(self.cuda_include), str(self.cccl_include)]
