@@ -198,6 +198,13 @@ def test_point_to_point_shapes_gradient_and_refusals() -> None:
         OPS.send(torch.ones(2), NAME, 0)
 
 
+def test_recv_refuses_a_size_past_int64_before_anything() -> None:
+    with pytest.raises(UsageError, match="recv's size in bytes"):
+        mpt.recv((2**32, 2**31), torch.float32, NAME, 0)
+    with pytest.raises(TypeError, match="dtype must be a torch.dtype, not str"):
+        mpt.recv((2,), "float32", NAME, 0)
+
+
 def test_a_compiled_send_is_refused_not_dropped() -> None:
     # A compiled graph drops an operator without an output, and the peer would wait for ever.
     torch.compiler.reset()

@@ -191,6 +191,7 @@ def recv(shape: Any, dtype: torch.dtype, comm: Any, peer: int, device: Any = Non
     dims = [_args.integer(n, "shape's extents", minimum=0) for n in _args.sequence(shape, "shape", _args.MAX_NDIM)]
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype, not {type(dtype).__name__}")
+    _args.product([*dims, dtype.itemsize], "recv's size in bytes")  # refused before a tensor is made
     name = _resolved(comm)[0]
     if device is None and not torch.cuda.is_available():
         raise UsageError("recv receives into a CUDA tensor, and torch sees no CUDA device")
