@@ -17,14 +17,18 @@
 
 #include <algorithm>
 #include <array>
+#include <mutex>
 #include <optional>
 #include <utility>
 #include <vector>
 
+#include "mpbind/bindings/_core_abi/cuda_driver.hpp"
 #include "mpbind/bindings/_core_abi/cuda_runtime.hpp"
 #include "mpbind/bindings/_core_abi/cufftmp.hpp"
+#include "mpbind/bindings/_core_abi/nvshmem.hpp"
 #include "arrays.hpp"
 #include "core.hpp"
+#include "launch.hpp"
 #include "nvshmem.hpp"
 #include "register.hpp"
 
@@ -782,6 +786,193 @@ Executor make_executor(Plan& self, Descriptor& descriptor, nb::handle sides, lon
     return e;
 }
 
+
+// --- launches from a framework's program (launch.hpp): no GIL, every failure a Status ---------------------
+//
+// A registered FFT plan keeps its Executor (sides, buffer, plan and descriptor). A plan with a stream of
+// its own runs a launch there, after the framework's stream (an event recorded there, waited for on the
+// plan's) and before it again (the reverse): no library call on the host but the work itself. A plan on
+// the legacy default stream (stream 0) is pointed at the framework's stream for the call instead
+// (cufftSetStream) and back after: the legacy stream may not wait for a stream being captured, and
+// cuFFTMp refuses to be pointed at one, so these launches are never captured (xla_ffi.cpp).
+// A registered reshape takes the framework's stream as it is.
+
+struct FftLaunch {
+    Executor exec;
+    void* before = nullptr;  // CUevent (plans with a stream of their own): recorded on the framework's stream
+    void* after = nullptr;   // CUevent: recorded on the plan's stream, waited for on the framework's
+    std::mutex mu;           // one launch at a time: the buffer, the events and the plan's stream are the plan's
+    ~FftLaunch() {
+        const auto& d = abi::cuda_driver::api();  // dropped under the GIL (Registry): the table is loaded
+        if (before) d.cuEventDestroy.ptr(before);
+        if (after) d.cuEventDestroy.ptr(after);
+    }
+};
+
+struct ReshapeLaunch {
+    std::shared_ptr<ReshapeState> reshape;
+    uintptr_t in_buf = 0, out_buf = 0, work = 0;
+    size_t in_bytes = 0, out_bytes = 0;  // this rank's pieces, packed
+    int device = 0;
+    std::mutex mu;  // one launch at a time: the buffers are the plan's
+};
+
+std::string status_text(const char* function, long long status) {
+    return std::string(function) + " failed with status " + std::to_string(status);
+}
+
+// cudaMemcpy2DAsync device to device of `rows` rows of `row` bytes; an error text, empty on success.
+std::string copy_rows(uintptr_t dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t row, int64_t rows,
+                      void* stream) {
+    if (rows == 0 || row == 0) return "";
+    auto st = cudart::api().cudaMemcpy2DAsync.ptr(reinterpret_cast<void*>(dst), static_cast<size_t>(dst_pitch), src,
+                                                  static_cast<size_t>(src_pitch), static_cast<size_t>(row),
+                                                  static_cast<size_t>(rows), cudart::cudaMemcpyDeviceToDevice, stream);
+    return st == cudart::success ? "" : status_text("cudaMemcpy2DAsync", st);
+}
+
+// The transform of the plan's buffer, in place, through the raw entry points.
+std::string transform(const Executor& e, int d) {
+    PlanState& s = *e.plan;
+    const Api& a = api();
+    auto* p = reinterpret_cast<void*>(e.buffer);
+    long long st = CUFFT_SUCCESS;
+    const char* fn = "";
+    if (e.via_descriptor) {
+        LibXtDesc* lib = e.desc->desc;
+        lib->descriptor->data[0] = p;  // its own buffer (a launch never points it elsewhere)
+        lib->subFormat = d == CUFFT_FORWARD ? CUFFT_XT_FORMAT_DISTRIBUTED_INPUT : CUFFT_XT_FORMAT_DISTRIBUTED_OUTPUT;
+        fn = "cufftXtExecDescriptor";
+        st = a.cufftXtExecDescriptor.ptr(s.handle, lib, lib, d);
+    } else {
+        switch (s.fft_type) {
+            case CUFFT_C2C: fn = "cufftExecC2C"; st = a.cufftExecC2C.ptr(s.handle, p, p, d); break;
+            case CUFFT_Z2Z: fn = "cufftExecZ2Z"; st = a.cufftExecZ2Z.ptr(s.handle, p, p, d); break;
+            case CUFFT_R2C: fn = "cufftExecR2C"; st = a.cufftExecR2C.ptr(s.handle, static_cast<float*>(p), p); break;
+            case CUFFT_D2Z: fn = "cufftExecD2Z"; st = a.cufftExecD2Z.ptr(s.handle, static_cast<double*>(p), p); break;
+            case CUFFT_C2R: fn = "cufftExecC2R"; st = a.cufftExecC2R.ptr(s.handle, p, static_cast<float*>(p)); break;
+            case CUFFT_Z2D: fn = "cufftExecZ2D"; st = a.cufftExecZ2D.ptr(s.handle, p, static_cast<double*>(p)); break;
+            default: return "the plan's type is unknown";
+        }
+    }
+    return st == CUFFT_SUCCESS ? "" : status_text(fn, st);
+}
+
+// The copy in, the transform and the copy out, queued on `on`.
+std::string queue_fft(const Executor& e, const void* in, void* out, int d, void* on) {
+    const auto& [src, dst] = *e.sides[Executor::slot(d)];
+    std::string err = copy_rows(e.buffer, src.pitch, in, src.row_bytes, src.row_bytes, src.rows, on);
+    if (err.empty()) err = transform(e, d);
+    if (err.empty()) {
+        err = copy_rows(reinterpret_cast<uintptr_t>(out), dst.row_bytes, reinterpret_cast<const void*>(e.buffer),
+                        dst.pitch, dst.row_bytes, dst.rows, on);
+    }
+    return err;
+}
+
+std::string launch_fft(FftLaunch& f, uintptr_t stream, const void* in, void* out, int d) {
+    const Executor& e = f.exec;
+    PlanState& s = *e.plan;
+    auto* theirs = reinterpret_cast<void*>(stream);
+    auto* ours = reinterpret_cast<void*>(s.stream);
+    if (f.before != nullptr) {
+        const auto& drv = abi::cuda_driver::api();
+        if (auto st = drv.cuEventRecord.ptr(f.before, theirs); st != 0) return status_text("cuEventRecord", st);
+        if (auto st = drv.cuStreamWaitEvent.ptr(ours, f.before, 0); st != 0) return status_text("cuStreamWaitEvent", st);
+        std::string err = queue_fft(e, in, out, d, ours);
+        // Joined back even after a failure: the framework's stream must not run ahead of what was queued.
+        if (auto st = drv.cuEventRecord.ptr(f.after, ours); st != 0 && err.empty()) err = status_text("cuEventRecord", st);
+        if (auto st = drv.cuStreamWaitEvent.ptr(theirs, f.after, 0); st != 0 && err.empty()) {
+            err = status_text("cuStreamWaitEvent", st);
+        }
+        return err;
+    }
+    auto set_stream = api().cufftSetStream.ptr;
+    if (auto st = set_stream(s.handle, theirs); st != CUFFT_SUCCESS) return status_text("cufftSetStream", st);
+    std::string err = queue_fft(e, in, out, d, theirs);
+    if (auto st = set_stream(s.handle, ours); st != CUFFT_SUCCESS && err.empty()) err = status_text("cufftSetStream", st);
+    return err;
+}
+
+// Every table a launch calls through, loaded now (a table loads on first use, which needs the GIL).
+void load_launch_tables() {
+    static_cast<void>(api());
+    static_cast<void>(cudart::api());
+    static_cast<void>(abi::cuda_driver::api());
+    static_cast<void>(abi::nvshmem::api());
+}
+
+std::string where(const std::string& name, int device) {
+    return name + " (device " + std::to_string(device) + ")";
+}
+
+}  // namespace
+
+}  // namespace mpbind::cufftmp
+
+namespace mpbind::launch {
+
+Status fft(uint64_t id, uintptr_t stream, int device, const void* in, size_t in_bytes, void* out, size_t out_bytes,
+           int direction) {
+    using namespace cufftmp;
+    std::shared_ptr<FftLaunch> f = registry<FftLaunch>().find(id);
+    if (!f) return unknown("FFT plan", id);
+    const Executor& e = f->exec;
+    std::string name = where(e.name, e.device);
+    if ((direction != CUFFT_FORWARD && direction != CUFFT_INVERSE) || !e.sides[Executor::slot(direction)]) {
+        return Status::invalid(name + " does not transform in direction " + std::to_string(direction));
+    }
+    if (device != e.device) {
+        return Status::invalid(name + ": the program runs on device " + std::to_string(device));
+    }
+    const auto& [src, dst] = *e.sides[Executor::slot(direction)];
+    auto want_in = static_cast<size_t>(src.rows * src.row_bytes), want_out = static_cast<size_t>(dst.rows * dst.row_bytes);
+    if (in_bytes != want_in || out_bytes != want_out) {
+        return Status::invalid(name + ": this rank's pieces are " + std::to_string(want_in) + " bytes in and " +
+                               std::to_string(want_out) + " out, not " + std::to_string(in_bytes) + " and " +
+                               std::to_string(out_bytes));
+    }
+    std::lock_guard<std::mutex> g(f->mu);
+    if (e.plan->closed() || e.desc->closed()) return Status::invalid(name + " is closed");
+    std::string err = launch_fft(*f, stream, in, out, direction);
+    return err.empty() ? Status{} : Status::failed(name + ": " + err);
+}
+
+Status reshape(uint64_t id, uintptr_t stream, int device, const void* in, size_t in_bytes, void* out,
+               size_t out_bytes) {
+    using namespace cufftmp;
+    std::shared_ptr<ReshapeLaunch> r = registry<ReshapeLaunch>().find(id);
+    if (!r) return unknown("reshape plan", id);
+    std::string name = where("the reshape plan", r->device);
+    if (device != r->device) return Status::invalid(name + ": the program runs on device " + std::to_string(device));
+    if (in_bytes != r->in_bytes || out_bytes != r->out_bytes) {
+        return Status::invalid(name + ": this rank's pieces are " + std::to_string(r->in_bytes) + " bytes in and " +
+                               std::to_string(r->out_bytes) + " out, not " + std::to_string(in_bytes) + " and " +
+                               std::to_string(out_bytes));
+    }
+    std::lock_guard<std::mutex> g(r->mu);
+    if (r->reshape->closed()) return Status::invalid(name + " is closed");
+    auto* st = reinterpret_cast<void*>(stream);
+    int64_t in_n = static_cast<int64_t>(in_bytes), out_n = static_cast<int64_t>(out_bytes);
+    std::string err = copy_rows(r->in_buf, in_n, in, in_n, in_n, 1, st);
+    if (err.empty()) {
+        // The other ranks write into this one's output buffer: all of them past their last use of it first.
+        abi::nvshmem::api().nvshmemx_sync_all_on_stream.ptr(st);
+        auto s = api().cufftMpExecReshapeAsync.ptr(r->reshape->handle, reinterpret_cast<void*>(r->out_buf),
+                                                    reinterpret_cast<const void*>(r->in_buf),
+                                                    reinterpret_cast<void*>(r->work), st);
+        if (s != CUFFT_SUCCESS) err = status_text("cufftMpExecReshapeAsync", s);
+    }
+    if (err.empty()) err = copy_rows(reinterpret_cast<uintptr_t>(out), out_n, reinterpret_cast<const void*>(r->out_buf), out_n, out_n, 1, st);
+    return err.empty() ? Status{} : Status::failed(name + ": " + err);
+}
+
+}  // namespace mpbind::launch
+
+namespace mpbind::cufftmp {
+
+namespace {
+
 // --- reshape operations ---
 
 Reshape create_reshape() {
@@ -939,6 +1130,66 @@ void register_cufftmp(nb::module_& parent) {
        nb::arg("direction").none() = nb::none(), nb::arg("layout").none() = nb::none(),
        "The checks of Plan.exec on a made plan of `fft_type`, without cuFFTMp: (input, output (0: in place), "
        "direction) as cufftExec* would get them.");
+
+    // --- launches from a framework's program (mpbind.jax) ---
+    m.def("launch_register_fft", [](const Executor& e) {
+        if (!e.plan) raise_usage("a test double's executor cannot be launched");
+        e.check_open();
+        load_launch_tables();
+        auto f = std::make_shared<FftLaunch>();
+        f->exec = e;
+        if (e.plan->stream != 0) {
+            const auto& d = abi::cuda_driver::api();
+            call(d.cuEventCreate, &f->before, static_cast<unsigned>(abi::cuda_driver::CU_EVENT_DISABLE_TIMING));
+            call(d.cuEventCreate, &f->after, static_cast<unsigned>(abi::cuda_driver::CU_EVENT_DISABLE_TIMING));
+        }
+        return launch::registry<FftLaunch>().add(std::move(f));
+    }, nb::arg("executor"), "Register a made FFT plan's executor for launches from a framework's program; its id.");
+    m.def("launch_register_reshape", [](Reshape& r, uintptr_t in_buf, uintptr_t out_buf, uintptr_t work,
+                                        size_t in_bytes, size_t out_bytes, int device) {
+        made_reshape(r, "launch_register_reshape");
+        load_launch_tables();
+        if ((in_bytes && !in_buf) || (out_bytes && !out_buf)) raise_usage("a reshape's buffers must not be NULL");
+        auto entry = std::make_shared<ReshapeLaunch>();
+        entry->reshape = r.state();
+        entry->in_buf = in_buf;
+        entry->out_buf = out_buf;
+        entry->work = work;
+        entry->in_bytes = in_bytes;
+        entry->out_bytes = out_bytes;
+        entry->device = device;
+        return launch::registry<ReshapeLaunch>().add(std::move(entry));
+    }, nb::arg("reshape"), nb::arg("in_buf"), nb::arg("out_buf"), nb::arg("work"), nb::arg("in_bytes"),
+          nb::arg("out_bytes"), nb::arg("device"),
+          "Register a made reshape and its plan's symmetric buffers (its largest pieces, allocated alike on every "
+          "rank) for launches from a framework's program; its id.");
+    m.def("launch_release", [](uint64_t id) {
+        bool fft = launch::registry<FftLaunch>().take(id);
+        return fft || launch::registry<ReshapeLaunch>().take(id);
+    }, nb::arg("id"), "Forget a plan's launch id; False when none is registered under it.");
+    m.def("launch_fft", [](uint64_t id, uintptr_t stream, int device, uintptr_t in, size_t in_bytes, uintptr_t out,
+                           size_t out_bytes, int direction) {
+        launch::Status st;
+        {
+            nb::gil_scoped_release release;  // as a framework's thread calls it
+            st = launch::fft(id, stream, device, reinterpret_cast<const void*>(in), in_bytes,
+                             reinterpret_cast<void*>(out), out_bytes, direction);
+        }
+        return nb::make_tuple(static_cast<int>(st.code), st.message);
+    }, nb::arg("id"), nb::arg("stream"), nb::arg("device"), nb::arg("input"), nb::arg("in_bytes"), nb::arg("output"),
+          nb::arg("out_bytes"), nb::arg("direction"),
+          "launch::fft as a framework's handler calls it (GIL released): (status code, message).");
+    m.def("launch_reshape", [](uint64_t id, uintptr_t stream, int device, uintptr_t in, size_t in_bytes, uintptr_t out,
+                               size_t out_bytes) {
+        launch::Status st;
+        {
+            nb::gil_scoped_release release;
+            st = launch::reshape(id, stream, device, reinterpret_cast<const void*>(in), in_bytes,
+                                 reinterpret_cast<void*>(out), out_bytes);
+        }
+        return nb::make_tuple(static_cast<int>(st.code), st.message);
+    }, nb::arg("id"), nb::arg("stream"), nb::arg("device"), nb::arg("input"), nb::arg("in_bytes"), nb::arg("output"),
+          nb::arg("out_bytes"), "launch::reshape as a framework's handler calls it (GIL released): (status code, message).");
 
     nb::class_<Executor>(
         m, "Executor",

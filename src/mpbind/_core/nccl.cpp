@@ -27,6 +27,7 @@
 #include <tuple>
 
 #include "arrays.hpp"
+#include "launch.hpp"
 #include "register.hpp"
 
 namespace mpbind::nccl {
@@ -1011,6 +1012,147 @@ void end_foreign(CommState& s, uint64_t seq, uintptr_t stream, bool ok) {
     }
 }
 
+
+// ---------------------------------------------------------------------------
+// Launches from a framework's program (launch.hpp): no GIL, every failure a Status
+// ---------------------------------------------------------------------------
+
+namespace {
+
+struct CommLaunch {
+    std::shared_ptr<CommState> state;
+};
+
+launch::Status failure_status(const CommWatch& w) {
+    Failure f = w.failure();
+    std::string at;
+    if (!f.operation.empty()) at = " in " + f.operation + (f.sequence ? " #" + std::to_string(f.sequence) : "");
+    return {f.timed_out ? launch::Status::kTimeout : launch::Status::kAborted,
+            w.label + " failed on rank " + std::to_string(w.rank) + at + ": " + f.reason};
+}
+
+// A non-blocking communicator's ncclInProgress, polled until launched within its deadline (a spin
+// backing off to 1 ms); past it the communicator is aborted and marked failed. comm_mu held.
+launch::Status settle_launch(CommState& s, const char* name) {
+    CommWatch& w = *s.watch;
+    auto poll = api().ncclCommGetAsyncError.ptr;
+    auto start = std::chrono::steady_clock::now();
+    auto pause = std::chrono::microseconds(0);
+    for (;;) {
+        ncclResult_t state = in_progress;
+        ncclResult_t queried = poll(s.comm, &state);
+        if (queried != success) {
+            return launch::Status::failed(std::string("ncclCommGetAsyncError failed with ") + result_name(queried));
+        }
+        if (state == success) return {};
+        if (state != in_progress) return launch::Status::failed(std::string(name) + " failed with " + result_name(state));
+        if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > s.timeout) {
+            w.mark_failed({true, name, 0, given_up(name, true, s.timeout) + " (NCCL had not launched it); "
+                                                                            "the communicator was aborted"});
+            api().ncclCommAbort.ptr(s.comm);
+            w.gone.store(true);
+            return failure_status(w);
+        }
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2 + std::chrono::microseconds(1), std::chrono::microseconds(1000));
+    }
+}
+
+ncclResult_t issue_launch(launch::Collective kind, CommState& s, const void* send, void* recv, size_t count,
+                          int dtype, int op, uintptr_t stream) {
+    const Api& a = api();
+    auto* st = reinterpret_cast<cudaStream_t>(stream);
+    auto d = static_cast<ncclDataType_t>(dtype);
+    auto o = static_cast<ncclRedOp_t>(op);
+    switch (kind) {
+        case launch::Collective::kAllReduce: return a.ncclAllReduce.ptr(send, recv, count, d, o, s.comm, st);
+        case launch::Collective::kAllGather: return a.ncclAllGather.ptr(send, recv, count, d, s.comm, st);
+        case launch::Collective::kReduceScatter: return a.ncclReduceScatter.ptr(send, recv, count, d, o, s.comm, st);
+        case launch::Collective::kAllToAll: return a.ncclAlltoAll.ptr(send, recv, count, d, s.comm, st);
+    }
+    return success;
+}
+
+constexpr const char* kLaunchNames[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"};
+
+}  // namespace
+
+}  // namespace mpbind::nccl
+
+namespace mpbind::launch {
+
+Status collective(uint64_t id, Collective kind, uintptr_t stream, int device, const void* send, size_t send_bytes,
+                  void* recv, size_t recv_bytes, int dtype, int op) {
+    using namespace nccl;
+    int k = static_cast<int>(kind);
+    if (k < 0 || k > 3) return Status::invalid("unknown collective " + std::to_string(k));
+    const char* name = kLaunchNames[k];
+    std::shared_ptr<CommLaunch> entry = registry<CommLaunch>().find(id);
+    if (!entry) return unknown("communicator", id);
+    CommState& s = *entry->state;
+    CommWatch& w = *s.watch;
+    std::string where = std::string(name) + " on " + w.label;
+    if (dtype < 0 || dtype >= 12) return Status::invalid(where + ": ncclDataType_t " + std::to_string(dtype) + " is unknown");
+    if (op < 0 || op > 4) return Status::invalid(where + ": ncclRedOp_t " + std::to_string(op) + " is not sum .. avg");
+    if (device != s.device) {
+        return Status::invalid(where + ": the program runs on device " + std::to_string(device) +
+                               "; the communicator uses device " + std::to_string(s.device));
+    }
+    auto size = static_cast<size_t>(kTypeSizes[dtype]);
+    if (send_bytes % size || recv_bytes % size) {
+        return Status::invalid(where + ": buffers of " + std::to_string(send_bytes) + " and " + std::to_string(recv_bytes) +
+                               " bytes are not whole " + kTypeNames[dtype] + " elements");
+    }
+    size_t n_send = send_bytes / size, n_recv = recv_bytes / size, ranks = static_cast<size_t>(s.size), count = n_recv;
+    bool fits = true;
+    switch (kind) {
+        case Collective::kAllReduce: fits = n_send == n_recv; break;
+        case Collective::kAllGather: fits = n_send <= n_recv / ranks && n_send * ranks == n_recv; count = n_send; break;
+        case Collective::kReduceScatter: fits = n_recv <= n_send / ranks && n_recv * ranks == n_send; break;
+        case Collective::kAllToAll: fits = n_send == n_recv && n_send % ranks == 0; count = n_send / ranks; break;
+    }
+    if (!fits) {
+        return Status::invalid(where + ": " + std::to_string(n_send) + " elements in and " + std::to_string(n_recv) +
+                               " out do not fit this collective on " + std::to_string(ranks) + " ranks");
+    }
+    if (count == 0) return {};
+    std::lock_guard<std::mutex> handle(w.comm_mu);  // a release or the watchdog's abort waits for the call
+    if (s.closed() || w.gone.load()) {
+        if (w.flags.load() & CommWatch::kFailed) return failure_status(w);
+        return Status::invalid(where + ": the communicator is closed");
+    }
+    uint32_t f = w.flags.load(std::memory_order_seq_cst);
+    if (f & CommWatch::kFailed) return failure_status(w);
+    uint64_t seq = 0;
+    if (f & CommWatch::kWatched) {
+        w.in_call.store(1, std::memory_order_seq_cst);  // as run_flagged(): Dekker with CommWatch::fail()
+        if (w.flags.load(std::memory_order_seq_cst) & CommWatch::kFailed) {
+            w.in_call.store(0);
+            return failure_status(w);
+        }
+        seq = w.begin(name, count, static_cast<int64_t>(count * size), kTypeNames[dtype], -1, stream);
+    }
+    ncclResult_t status = issue_launch(kind, s, send, recv, count, dtype, op, stream);
+    if (seq) w.in_call.store(0, std::memory_order_release);
+    Status out;
+    if (status == in_progress) {
+        out = settle_launch(s, name);
+    } else if (status != success) {
+        out = Status::failed(std::string("nccl") + name + " failed with " + result_name(status));
+    }
+    if (seq) {
+        if (out.ok()) {
+            w.enqueued(seq, stream);
+        } else {
+            w.call_failed(seq);
+        }
+    }
+    return out;
+}
+
+}  // namespace mpbind::launch
+
+namespace mpbind::nccl {
 }  // namespace mpbind::nccl
 
 namespace mpbind {
@@ -1142,6 +1284,29 @@ void register_nccl(nb::module_& parent) {
     m.def("group_end", &group_end,
           "ncclGroupEnd, as mpbind.nccl.group() leaves; the outermost one then waits (bounded) until the non-blocking "
           "communicators of the group launched their work, and records the watched operations' events.");
+    m.def("launch_register", [](Communicator& c) {
+        CommState& s = c.get();
+        s.refuse_if_failed();
+        static_cast<void>(api());  // the table a launch calls through (a table loads on first use, with the GIL)
+        return launch::registry<CommLaunch>().add(std::make_shared<CommLaunch>(CommLaunch{c.state()}));
+    }, nb::arg("comm"),
+          "Register an open communicator for launches from a framework's program; returns its id (release it with "
+          "launch_release).");
+    m.def("launch_release", [](uint64_t id) { return launch::registry<CommLaunch>().take(id); },
+          nb::arg("id"), "Forget a communicator's launch id; False when none is registered under it.");
+    m.def("launch_collective", [](uint64_t id, int kind, uintptr_t stream, int device, uintptr_t send,
+                                  size_t send_bytes, uintptr_t recv, size_t recv_bytes, int dtype, int op) {
+        launch::Status st;
+        {
+            nb::gil_scoped_release release;  // as a framework's thread calls it
+            st = launch::collective(id, static_cast<launch::Collective>(kind), stream, device,
+                                    reinterpret_cast<const void*>(send), send_bytes, reinterpret_cast<void*>(recv),
+                                    recv_bytes, dtype, op);
+        }
+        return nb::make_tuple(static_cast<int>(st.code), st.message);
+    }, nb::arg("id"), nb::arg("kind"), nb::arg("stream"), nb::arg("device"), nb::arg("send"), nb::arg("send_bytes"),
+          nb::arg("recv"), nb::arg("recv_bytes"), nb::arg("dtype"), nb::arg("op"),
+          "launch::collective as a framework's handler calls it (GIL released): (status code, message).");
     m.def("mem_alloc", [](size_t nbytes) {
         if (nbytes == 0) raise_usage("nbytes must be > 0");
         void* p = nullptr;
