@@ -35,11 +35,11 @@ _PUBLIC_MODULES: tuple[str, ...] = (
     "bindings", "bindings.nccl", "bindings.nvshmem", "bindings.cublasmp", "bindings.cufftmp",
     "errors", "typing",
     "nccl", "nvshmem", "cublasmp", "cufftmp", "bootstrap", "process_group",
-    "distributions", "fft", "matmul", "collective", "kernels", "torch",
+    "distributions", "fft", "matmul", "collective", "kernels", "torch", "jax",
 )
 # Public modules that import an optional package (module: package); without it, reaching one raises
 # MissingDependencyError naming the extra.
-_OPTIONAL_MODULES: dict[str, str] = {"torch": "torch"}
+_OPTIONAL_MODULES: dict[str, str] = {"torch": "torch", "jax": "jax"}
 _SUBMODULES = frozenset(name for name in _PUBLIC_MODULES if "." not in name)
 
 

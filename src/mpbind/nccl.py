@@ -119,13 +119,29 @@ class Communicator(Owned):
     (collective). :attr:`ptr` is the ``ncclComm_t`` for the flat bindings.
     """
 
-    __slots__ = ("_core", "__weakref__")
+    __slots__ = ("_core", "_launch", "__weakref__")
     _core: _core_nccl.Communicator
+    _launch: int | None
 
     def __init__(self, core: Any) -> None:
         if not isinstance(core, _core.nccl.Communicator):
             raise TypeError("create communicators with Communicator.init(), from_mpi() or from_torch()")
         self._core = core
+        self._launch = None
+
+    @property
+    def launch_id(self) -> int:
+        """The id a framework's compiled program names this communicator by (the XLA FFI handlers of
+        :mod:`mpbind.jax`): registered on first use, released when the communicator is collected. A
+        launch on a closed or failed communicator fails with an error naming it."""
+        launch = getattr(self, "_launch", None)
+        if launch is None:
+            import weakref  # here: importing mpbind.nccl stays light
+
+            launch = int(_core.nccl.launch_register(self._core))
+            weakref.finalize(self, _core.nccl.launch_release, launch)
+            self._launch = launch
+        return launch
 
     # --- creation ---------------------------------------------------------
 

@@ -285,14 +285,13 @@ def test_r2c_and_c2r_gradients_run_through_the_plan_of_the_other_kind() -> None:
     (9, 3, 5, (0, 2)),    # odd: bins 3 and 4 both interior
 ])
 def test_the_interior_bins_of_a_piece(n: int, lo: int, up: int, interior: tuple[int, int]) -> None:
+    from types import SimpleNamespace
+
     from mpbind.distributions import Box
-    from mpbind.torch._plan_ops import _interior_bins
+    from mpbind.fft import FFTPlan
 
-    class Plan:
-        kind, shape = "r2c", (4, n)
-        output_box = Box((0, lo), (4, up))
-
-    s = _interior_bins(Plan())  # type: ignore[arg-type]
+    plan = SimpleNamespace(spec=SimpleNamespace(kind="r2c", shape=(4, n)), output_box=Box((0, lo), (4, up)))
+    s = FFTPlan.hermitian_interior.fget(plan)  # type: ignore[attr-defined]
     assert (s.start, s.stop) == interior
 
 

@@ -49,7 +49,7 @@ CPP_IMPORT = re.compile(r'import_\(\s*"([\w.]+)"\s*\)')
 # The layers of docs/DESIGN.md's picture, and which layers each may import (its own included).
 FACADES = ("nccl", "nvshmem", "cublasmp", "cufftmp", "bootstrap")
 FEATURES = ("fft", "matmul", "collective", "kernels")
-FRAMEWORKS = ("torch",)
+FRAMEWORKS = ("torch", "jax")
 ALLOWED: dict[str, frozenset[str]] = {
     "package": frozenset({"infra", "core", "base", "bindings"}),
     "framework": frozenset({"framework", "feature", "distributions", "facade", "control", "core", "infra", "bindings",

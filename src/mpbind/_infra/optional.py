@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from types import ModuleType
 
 # The module each extra provides.
-_EXTRAS = {"torch": "torch", "mpi4py": "mpi"}
+_EXTRAS = {"torch": "torch", "jax": "jax", "mpi4py": "mpi"}
 
 
 def require(module: str, needed_by: str) -> ModuleType:

@@ -53,6 +53,8 @@ rank; dropped unclosed they wait for :func:`mpbind.drain`, as every collective r
 
 from __future__ import annotations
 
+import math
+import weakref
 from collections.abc import Sequence
 from typing import Any, Generic, TypeVar, cast
 
@@ -302,10 +304,27 @@ class _Plan(Owned, Generic[_Spec]):
         """This rank's piece `side` at `ptr` (`room` symmetric bytes from there), kept alive by `owner`."""
         return DeviceView._of(ptr, side.shape, side.strides, side.dtype, self._device, room, owner)
 
+    @property
+    def launch_id(self) -> int:
+        """The id a framework's compiled program names this plan by (the XLA FFI handlers of
+        :mod:`mpbind.jax`): registered on first use, released when the plan is collected. A launch of a
+        closed plan fails with an error naming it."""
+        if self._launch is None:
+            if self.closed:
+                raise UsageError(f"{type(self).__name__} is closed")
+            launch = self._register_launch()
+            weakref.finalize(self, _core.cufftmp.launch_release, launch)
+            self._launch = launch
+        return self._launch
+
+    def _register_launch(self) -> int:
+        raise NotImplementedError
+
     _rank: int
     _device: int
     _stream: int
     _stream_obj: Any
+    _launch: int | None = None
 
 
 # --- FFT plans --------------------------------------------------------------------------------------------
@@ -488,6 +507,33 @@ class FFTPlan(_Plan[FFTSpec]):
 
     __call__ = execute
 
+    def direction(self, direction: int | str | None = None) -> int:
+        """`direction` as this plan runs it: FORWARD or INVERSE ('forward', 'inverse'; None: the plan's
+        own, FORWARD but for C2R plans). UsageError for one it does not run."""
+        return self._direction(direction)
+
+    def pieces(self, direction: int | str | None = None) -> tuple[tuple[int, ...], str, tuple[int, ...], str]:
+        """(input shape, input dtype, output shape, output dtype) of this rank's pieces for `direction`
+        (default: the plan's own, forward but for C2R): what a framework's operator takes and returns."""
+        i, o = self._sides(self._direction(direction))
+        return i.shape, i.dtype, o.shape, o.dtype
+
+    @property
+    def hermitian_interior(self) -> slice:
+        """For R2C and C2R plans: this rank's bins of the halved (last) axis, in its complex piece, that
+        stand for two bins of the full spectrum (k and N - k): all but k = 0 and, for an even N, k = N/2.
+        The adjoints of these transforms weigh them (mpbind.torch's and mpbind.jax's gradients)."""
+        if self.spec.kind == "c2c":
+            raise UsageError("a c2c plan keeps the whole spectrum: no bin stands for two")
+        n = self.spec.shape[-1]
+        box = self.output_box if self.spec.kind == "r2c" else self.input_box  # the complex side
+        lo, up = box.lower[-1], box.upper[-1]
+        first, last = max(lo, 1), min(up, (n + 1) // 2)  # interior k: 1 .. ceil(n/2) - 1
+        return slice(first - lo, max(last - lo, first - lo))
+
+    def _register_launch(self) -> int:
+        return int(_core.cufftmp.launch_register_fft(self._executor))
+
     def _direction(self, direction: int | str | None) -> int:
         kind = self.spec.kind
         if direction is None:
@@ -567,7 +613,8 @@ class ReshapePlan(_Plan[ReshapeSpec]):
             raise
         self = cls._over(Composite(owned, "reshape plan parts"))
         self._place(spec, rank, device, stream)
-        self._exec = core_of(owned[0]).exec
+        self._reshape = core_of(owned[0])
+        self._exec = self._reshape.exec
         self._in_buf, self._out_buf = owned[1], owned[2]
         self._work = owned[3].ptr if work else 0
         return self
@@ -620,9 +667,17 @@ class ReshapePlan(_Plan[ReshapeSpec]):
 
     __call__ = execute
 
+    def _register_launch(self) -> int:
+        unit = self.spec.unit
+        i, o = self.spec.input_side(self._rank), self.spec.output_side(self._rank)
+        return int(_core.cufftmp.launch_register_reshape(
+            self._reshape, self._in_buf.ptr, self._out_buf.ptr, self._work, math.prod(i.shape) * unit,
+            math.prod(o.shape) * unit, self._device))
+
     def _described(self) -> str:
         return f"{self.spec.dtype} {'x'.join(map(str, self.spec.shape))}"
 
+    _reshape: Any  # the core's cufftmp.Reshape
     _exec: Any
     _in_buf: nvshmem.SymmetricArray
     _out_buf: nvshmem.SymmetricArray

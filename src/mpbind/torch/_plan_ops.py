@@ -115,16 +115,6 @@ def fft(x: Tensor, plan: str, direction: int, reverse: str) -> Tensor:
 fft.register_fake(_transformed)
 
 
-def _interior_bins(p: FFTPlan) -> slice:
-    """This rank's bins of the halved (last) axis, in its piece, that stand for two of the full
-    spectrum (k and N - k): all but k = 0 and, for an even N, k = N/2."""
-    n = p.shape[-1]
-    box = p.output_box if p.kind == "r2c" else p.input_box  # the complex side
-    lo, up = box.lower[-1], box.upper[-1]
-    first, last = max(lo, 1), min(up, (n + 1) // 2)  # interior k: 1 .. ceil(n/2) - 1
-    return slice(first - lo, max(last - lo, first - lo))
-
-
 def _fft_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
     plan, direction, reverse = ctx.args
     p = _registry.lookup(plan, FFTPlan)
@@ -138,7 +128,7 @@ def _fft_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
     # y = C2R(z) = Re(F^H pad(D z)), D doubling the interior bins: dz = D R2C(dy).
     mask = torch.ones(p.output_shape if p.kind == "r2c" else p.input_shape, dtype=grad.real.dtype,
                       device=grad.device)
-    mask[..., _interior_bins(p)] = 0.5 if p.kind == "r2c" else 2.0
+    mask[..., p.hermitian_interior] = 0.5 if p.kind == "r2c" else 2.0
     if p.kind == "r2c":
         return torch.ops.mpbind.fft((grad * mask).contiguous(), reverse, INVERSE, plan), None, None, None
     return torch.ops.mpbind.fft(grad.contiguous(), reverse, FORWARD, plan) * mask, None, None, None
