@@ -117,7 +117,8 @@ def _call(target: str, x: Any, shape: tuple[int, ...], dtype: Any, **attrs: Any)
 
 
 def _array(x: Any, what: str) -> Any:
-    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+    # a JAX array (a tracer inside jit is one) or a NumPy array / scalar, which JAX takes as it is
+    if not isinstance(x, (jax.Array, np.ndarray, np.generic)):
         raise TypeError(f"{what}: x must be a JAX array, not {type(x).__name__}")
     return x
 
@@ -284,16 +285,29 @@ def _transform(x: Any, c: _Call) -> Any:
     return _call("fft", x, shape, dtype, plan=np.uint64(plan), direction=np.int32(direction))
 
 
+def _transpose_args(ct: Any, transform: Any, interior: slice | None, what: str) -> Any:
+    ct = _array(ct, what)
+    if ct.ndim == 0:
+        raise UsageError(f"{what}: the cotangent must have at least one axis, not a scalar")
+    if not callable(transform):
+        raise TypeError(f"{what}: the transform must be callable, not {type(transform).__name__}")
+    if interior is not None and not isinstance(interior, slice):
+        raise TypeError(f"{what}: interior must be a slice of the halved axis, not {type(interior).__name__}")
+    return jnp.asarray(ct)
+
+
 def c2c_transpose(ct: Any, other_way: Any) -> Any:
     """The transpose of a C2C transform, from the cotangent of its output: the DFT matrix is symmetric,
     and `other_way` (the plan's other direction, from the output distribution back) is its conjugate:
     F^T ct = conj(other_way(conj(ct)))."""
+    ct = _transpose_args(ct, other_way, None, "c2c_transpose")
     return jnp.conj(other_way(jnp.conj(ct)))
 
 
 def r2c_transpose(ct: Any, c2r: Any, interior: slice) -> Any:
     """The transpose of an R2C transform y = crop(F x): Re(F^T pad(ct)), which is the C2R of conj(ct)
     with the interior bins (`interior`, which stand for two of the full spectrum) halved."""
+    ct = _transpose_args(ct, c2r, interior, "r2c_transpose")
     weights = jnp.ones(ct.shape[-1], dtype=jnp.real(ct).dtype).at[interior].set(0.5)
     return c2r(jnp.conj(ct) * weights)
 
@@ -301,6 +315,7 @@ def r2c_transpose(ct: Any, c2r: Any, interior: slice) -> Any:
 def c2r_transpose(ct: Any, r2c: Any, interior: slice) -> Any:
     """The transpose of a C2R transform (JAX's convention for complex cotangents): the R2C of `ct`, its
     interior bins doubled, conjugated."""
+    ct = _transpose_args(ct, r2c, interior, "c2r_transpose")
     spectrum = r2c(ct)
     weights = jnp.ones(spectrum.shape[-1], dtype=jnp.real(spectrum).dtype).at[interior].set(2.0)
     return jnp.conj(spectrum * weights)
