@@ -14,7 +14,7 @@ intake slot and returns has accepted it (see fuzz_deep.py). Well-formed objects 
 zero elements (or host memory), so that one reaching a library on a GPU touches no memory. A value is
 *address-like* when it converts to an int in [1, 2**63): where a raw pointer or handle is taken (the
 flat bindings, a struct's ``from_ptr``) it looks valid, and what it points at is the library's to
-check (README, Bad input): those slots do not get it.
+check (docs/how-it-works.md, Bad input): those slots do not get it.
 """
 
 from __future__ import annotations

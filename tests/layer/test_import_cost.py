@@ -4,7 +4,7 @@ Nor does importing it load `typing` (with `re`, `contextlib` and the rest, about
 importing mpbind.nccl cost): annotations are strings, and what only type checkers read is under
 `TYPE_CHECKING`. Nor, for the flat bindings and mpbind.nccl, `enum` (with functools and collections):
 the flat bindings make their IntEnums on first use. `python benchmarks/import_time.py` reports the
-times (README, The Pythonic layer)."""
+times (docs/getting-started.md)."""
 
 from __future__ import annotations
 
