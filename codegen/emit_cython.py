@@ -118,8 +118,19 @@ def cy_pxd(lib: Library) -> str:
     return "\n".join(lines) + "\n"
 
 
+# An entry point returning void, a struct or a handle has no spare value to signal an error, so it is
+# `except *`: its caller looks for an exception (taking the GIL) after each call. That is deliberate:
+# a missing symbol raises FunctionNotFoundError, and the Cython code cimporting cy<lib> relies on it
+# (the flat bindings call _internal's int-returning entry point of a void function instead). Cython
+# hints at each of these; the hints say nothing new, so the modules defining them turn them off.
+NO_PERFORMANCE_HINTS = [
+    "# cython: show_performance_hints=False",
+    "# (except * on void, struct and handle entry points is deliberate: see codegen/emit_cython.py)",
+]
+
+
 def cy_pyx(lib: Library) -> str:
-    lines = ["# cython: language_level=3", "",
+    lines = ["# cython: language_level=3", *NO_PERFORMANCE_HINTS, "",
              f"from mpbind.bindings._internal cimport {lib.name} as _{lib.name}", ""]
     for f in lib.symbols:
         lines.append(f"cdef {cy_type(f.returns, f.name)}({c_params(f)}) "
@@ -154,6 +165,7 @@ def internal_pyx(lib: Library) -> str:
     names = [f.name for f in lib.symbols]
     lines = [
         "# cython: language_level=3",
+        *NO_PERFORMANCE_HINTS,
         "",
         "from libc.stdint cimport intptr_t",
         "",
