@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
+import emit_docs
 from emit_common import I4, attribute_table, const_name, cy_type
 from emit_shared import cimports
 from emit_structs import struct_class
@@ -68,18 +69,9 @@ def _not_initialized(lib: Library) -> list[str]:
 
 
 def _docstring(lib: Library, pl: Plan) -> str:
-    f = pl.f
-    doc = [f"{f.name}({', '.join(cy_type(q.type, q.name) for q in f.params)})"]
-    if pl.returns:
-        doc += ["", f"Returns {pl.return_type}."]
-    doc += ["", "Releases the GIL." if f.releases_gil else "Keeps the GIL (the call returns at once)."]
-    if f.needs_init is not None and lib.init_check is not None:
-        member = next(m for m in lib.enums[lib.init_check.enum].members if m.c == f.needs_init)
-        doc.append(f"Needs {lib.init_check.function}() >= {member.python} (else {lib.init_check.error}).")
-    since = f.since or ""
-    if not since.startswith("<="):
-        doc.append(f"Needs {lib.pretty} {since} or later.")
-    return f'"""{chr(10).join(doc).rstrip()}"""'.replace("\n", "\n" + I4)
+    """The function's docstring: emit_docs.function_doc, the text its stub carries too."""
+    doc = emit_docs.function_doc(lib, pl.f, pl.return_type if pl.returns else None)
+    return f'"""{chr(10).join(doc)}"""'.replace("\n", "\n" + I4)
 
 
 def _result_declaration(f: Function) -> list[str]:
@@ -159,8 +151,7 @@ def _typed_attribute(lib: Library, enum_name: str, ta: TypedAttribute) -> list[s
         "",
         "",
         f"def {name}_set(obj, attr, value):",
-        f'{I4}"""Set attribute `attr` ({cls}) to `value`, checked against the attribute\'s C type;',
-        f'{I4}then {ta.set}."""',
+        *emit_docs.render(emit_docs.attribute_doc(lib, enum_name, ta, setter=True)),
         f"{I4}key, ctype, fmt, enum_cls = _{name}_attribute(attr)",
         f"{I4}if isinstance(value, float) and fmt not in ('f', 'd') or isinstance(value, (str, bytes)):",
         f'{I8}raise _UsageError("%s takes %s, not %s" % (key.name, ctype, type(value).__name__))',
@@ -178,7 +169,7 @@ def _typed_attribute(lib: Library, enum_name: str, ta: TypedAttribute) -> list[s
         "",
         "",
         f"def {name}_get(obj, attr):",
-        f'{I4}"""The value of attribute `attr` ({cls}) as its C type (enums as their IntEnum); {ta.get}."""',
+        *emit_docs.render(emit_docs.attribute_doc(lib, enum_name, ta, setter=False)),
         f"{I4}key, ctype, fmt, enum_cls = _{name}_attribute(attr)",
         f"{I4}cdef char out[16]",
         f"{I4}memset(out, 0, 16)",
@@ -239,8 +230,7 @@ def _families(lib: Library) -> list[str]:
             "",
             "",
             f"def {op}({sig}):",
-            f'{I4}"""{op} for the element type `dtype` (a type name or a NumPy dtype):',
-            f'{I4}one of {", ".join(fam.members)}."""',
+            *emit_docs.render(emit_docs.family_doc(lib, fam)),
             f"{I4}fn = _FAMILY_{op}[_type_name(dtype, _FAMILY_{op}, \"{op}\")]",
             f"{I4}return fn({', '.join(names)})",
             "",
@@ -338,7 +328,8 @@ def _enums(lib: Library) -> list[str]:
     lines = ["# IntEnum name -> (docstring, ((member, value), ...)).", "_ENUMS = {"]
     for e in lib.enums.values():
         members = "".join(f"({m.python!r}, {m.value}), " for m in e.members)
-        lines.append(f"{I4}{e.python!r}: ({e.name!r}, ({members.rstrip()})),")
+        doc = chr(10).join(emit_docs.enum_doc(lib, e))
+        lines.append(f"{I4}{e.python!r}: ({doc!r}, ({members.rstrip()})),")
     return lines + [
         "}",
         "cdef _EnumTable _enums = _EnumTable(globals(), __name__, _ENUMS)",

@@ -101,7 +101,7 @@ def test_the_init_check_follows_the_guards_and_precedes_the_call(generator: Gene
     # putmem on a stream keeps the GIL (an enqueue): the call is the _internal entry point itself
     call = next(i for i, line in enumerate(lines) if line.startswith("_nvshmem._nvshmemx_putmem_on_stream("))
     assert check < call and "with nogil:" not in lines
-    assert 'Needs nvshmemx_init_status() >= IS_INITIALIZED (else NVSHMEMNotInitializedError)."""' in lines
+    assert "Needs nvshmemx_init_status() >= IS_INITIALIZED (else NVSHMEMNotInitializedError)." in lines
 
 
 @pytest.mark.parametrize(("function", "needed"), [
