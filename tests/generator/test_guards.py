@@ -24,9 +24,10 @@ def _role(generator: Generator, lib: Any, function: str, param: str) -> Any:
 
 
 def _rendered(generator: Generator, lib: Any, function: str) -> list[str]:
-    """The function's lines in the rendered module, from its def to the next top-level line."""
+    """The function's lines in the rendered modules (the library's and its private ones), from its
+    def to the next top-level line."""
     emit_python = generator("emit_python")
-    module = emit_python.python_pyx(lib).splitlines()
+    module = "\n".join(emit_python.python_modules(lib).values()).splitlines()
     python = lib.function(function).python
     start = module.index(next(line for line in module if line.startswith(f"def {python}(")))
     end = next(i for i in range(start + 1, len(module)) if module[i][:1] not in ("", " "))
