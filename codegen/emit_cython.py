@@ -118,8 +118,19 @@ def cy_pxd(lib: Library) -> str:
     return "\n".join(lines) + "\n"
 
 
+# An entry point returning void, a struct or a handle has no spare value to signal an error, so it is
+# `except *`: its caller looks for an exception (taking the GIL) after each call. That is deliberate:
+# a missing symbol raises FunctionNotFoundError, and the Cython code cimporting cy<lib> relies on it
+# (the flat bindings call _internal's int-returning entry point of a void function instead). Cython
+# hints at each of these; the hints say nothing new, so the modules defining them turn them off.
+NO_PERFORMANCE_HINTS = [
+    "# cython: show_performance_hints=False",
+    "# (except * on void, struct and handle entry points is deliberate: see codegen/emit_cython.py)",
+]
+
+
 def cy_pyx(lib: Library) -> str:
-    lines = ["# cython: language_level=3", "",
+    lines = ["# cython: language_level=3", *NO_PERFORMANCE_HINTS, "",
              f"from mpbind.bindings._internal cimport {lib.name} as _{lib.name}", ""]
     for f in lib.symbols:
         lines.append(f"cdef {cy_type(f.returns, f.name)}({c_params(f)}) "
@@ -150,10 +161,15 @@ def _internal_signature(lib: Library, f: Function) -> str:
 
 
 def internal_pyx(lib: Library) -> str:
-    """_internal/<lib>.pyx: the function-pointer table, filled by dlsym on the library's one handle."""
-    names = [f.name for f in lib.symbols]
+    """_internal/<lib>.pyx: the function-pointer table, filled by dlsym on the library's one handle.
+
+    One C array holds the pointers, _fn[i] that of the i-th function of SINCE (named in a comment
+    where it is used): a module-level variable per function made Cython list every one of them in
+    the traceback data of every function, which took it minutes and gigabytes for NVSHMEM's."""
+    slot = {f.name: i for i, f in enumerate(lib.symbols)}
     lines = [
         "# cython: language_level=3",
+        *NO_PERFORMANCE_HINTS,
         "",
         "from libc.stdint cimport intptr_t",
         "",
@@ -169,27 +185,29 @@ def internal_pyx(lib: Library) -> str:
         "",
         "cdef object _lock = allocate_lock()",
         "cdef bint _initialized = False",
-        *(f"cdef void* __{n} = NULL" for n in names),
+        f"cdef void* _fn[{max(len(slot), 1)}]  # NULL until _load: the function of SINCE in the same place",
         "",
         "",
     ]
-    lines += _loader(names) + _addresses(names) + _version_code(lib)
+    lines += _loader() + _addresses() + _version_code(lib, slot)
     for f in lib.symbols:
-        lines += _entry_point(lib, f)
+        lines += _entry_point(lib, f, slot[f.name])
     return "\n".join(lines) + "\n"
 
 
-def _loader(names: list[str]) -> list[str]:
+def _loader() -> list[str]:
     """_load (every dlsym, once, under a lock), its fast check, and the missing-symbol error."""
     return [
         "cdef int _load() except -1:",
-        f"{I4}global _initialized, " + ", ".join(f"__{n}" for n in names),
+        f"{I4}global _initialized",
         f"{I4}cdef void* handle",
+        f"{I4}cdef Py_ssize_t i",
         f"{I4}with _lock:",
         f"{I4}{I4}if _initialized:",
         f"{I4}{I4}{I4}return 0",
         f"{I4}{I4}handle = _open_library(LIBRARY)",
-        *(f'{I4}{I4}__{n} = dlsym(handle, b"{n}")' for n in names),
+        f"{I4}{I4}for i, name in enumerate(SINCE):",
+        f"{I4}{I4}{I4}_fn[i] = dlsym(handle, (<str>name).encode())",
         f"{I4}{I4}_initialized = True",
         f"{I4}return 0",
         "",
@@ -201,14 +219,22 @@ def _loader(names: list[str]) -> list[str]:
         f"{I4}{I4}return _load()",
         "",
         "",
-        "cdef int _not_found(str name) except -1:",
-        f"{I4}return _function_not_found(LIBRARY, name, SINCE[name])",
+        "cdef int _resolve(Py_ssize_t i) except -1 nogil:",
+        f'{I4}"""An entry point whose pointer _fn[i] is NULL: load the library (once), then raise',
+        f'{I4}FunctionNotFoundError if it lacks the symbol. One function for every entry point: each',
+        f'{I4}taking the GIL on its own made the module much longer to generate and compile."""',
+        f"{I4}with gil:",
+        f"{I4}{I4}_load()",
+        f"{I4}{I4}if _fn[i] == NULL:",
+        f"{I4}{I4}{I4}name = list(SINCE)[i]",
+        f"{I4}{I4}{I4}_function_not_found(LIBRARY, name, SINCE[name])",
+        f"{I4}return 0",
         "",
         "",
     ]
 
 
-def _addresses(names: list[str]) -> list[str]:
+def _addresses() -> list[str]:
     return [
         "def symbol_address(str name):",
         f'{I4}"""Address of a bound symbol in the loaded library (0 when it lacks it)."""',
@@ -217,52 +243,49 @@ def _addresses(names: list[str]) -> list[str]:
         "",
         "",
         "cdef dict _addresses():",
-        f"{I4}return {{",
-        *(f'{I4}{I4}"{n}": <intptr_t>__{n},' for n in names),
-        f"{I4}}}",
+        f"{I4}return {{name: <intptr_t>_fn[i] for i, name in enumerate(SINCE)}}",
         "",
         "",
     ]
 
 
-def _version_code(lib: Library) -> list[str]:
+def _version_code(lib: Library, slot: dict[str, int]) -> list[str]:
     vf = lib.version_function.function
+    fn = f"_fn[{slot[vf]}]"
     lines = [
         "def library_version_code():",
         f'{I4}"""The loaded library\'s version from {vf}, or None if it lacks it."""',
         f"{I4}_ensure_loaded()",
-        f"{I4}if __{vf} == NULL:",
+        f"{I4}if {fn} == NULL:  # {vf}",
         f"{I4}{I4}return None",
     ]
     if lib.version_function.format == "triple":
         # void f(int* major, int* minor, int* patch)
         return lines + [
             f"{I4}cdef int major = 0, minor = 0, patch = 0",
-            f"{I4}(<void (*)(int*, int*, int*) noexcept nogil>__{vf})(&major, &minor, &patch)",
+            f"{I4}(<void (*)(int*, int*, int*) noexcept nogil>{fn})(&major, &minor, &patch)",
             f"{I4}return (major, minor, patch)",
             "",
         ]
     # status f(int* code)
     return lines + [
         f"{I4}cdef int code = 0",
-        f"{I4}if (<int (*)(int*) noexcept nogil>__{vf})(&code) != 0:",
+        f"{I4}if (<int (*)(int*) noexcept nogil>{fn})(&code) != 0:",
         f"{I4}{I4}return None",
         f"{I4}return code",
         "",
     ]
 
 
-def _entry_point(lib: Library, f: Function) -> list[str]:
-    """_<name>(...): load on first use, raise FunctionNotFoundError for a missing symbol, call."""
-    n = f.name
-    fptr = f"<{cy_type(f.returns)} (*)({c_param_types(f)}) noexcept nogil>__{n}"
+def _entry_point(lib: Library, f: Function, i: int) -> list[str]:
+    """_<name>(...): load on first use, raise FunctionNotFoundError for a missing symbol (both in
+    _resolve, when the pointer is NULL), call."""
+    fptr = f"<{cy_type(f.returns)} (*)({c_param_types(f)}) noexcept nogil>_fn[{i}]"
     call = f"({fptr})({c_args(f)})"
     return [
         "",
         f"cdef {_internal_signature(lib, f)} nogil:",
-        f"{I4}_ensure_loaded()",
-        f"{I4}if __{n} == NULL:",
-        f"{I4}{I4}with gil:",
-        f'{I4}{I4}{I4}_not_found("{n}")',
+        f"{I4}if _fn[{i}] == NULL:  # {f.name}",
+        f"{I4}{I4}_resolve({i})",
         *([f"{I4}{call}", f"{I4}return 0"] if is_void(f.returns) else [f"{I4}return {call}"]),
     ]

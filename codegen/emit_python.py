@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 
+import emit_docs
 from emit_common import I4, attribute_table, const_name, cy_type
 from emit_shared import cimports
 from emit_structs import struct_class
@@ -51,8 +53,9 @@ def _init_check(lib: Library, f: Function) -> list[str]:
     return [f"if {lib.init_check.function}() < {needed}:", f'{I4}_not_initialized("{f.name}", {needed})']
 
 
-def _not_initialized(lib: Library) -> list[str]:
-    """_not_initialized(function, needed): raise the init check's error, naming both statuses."""
+def _not_initialized(lib: Library, lookup: str = "_enums.get") -> list[str]:
+    """_not_initialized(function, needed): raise the init check's error, naming both statuses.
+    `lookup` returns an IntEnum of the public module by name."""
     ic = lib.init_check
     if ic is None:
         return []
@@ -60,7 +63,7 @@ def _not_initialized(lib: Library) -> list[str]:
     return [
         "cdef int _not_initialized(str function, int needed) except -1:",
         f"{I4}status = {ic.function}()",
-        f'{I4}cls = _enums.get("{e.python}")',
+        f'{I4}cls = {lookup}("{e.python}")',
         f"{I4}raise _NotInitializedError(function, _enum_or_int(cls, needed), _enum_or_int(cls, status))",
         "",
         "",
@@ -68,18 +71,9 @@ def _not_initialized(lib: Library) -> list[str]:
 
 
 def _docstring(lib: Library, pl: Plan) -> str:
-    f = pl.f
-    doc = [f"{f.name}({', '.join(cy_type(q.type, q.name) for q in f.params)})"]
-    if pl.returns:
-        doc += ["", f"Returns {pl.return_type}."]
-    doc += ["", "Releases the GIL." if f.releases_gil else "Keeps the GIL (the call returns at once)."]
-    if f.needs_init is not None and lib.init_check is not None:
-        member = next(m for m in lib.enums[lib.init_check.enum].members if m.c == f.needs_init)
-        doc.append(f"Needs {lib.init_check.function}() >= {member.python} (else {lib.init_check.error}).")
-    since = f.since or ""
-    if not since.startswith("<="):
-        doc.append(f"Needs {lib.pretty} {since} or later.")
-    return f'"""{chr(10).join(doc).rstrip()}"""'.replace("\n", "\n" + I4)
+    """The function's docstring: emit_docs.function_doc, the text its stub carries too."""
+    doc = emit_docs.function_doc(lib, pl.f, pl.return_type if pl.returns else None)
+    return f'"""{chr(10).join(doc)}"""'.replace("\n", "\n" + I4)
 
 
 def _result_declaration(f: Function) -> list[str]:
@@ -159,8 +153,7 @@ def _typed_attribute(lib: Library, enum_name: str, ta: TypedAttribute) -> list[s
         "",
         "",
         f"def {name}_set(obj, attr, value):",
-        f'{I4}"""Set attribute `attr` ({cls}) to `value`, checked against the attribute\'s C type;',
-        f'{I4}then {ta.set}."""',
+        *emit_docs.render(emit_docs.attribute_doc(lib, enum_name, ta, setter=True)),
         f"{I4}key, ctype, fmt, enum_cls = _{name}_attribute(attr)",
         f"{I4}if isinstance(value, float) and fmt not in ('f', 'd') or isinstance(value, (str, bytes)):",
         f'{I8}raise _UsageError("%s takes %s, not %s" % (key.name, ctype, type(value).__name__))',
@@ -178,7 +171,7 @@ def _typed_attribute(lib: Library, enum_name: str, ta: TypedAttribute) -> list[s
         "",
         "",
         f"def {name}_get(obj, attr):",
-        f'{I4}"""The value of attribute `attr` ({cls}) as its C type (enums as their IntEnum); {ta.get}."""',
+        *emit_docs.render(emit_docs.attribute_doc(lib, enum_name, ta, setter=False)),
         f"{I4}key, ctype, fmt, enum_cls = _{name}_attribute(attr)",
         f"{I4}cdef char out[16]",
         f"{I4}memset(out, 0, 16)",
@@ -226,21 +219,29 @@ def _families(lib: Library) -> list[str]:
         "",
         "",
     ]
+    lines += [
+        "cdef dict _family(dict names):",
+        f'{I4}"""Type name -> function, from type name -> the function\'s name in this module (some are',
+        f'{I4}re-exported from private modules, so the names are looked up when the module runs)."""',
+        f"{I4}space = globals()",
+        f"{I4}return {{t: space[name] for t, name in names.items()}}",
+        "",
+        "",
+    ]
     for fam in lib.families:
         first = lib.function(next(iter(fam.members.values())))
         pl = plan(lib, first)
         names = [pp.name for pp in pl.params]
         sig = ", ".join(["dtype"] + [n if pp.default is None else f"{n}={pp.default}"
                                      for n, pp in zip(names, pl.params, strict=True)])
-        table = ", ".join(f'"{t}": {lib.function(c).python}' for t, c in fam.members.items())
+        table = ", ".join(f'"{t}": "{lib.function(c).python}"' for t, c in fam.members.items())
         op = fam.python
         lines += [
-            f"_FAMILY_{op} = {{{table}}}",
+            f"_FAMILY_{op} = _family({{{table}}})",
             "",
             "",
             f"def {op}({sig}):",
-            f'{I4}"""{op} for the element type `dtype` (a type name or a NumPy dtype):',
-            f'{I4}one of {", ".join(fam.members)}."""',
+            *emit_docs.render(emit_docs.family_doc(lib, fam)),
             f"{I4}fn = _FAMILY_{op}[_type_name(dtype, _FAMILY_{op}, \"{op}\")]",
             f"{I4}return fn({', '.join(names)})",
             "",
@@ -270,25 +271,129 @@ def _hoist_declarations(pre: list[str]) -> tuple[list[str], list[str]]:
     return hoisted, stmts
 
 
+# The per-type members of a library's families, by API family, in private modules of their own:
+# mpbind.bindings.<lib> re-exports each function. One module of every function made one C file
+# whose compiler process took minutes and gigabytes; these compile apart, in parallel. Per library:
+# (module suffix, what it holds, the families' Python names it takes as a regular expression),
+# the first match taking a family; a family that none matches is an error, never a silent default.
+PRIVATE_MODULES: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "nvshmem": (
+        ("coll", "collectives: alltoall, broadcast, fcollect", r"(alltoall|broadcast|fcollect)(_on_stream)?"),
+        ("reduce", "reductions", r"[a-z]+_reduce(_on_stream)?"),
+        ("reducescatter", "reduce-scatter", r"[a-z]+_reducescatter(_on_stream)?"),
+        ("amo", "atomic memory operations and point-to-point synchronisation", r"atomic_\w+|wait_until\w*"),
+        ("rma", "remote memory access from the host", r"(i?put|i?get|p|g)(_nbi)?"),
+        ("rma_on_stream", "remote memory access on a stream", r"\w+_on_stream"),
+    ),
+}
+
+
+def private_modules(lib: Library) -> dict[str, tuple[str, list[Function]]]:
+    """Private module name (_<lib>_<suffix>) -> (what it holds, its functions in IR order)."""
+    groups = PRIVATE_MODULES.get(lib.name, ())
+    if not groups:
+        return {}
+    module_of: dict[str, str] = {}
+    for fam in lib.families:
+        suffix = next((g[0] for g in groups if re.fullmatch(g[2], fam.python)), None)
+        if suffix is None:
+            raise ValueError(f"{lib.name}: family {fam.python} matches no private module of PRIVATE_MODULES")
+        for c_name in fam.members.values():
+            module_of[c_name] = f"_{lib.name}_{suffix}"
+    out: dict[str, tuple[str, list[Function]]] = {f"_{lib.name}_{g[0]}": (g[1], []) for g in groups}
+    for f in lib.symbols:
+        if f.name in module_of:
+            out[module_of[f.name]][1].append(f)
+    return {name: entry for name, entry in out.items() if entry[1]}
+
+
 def python_pyx(lib: Library) -> str:
     """<lib>.pyx, in order: imports, constants, handle types, enums, errors, struct classes, the
-    support file's include, one function per C function, family dispatchers, typed attributes."""
+    support file's include, one function per C function (but those of the private modules, which it
+    re-exports), family dispatchers, typed attributes."""
     lines = _head(lib) + _constants(lib) + _enums(lib) + _raise_error(lib) + _not_initialized(lib)
     structs, _, _ = lib.reachable_types()
     for name in structs:
         lines += struct_class(lib, lib.structs[name])
     if lib.support:
         lines += _support(lib)
+    private = private_modules(lib)
+    elsewhere = {f.name for _, functions in private.values() for f in functions}
     for f in lib.symbols:
-        lines += _function(lib, plan(lib, f))
+        if f.name not in elsewhere:
+            lines += _function(lib, plan(lib, f))
+    if private:
+        lines += _reexports(lib, private)
     if lib.families:
         lines += _families(lib)
     if lib.typed_attributes:
         lines += _ATTRIBUTE_TYPES
     for enum_name, ta in lib.typed_attributes.items():
         lines += _typed_attribute(lib, enum_name, ta)
+    return _text(lines)
+
+
+def _text(lines: list[str]) -> str:
     text = "\n".join(lines)
     return "\n".join(line.rstrip() for line in text.split("\n")).rstrip() + "\n"
+
+
+def _reexports(lib: Library, private: dict[str, tuple[str, list[Function]]]) -> list[str]:
+    """Import each private module's functions as this module's own (their __module__ too, so that
+    they pickle, print and document as mpbind.bindings.<lib>'s)."""
+    lines = [
+        "cdef _reexport(str module, tuple names):",
+        f"{I4}source = __import__(module, None, None, names)",
+        f"{I4}space = globals()",
+        f"{I4}for name in names:",
+        f"{I8}function = getattr(source, name)",
+        f"{I8}function.__module__ = __name__",
+        f"{I8}space[name] = function",
+        "",
+        "",
+    ]
+    for module, (_, functions) in private.items():
+        names = "".join(f'{I4}"{f.python}",\n' for f in functions)
+        lines += [f'_reexport("mpbind.bindings.{module}", (', names.rstrip("\n"), "))", "", ""]
+    return lines
+
+
+def python_modules(lib: Library) -> dict[str, str]:
+    """Module name -> .pyx text: <lib> and its private modules (the Python API of the library)."""
+    return {lib.name: python_pyx(lib), **{m: private_pyx(lib, m) for m in private_modules(lib)}}
+
+
+def private_pyx(lib: Library, module: str) -> str:
+    """One private module of private_modules(lib): its functions, with the error helpers they call."""
+    what, functions = private_modules(lib)[module]
+    lines = [
+        "# cython: language_level=3",
+        f'"""{lib.pretty} {lib.version}, {what}: the per-type functions of their families.',
+        "",
+        f"Private: mpbind.bindings.{lib.name} re-exports every function of this module as its own.",
+        '"""',
+        "",
+        "from libc.stdint cimport intptr_t",
+        "",
+        f"from mpbind.bindings.cy{lib.name} cimport *",
+        f"from mpbind.bindings._internal cimport {lib.name} as _{lib.name}",
+        *cimports("enum_or_int", "str_or_none", "raise_library_error", "as_address", "is_int", "int_arg"),
+        "",
+        "from mpbind.errors import UsageError as _UsageError",
+        *([f"from mpbind.errors import {lib.init_check.error} as _NotInitializedError"] if lib.init_check else []),
+        "",
+        "",
+        "cdef object _enum_class(str name):",
+        f'{I4}"""An IntEnum of mpbind.bindings.{lib.name}, looked up when needed: that module imports this one."""',
+        f"{I4}from mpbind.bindings import {lib.name} as public",
+        f"{I4}return getattr(public, name)",
+        "",
+        "",
+    ]
+    lines += _raise_error(lib, public=False) + _not_initialized(lib, lookup="_enum_class")
+    for f in functions:
+        lines += _function(lib, plan(lib, f))
+    return _text(lines)
 
 
 def _head(lib: Library) -> list[str]:
@@ -338,7 +443,8 @@ def _enums(lib: Library) -> list[str]:
     lines = ["# IntEnum name -> (docstring, ((member, value), ...)).", "_ENUMS = {"]
     for e in lib.enums.values():
         members = "".join(f"({m.python!r}, {m.value}), " for m in e.members)
-        lines.append(f"{I4}{e.python!r}: ({e.name!r}, ({members.rstrip()})),")
+        doc = chr(10).join(emit_docs.enum_doc(lib, e))
+        lines.append(f"{I4}{e.python!r}: ({doc!r}, ({members.rstrip()})),")
     return lines + [
         "}",
         "cdef _EnumTable _enums = _EnumTable(globals(), __name__, _ENUMS)",
@@ -349,8 +455,9 @@ def _enums(lib: Library) -> list[str]:
     ]
 
 
-def _raise_error(lib: Library) -> list[str]:
-    """_raise_error: the library's own strings for a status, then the shared typed error."""
+def _raise_error(lib: Library, public: bool = True) -> list[str]:
+    """_raise_error: the library's own strings for a status, then the shared typed error; and in
+    the public module, _raise_status for mpbind._core."""
     se = lib.status
     lines = [
         "cdef int _raise_error(int status, str function) except -1:",
@@ -361,10 +468,14 @@ def _raise_error(lib: Library) -> list[str]:
                       ("last", f"{se.last_error}(NULL)" if se.last_error else None)):
         if call is not None:
             lines += [f"{I4}try:", f"{I8}{var} = _str_or_none({call})", f"{I4}except Exception:", f"{I8}pass"]
-    return lines + [
+    lines += [
         f'{I4}_raise_library_error("{lib.name}", function, status, description, last)',
         "",
         "",
+    ]
+    if not public:
+        return lines
+    return lines + [
         "def _raise_status(int status, str function):",
         f'{I4}"""Raise the typed error for `status` returned by `function` (used by mpbind._core)."""',
         f"{I4}_raise_error(status, function)",

@@ -7,6 +7,7 @@ the bytes and buffer protocols. `_as_<Class>` coerces an argument to the class.
 
 from __future__ import annotations
 
+import emit_docs
 from emit_common import I4, cy_type
 from ir_types import Array, Field, Library, Struct
 from pyvalues import class_name, enum_class, enum_ctype, enum_of, value_kind
@@ -17,7 +18,7 @@ I8 = I4 * 2
 
 def struct_class(lib: Library, s: Struct) -> list[str]:
     """cdef class <Class> for struct s, then its argument coercion _as_<Class>."""
-    lines = [f"cdef class {s.python}:", f'{I4}"""{_doc(s)}"""', "", f"{I4}cdef {s.name} _data",
+    lines = [f"cdef class {s.python}:", *emit_docs.render(struct_doc(lib, s)), "", f"{I4}cdef {s.name} _data",
              f"{I4}cdef dict _refs", ""]
     lines += _construction(s)
     if s.is_bytes:
@@ -29,7 +30,12 @@ def struct_class(lib: Library, s: Struct) -> list[str]:
     return lines + _common_methods(s.python, s.name) + _coercion(s)
 
 
-def _doc(s: Struct) -> str:
+def struct_doc(lib: Library, s: Struct) -> list[str]:
+    """The class's docstring (its stub's too)."""
+    return emit_docs.struct_doc(lib, s, _summary(s))
+
+
+def _summary(s: Struct) -> str:
     if s.is_bytes:
         return f"{s.name}: {s.size} opaque bytes; bytes-like, comparable, hashable and picklable."
     if s.opaque is not None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+import emit_docs
 from emit_common import I4, attribute_table, const_name
+from emit_structs import struct_doc
 from ir_types import Array, CType, HandleType, Library, Struct
 from plan import plan
 from pyvalues import class_name, py_type, value_kind
@@ -30,7 +32,7 @@ def _field_type(lib: Library, t: CType) -> tuple[str, str]:
 
 def _struct(lib: Library, s: Struct) -> list[str]:
     cls = s.python
-    out = [f"class {cls}:"]
+    out = [f"class {cls}:", *emit_docs.render(struct_doc(lib, s))]
     internal = s.internal_fields()
     if s.is_bytes:
         out += [
@@ -95,6 +97,7 @@ def stub(lib: Library) -> str:
     lines += ["def __dir__() -> list[str]: ...", ""]
     for e in lib.enums.values():
         lines.append(f"class {e.python}(IntEnum):")
+        lines += emit_docs.render(emit_docs.enum_doc(lib, e))
         for m in e.members:
             lines.append(f"{I4}{m.python} = {m.value}")
         lines.append("")
@@ -103,7 +106,8 @@ def stub(lib: Library) -> str:
         lines += _struct(lib, lib.structs[name])
     for f in lib.bound:
         if f.inline_body is not None:
-            lines.append(f"def {f.python}{f.inline_body.signature}: ...")
+            lines.append(f"def {f.python}{f.inline_body.signature}:")
+            lines += emit_docs.render(emit_docs.inline_doc(lib, f))
             continue
         pl = plan(lib, f)
         args = []
@@ -112,7 +116,8 @@ def stub(lib: Library) -> str:
             if pp.default is not None:
                 a += f" = {pp.default}"
             args.append(a)
-        lines.append(f"def {f.python}({', '.join(args)}) -> {pl.return_type}: ...")
+        lines.append(f"def {f.python}({', '.join(args)}) -> {pl.return_type}:")
+        lines += emit_docs.render(emit_docs.function_doc(lib, f, pl.return_type if pl.returns else None))
     if lib.families:
         lines.append("")
         lines.append("FAMILY_TYPES: dict[str, str]")
@@ -125,7 +130,8 @@ def stub(lib: Library) -> str:
             if pp.default is not None:
                 a += f" = {pp.default}"
             args.append(a)
-        lines.append(f"def {fam.python}({', '.join(args)}) -> {_union(q.return_type for q in plans)}: ...")
+        lines.append(f"def {fam.python}({', '.join(args)}) -> {_union(q.return_type for q in plans)}:")
+        lines += emit_docs.render(emit_docs.family_doc(lib, fam))
     for enum_name, ta in lib.typed_attributes.items():
         cls = lib.enums[enum_name].python
         handle = lib.function(ta.set).params[0].type
@@ -134,8 +140,10 @@ def stub(lib: Library) -> str:
                         for _, fmt, pc in attribute_table(lib, enum_name).values()})
         value = _union(k if k in ("int", "float") else f"{k} | int" for k in kinds)
         lines.append(f"{ta.python.upper()}_ATTRIBUTE_TYPES: dict[{cls}, tuple[str, str, type | None]]")
-        lines.append(f"def {ta.python}_set(obj: {obj}, attr: {cls} | int, value: {value}) -> None: ...")
-        lines.append(f"def {ta.python}_get(obj: {obj}, attr: {cls} | int) -> {value}: ...")
+        lines.append(f"def {ta.python}_set(obj: {obj}, attr: {cls} | int, value: {value}) -> None:")
+        lines += emit_docs.render(emit_docs.attribute_doc(lib, enum_name, ta, setter=True))
+        lines.append(f"def {ta.python}_get(obj: {obj}, attr: {cls} | int) -> {value}:")
+        lines += emit_docs.render(emit_docs.attribute_doc(lib, enum_name, ta, setter=False))
     body = "\n".join(lines) + "\n"
     # Import what the body uses.
     abc = [n for n in ("Callable", "Sequence") if re.search(rf"\b{n}\[", body)]

@@ -203,7 +203,8 @@ def render(irs: dict[str, dict[str, Any]]) -> dict[Path, str]:
         out[b / f"cy{name}.pyx"] = seal(emit_cython.cy_pyx(lib), "#", lib.source)
         out[b / "_internal" / f"{name}.pxd"] = seal(emit_cython.internal_pxd(lib), "#", lib.source)
         out[b / "_internal" / f"{name}.pyx"] = seal(emit_cython.internal_pyx(lib), "#", lib.source)
-        out[b / f"{name}.pyx"] = seal(emit_python.python_pyx(lib), "#", lib.source)
+        for module, text in emit_python.python_modules(lib).items():
+            out[b / f"{module}.pyx"] = seal(text, "#", lib.source)
         out[b / f"{name}.pyi"] = seal(emit_stubs.stub(lib), "#", lib.source)
     out[SRC / "bindings" / "_common.pxd"] = seal(emit_shared.common_pxd(), "#", emit_shared.SOURCE)
     out[SRC / "bindings" / "_common.pyx"] = seal(emit_shared.common_pyx(), "#", emit_shared.SOURCE)

@@ -14,6 +14,7 @@ import inspect
 import json
 import os
 import pickle
+import re
 import struct
 import subprocess
 import sys
@@ -311,13 +312,14 @@ def test_a_null_return_raises_out_of_memory() -> None:
 def _dispatched(call: object) -> str:
     """The per-type function a dispatcher called; the first argument after dtype is object(),
     so that function's guard refuses it (TypeError) before any C call. The traceback's last frame
-    of this module is that function's (the guard's own frames are mpbind.bindings._common's)."""
+    of this module or of one of its private modules (_nvshmem_<family>.pyx, where the per-type
+    functions are) is that function's (the guard's own frames are mpbind.bindings._common's)."""
     with pytest.raises(TypeError) as info:
         call()  # type: ignore[operator]
     tb: TracebackType | None = info.value.__traceback__
     last = None
     while tb is not None:
-        if tb.tb_frame.f_code.co_filename.endswith("nvshmem.pyx"):
+        if re.search(r"(^|/)_?nvshmem(_\w+)?\.pyx$", tb.tb_frame.f_code.co_filename):
             last = tb.tb_frame.f_code.co_name
         tb = tb.tb_next
     assert last is not None

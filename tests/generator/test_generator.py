@@ -136,9 +136,16 @@ def _render(generator: Generator, name: str) -> str:
     start = module.index(next(line for line in module if line.startswith(f"def {python}(")))
     end = next((i for i in range(start + 1, len(module)) if module[i][:1] not in ("", " ")), len(module))
     pyx = "\n".join(module[start:end]).rstrip() + "\n"
-    stub_lines = [line for line in emit_stubs.stub(lib).splitlines() if line.startswith(f"def {python}(")]
-    assert len(stub_lines) == 1, stub_lines
-    return f"{pyx}{STUB_MARKER}\n{stub_lines[0]}\n"
+    return f"{pyx}{STUB_MARKER}\n{stub_definition(emit_stubs.stub(lib), python)}"
+
+
+def stub_definition(stub: str, python: str) -> str:
+    """A function's definition in a stub: its def line and its docstring."""
+    lines = stub.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith(f"def {python}(")]
+    assert len(starts) == 1, starts
+    end = next((i for i in range(starts[0] + 1, len(lines)) if lines[i][:1] not in ("", " ")), len(lines))
+    return "\n".join(lines[starts[0]:end]) + "\n"
 
 
 @pytest.mark.parametrize("name", GOLDEN_FUNCTIONS)

@@ -24,9 +24,10 @@ def _role(generator: Generator, lib: Any, function: str, param: str) -> Any:
 
 
 def _rendered(generator: Generator, lib: Any, function: str) -> list[str]:
-    """The function's lines in the rendered module, from its def to the next top-level line."""
+    """The function's lines in the rendered modules (the library's and its private ones), from its
+    def to the next top-level line."""
     emit_python = generator("emit_python")
-    module = emit_python.python_pyx(lib).splitlines()
+    module = "\n".join(emit_python.python_modules(lib).values()).splitlines()
     python = lib.function(function).python
     start = module.index(next(line for line in module if line.startswith(f"def {python}(")))
     end = next(i for i in range(start + 1, len(module)) if module[i][:1] not in ("", " "))
@@ -101,7 +102,7 @@ def test_the_init_check_follows_the_guards_and_precedes_the_call(generator: Gene
     # putmem on a stream keeps the GIL (an enqueue): the call is the _internal entry point itself
     call = next(i for i, line in enumerate(lines) if line.startswith("_nvshmem._nvshmemx_putmem_on_stream("))
     assert check < call and "with nogil:" not in lines
-    assert 'Needs nvshmemx_init_status() >= IS_INITIALIZED (else NVSHMEMNotInitializedError)."""' in lines
+    assert "Needs nvshmemx_init_status() >= IS_INITIALIZED (else NVSHMEMNotInitializedError)." in lines
 
 
 @pytest.mark.parametrize(("function", "needed"), [

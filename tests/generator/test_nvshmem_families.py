@@ -32,9 +32,12 @@ def _render(generator: Callable[[str], ModuleType], lib: Any, op: str) -> str:
     start = next(i for i, line in enumerate(lines) if line.startswith(f"def {op}("))
     end = next((i for i in range(start + 1, len(lines)) if lines[i][:1] not in ("", " ")), len(lines))
     body = "\n".join([lines[table], *lines[start:end]]).rstrip() + "\n"
-    stub_lines = [line for line in emit_stubs.stub(lib).splitlines() if line.startswith(f"def {op}(")]
-    assert len(stub_lines) == 1, stub_lines
-    return f"{body}{STUB_MARKER}\n{stub_lines[0]}\n"
+    lines = emit_stubs.stub(lib).splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith(f"def {op}(")]
+    assert len(starts) == 1, starts
+    stop = next((i for i in range(starts[0] + 1, len(lines)) if lines[i][:1] not in ("", " ")), len(lines))
+    stub = "\n".join(lines[starts[0]:stop])
+    return f"{body}{STUB_MARKER}\n{stub}\n"
 
 
 @pytest.mark.parametrize("op", FAMILIES)

@@ -55,7 +55,7 @@ def test_a_new_role_is_one_class_in_roles_py(tree_copy: Path) -> None:
     assert "cdef intptr_t _dummy_size = size  # rendered by the dummy role" in function
     assert "ncclMemAlloc(&_r_ptr, <size_t>_dummy_size)" in function
     pyi = (tree_copy / "src" / "mpbind" / "bindings" / "nccl.pyi").read_text()
-    assert "def mem_alloc(size: DummyValue) -> int: ..." in pyi
+    assert "def mem_alloc(size: DummyValue) -> int:\n    \"\"\"Binds ncclMemAlloc." in pyi
     ir = (codegen / "ir" / "nccl.json").read_text()
     assert '"role": "dummy"' in ir
 
