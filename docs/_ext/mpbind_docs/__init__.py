@@ -31,8 +31,9 @@ logger = logging.getLogger(__name__)
 GENERATED = "_generated"
 REPO = Path(__file__).resolve().parents[3]
 
-# The C prototype line of a flat binding's docstring ("ncclAllReduce(const void* sendbuff, ...)").
-C_PROTOTYPE = re.compile(r"^\s*[A-Za-z_]\w*\(.*\)\s*$")
+# The C prototype line of a flat binding's docstring ("ncclResult_t ncclAllReduce(const void* sendbuff, ...)"),
+# its return type included.
+C_PROTOTYPE = re.compile(r"^\s*(?:[\w\s*]+?\b)?[A-Za-z_]\w*\(.*\)\s*;?\s*$")
 # A line whose indented continuation is RST markup, not an example: a list item, a directive, a field.
 MARKUP_LINE = re.compile(r"\s*([-*+] |\d+\. |\.\. |:[^:`]+:(\s|$))")
 

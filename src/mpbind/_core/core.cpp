@@ -268,6 +268,7 @@ void State::close() {
         Lock l = lock(mu_);
         if (closed_ || closing_) return;
         closing_ = true;
+        releasing_.store(true, std::memory_order_seq_cst);
     }
     std::shared_ptr<State> self = shared_from_this();
     unqueue(this);

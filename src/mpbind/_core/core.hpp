@@ -171,6 +171,9 @@ public:
     std::string kind() const { return lifetime_.kind; }
     uint64_t serial() const { return serial_; }
     bool closed();
+    // close() has begun (or ended): read by the core's launches without the GIL, which refuse a state
+    // being released (launch.hpp; the collective fence orders the release after a launch under way).
+    bool releasing() const { return releasing_.load(std::memory_order_acquire); }
 
     // Raise UsageError if released.
     void check_open();
@@ -218,6 +221,7 @@ private:
     // Written under mu_, read without it: closed() is on every hot call's path, and once set it
     // stays set, so a reader sees either the state as it was before close() or closed.
     std::atomic<bool> closed_{false};
+    std::atomic<bool> releasing_{false};  // set with closing_ and never cleared
     bool closing_ = false;
     bool queued_ = false;
     bool holds_collective_ = false;

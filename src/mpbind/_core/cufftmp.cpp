@@ -811,6 +811,7 @@ struct FftLaunch {
 
 struct ReshapeLaunch {
     std::shared_ptr<ReshapeState> reshape;
+    std::vector<std::shared_ptr<State>> buffers;  // the plan's symmetric arrays (released before the reshape)
     uintptr_t in_buf = 0, out_buf = 0, work = 0;
     size_t in_bytes = 0, out_bytes = 0;  // this rank's pieces, packed
     int device = 0;
@@ -933,8 +934,10 @@ Status fft(uint64_t id, uintptr_t stream, int device, const void* in, size_t in_
                                std::to_string(out_bytes));
     }
     std::lock_guard<std::mutex> g(f->mu);
-    if (e.plan->closed() || e.desc->closed()) return Status::invalid(name + " is closed");
+    auto gate = nvshmem::launch_gate();  // a release settles after this launch has queued (and noted) its work
+    if (e.plan->releasing() || e.desc->releasing()) return Status::invalid(name + " is closed");
     std::string err = launch_fft(*f, stream, in, out, direction);
+    if (!nvshmem::note_launched(stream) && err.empty()) err = "no event could be recorded after its work";
     return err.empty() ? Status{} : Status::failed(name + ": " + err);
 }
 
@@ -951,7 +954,10 @@ Status reshape(uint64_t id, uintptr_t stream, int device, const void* in, size_t
                                std::to_string(out_bytes));
     }
     std::lock_guard<std::mutex> g(r->mu);
-    if (r->reshape->closed()) return Status::invalid(name + " is closed");
+    auto gate = nvshmem::launch_gate();  // a release settles after this launch has queued (and noted) its work
+    bool released = r->reshape->releasing();
+    for (const auto& b : r->buffers) released = released || b->releasing();
+    if (released) return Status::invalid(name + " is closed");
     auto* st = reinterpret_cast<void*>(stream);
     int64_t in_n = static_cast<int64_t>(in_bytes), out_n = static_cast<int64_t>(out_bytes);
     std::string err = copy_rows(r->in_buf, in_n, in, in_n, in_n, 1, st);
@@ -964,6 +970,7 @@ Status reshape(uint64_t id, uintptr_t stream, int device, const void* in, size_t
         if (s != CUFFT_SUCCESS) err = status_text("cufftMpExecReshapeAsync", s);
     }
     if (err.empty()) err = copy_rows(reinterpret_cast<uintptr_t>(out), out_n, reinterpret_cast<const void*>(r->out_buf), out_n, out_n, 1, st);
+    if (!nvshmem::note_launched(stream) && err.empty()) err = "no event could be recorded after its work";
     return err.empty() ? Status{} : Status::failed(name + ": " + err);
 }
 
@@ -1145,13 +1152,16 @@ void register_cufftmp(nb::module_& parent) {
         }
         return launch::registry<FftLaunch>().add(std::move(f));
     }, nb::arg("executor"), "Register a made FFT plan's executor for launches from a framework's program; its id.");
-    m.def("launch_register_reshape", [](Reshape& r, uintptr_t in_buf, uintptr_t out_buf, uintptr_t work,
-                                        size_t in_bytes, size_t out_bytes, int device) {
+    m.def("launch_register_reshape", [](Reshape& r, nb::handle arrays, uintptr_t in_buf, uintptr_t out_buf,
+                                        uintptr_t work, size_t in_bytes, size_t out_bytes, int device) {
         made_reshape(r, "launch_register_reshape");
         load_launch_tables();
+        std::vector<std::shared_ptr<State>> buffers;
+        for (nb::handle a : arrays) buffers.push_back(nvshmem::symmetric_state(a));
         if ((in_bytes && !in_buf) || (out_bytes && !out_buf)) raise_usage("a reshape's buffers must not be NULL");
         auto entry = std::make_shared<ReshapeLaunch>();
         entry->reshape = r.state();
+        entry->buffers = std::move(buffers);
         entry->in_buf = in_buf;
         entry->out_buf = out_buf;
         entry->work = work;
@@ -1159,10 +1169,10 @@ void register_cufftmp(nb::module_& parent) {
         entry->out_bytes = out_bytes;
         entry->device = device;
         return launch::registry<ReshapeLaunch>().add(std::move(entry));
-    }, nb::arg("reshape"), nb::arg("in_buf"), nb::arg("out_buf"), nb::arg("work"), nb::arg("in_bytes"),
-          nb::arg("out_bytes"), nb::arg("device"),
-          "Register a made reshape and its plan's symmetric buffers (its largest pieces, allocated alike on every "
-          "rank) for launches from a framework's program; its id.");
+    }, nb::arg("reshape"), nb::arg("arrays"), nb::arg("in_buf"), nb::arg("out_buf"), nb::arg("work"),
+          nb::arg("in_bytes"), nb::arg("out_bytes"), nb::arg("device"),
+          "Register a made reshape and its plan's symmetric buffers (`arrays`, the core's SymmetricArrays holding "
+          "them: its largest pieces, allocated alike on every rank) for launches from a framework's program; its id.");
     m.def("launch_release", [](uint64_t id) {
         bool fft = launch::registry<FftLaunch>().take(id);
         return fft || launch::registry<ReshapeLaunch>().take(id);

@@ -1117,7 +1117,7 @@ Status collective(uint64_t id, Collective kind, uintptr_t stream, int device, co
     }
     if (count == 0) return {};
     std::lock_guard<std::mutex> handle(w.comm_mu);  // a release or the watchdog's abort waits for the call
-    if (s.closed() || w.gone.load()) {
+    if (s.releasing() || w.gone.load()) {
         if (w.flags.load() & CommWatch::kFailed) return failure_status(w);
         return Status::invalid(where + ": the communicator is closed");
     }

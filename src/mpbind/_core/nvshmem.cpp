@@ -77,12 +77,46 @@ public:
         capi::check(drv.cuEventRecord, drv.cuEventRecord.ptr(event, reinterpret_cast<void*>(stream)));
     }
 
-    // Before a host-side collective: this PE's on-stream collectives have completed. Bounded by the
-    // runtime's deadline and interruptible (Ctrl-C): WaitTimeoutError when a PE never joined one.
+    // A launch from a framework's program (launch.hpp), on a thread that may not hold the GIL: the
+    // gate held (launch_gate()), after its work was queued on `stream`. False when no event could be
+    // recorded (the launch reports it).
+    bool note_launched(uintptr_t stream) {
+        const cu::Api& drv = cu::api();
+        void* event = nullptr;
+        for (const auto& [s, e] : launched_) {
+            if (s == stream) event = e;
+        }
+        if (event == nullptr) {
+            if (launch_spare_.empty()) {
+                if (drv.cuEventCreate.ptr(&event, static_cast<unsigned>(cu::CU_EVENT_DISABLE_TIMING)) != cu::CUDA_SUCCESS) {
+                    return false;
+                }
+            } else {
+                event = launch_spare_.back();
+                launch_spare_.pop_back();
+            }
+            launched_.emplace_back(stream, event);
+        }
+        return drv.cuEventRecord.ptr(event, reinterpret_cast<void*>(stream)) == cu::CUDA_SUCCESS;
+    }
+
+    std::unique_lock<std::mutex> gate() { return std::unique_lock<std::mutex>(gate_); }
+
+    // Before a host-side collective: this PE's on-stream collectives have completed, the launches'
+    // included (a launch under way finishes queueing first: the gate). Bounded by the runtime's deadline
+    // and interruptible (Ctrl-C): WaitTimeoutError when a PE never joined one.
     void settle() {
-        if (pending_.empty()) return;
+        std::vector<void*> launched;
+        {
+            nb::gil_scoped_release release;  // a launch holding the gate never waits for the GIL
+            std::lock_guard<std::mutex> g(gate_);
+            for (const auto& [s, e] : launched_) launched.push_back(e);
+            launched_.clear();
+        }
+        if (pending_.empty() && launched.empty()) return;
         std::vector<void*> events;
         for (const auto& [s, e] : pending_) events.push_back(e);
+        events.insert(events.end(), launched.begin(), launched.end());
         pending_.clear();
         const cu::Api& drv = cu::api();
         size_t done = 0;
@@ -100,10 +134,10 @@ public:
                                    "joined it); NVSHMEM cannot abort it, so the process should end");
             });
         } catch (...) {
-            spare_.insert(spare_.end(), events.begin(), events.end());
+            give_back(events, launched.size());
             throw;
         }
-        spare_.insert(spare_.end(), events.begin(), events.end());
+        give_back(events, launched.size());
         if (error != cu::CUDA_SUCCESS) capi::check(drv.cuEventQuery, error);
     }
 
@@ -128,6 +162,12 @@ public:
         pending_.clear();
         for (void* e : spare_) drv.cuEventDestroy.ptr(e);
         spare_.clear();
+        nb::gil_scoped_release release;
+        std::lock_guard<std::mutex> g(gate_);
+        for (const auto& [s, e] : launched_) launch_spare_.push_back(e);
+        launched_.clear();
+        for (void* e : launch_spare_) drv.cuEventDestroy.ptr(e);
+        launch_spare_.clear();
     }
 
     // The streams with an on-stream collective not yet waited for (the tests read them).
@@ -138,8 +178,20 @@ public:
     }
 
 private:
+    // The last `launched` of `events` were the launches': back to their spares, under the gate.
+    void give_back(const std::vector<void*>& events, size_t launched) {
+        size_t own = events.size() - launched;
+        spare_.insert(spare_.end(), events.begin(), events.begin() + static_cast<std::ptrdiff_t>(own));
+        nb::gil_scoped_release release;
+        std::lock_guard<std::mutex> g(gate_);
+        launch_spare_.insert(launch_spare_.end(), events.begin() + static_cast<std::ptrdiff_t>(own), events.end());
+    }
+
     std::vector<std::pair<uintptr_t, void*>> pending_;  // stream, the event recorded after its last collective
     std::vector<void*> spare_;
+    std::mutex gate_;  // launches (no GIL) hold it while they check their objects, queue and note
+    std::vector<std::pair<uintptr_t, void*>> launched_;  // under gate_: as pending_, for the launches
+    std::vector<void*> launch_spare_;                      // under gate_
     double timeout_ = 0;  // seconds; 0: the process default (init() sets the runtime's)
 };
 
@@ -1129,6 +1181,15 @@ void CollectiveCall::queued() {
 }
 
 void settle_collectives() { fence().settle(); }
+
+std::unique_lock<std::mutex> launch_gate() { return fence().gate(); }
+
+bool note_launched(uintptr_t stream) { return fence().note_launched(stream); }
+
+std::shared_ptr<State> symmetric_state(nb::handle array) {
+    if (!nb::isinstance<SymmetricArray>(array)) raise_type("expected an mpbind._core.nvshmem.SymmetricArray");
+    return nb::cast<SymmetricArray&>(array).state;
+}
 
 void settle_collectives_for_release() { fence().settle_for_release(); }
 

@@ -4,9 +4,12 @@
 #include <nanobind/nanobind.h>
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <utility>
 
 #include "arrays.hpp"
+#include "core.hpp"
 
 namespace mpbind::nvshmem {
 
@@ -38,6 +41,16 @@ private:
     struct Impl;
     Impl* impl_;
 };
+
+// Launches from a framework's program (launch.hpp; no GIL): the gate is held while a launch checks
+// that its objects are not being released, queues its work and notes the stream it queued on
+// (note_launched, false when no event could be recorded); the fence's settle takes the gate first,
+// so a release (which settles, having marked its state releasing) waits for a launch under way and
+// then for its work.
+std::unique_lock<std::mutex> launch_gate();
+bool note_launched(uintptr_t stream);
+// The state of a symmetric array (the core's SymmetricArray), for a launch to check. Needs the GIL.
+std::shared_ptr<State> symmetric_state(nanobind::handle array);
 
 // The collective fence before a host-side collective (an allocation, a free): this PE's on-stream
 // collectives complete first, bounded by the runtime's deadline. The release form raises no CUDA

@@ -400,7 +400,8 @@ void* Tracker::new_event() {
     void* e = nullptr;
     const cu::Api& d = cu::api();
     if (d.cuEventCreate.ptr(&e, static_cast<unsigned>(cu::CU_EVENT_DISABLE_TIMING)) != cu::CUDA_SUCCESS) {
-        if (PyErr_Occurred()) PyErr_Clear();
+        // cydriver may have set a Python error (a missing driver symbol); only a thread with the GIL has one
+        if (PyGILState_Check() && PyErr_Occurred()) PyErr_Clear();
         return nullptr;
     }
     return e;

@@ -5,8 +5,7 @@
 //
 // Each handler decodes XLA's call frame (the stream XLA runs it on, the device, the buffers and the
 // attributes naming the registered object), runs the launch and turns its Status into an XLA error.
-// None synchronises the host. The collectives are command-buffer compatible (XLA may capture them
-// into a CUDA graph, as NCCL documents); the FFT and the reshape are not (below).
+// None synchronises the host, and none is captured into XLA's command buffers (below).
 
 #include <nanobind/nanobind.h>
 
@@ -108,16 +107,14 @@ auto bind() {
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kAllReduce, all_reduce, bind().Attr<uint64_t>("comm").Attr<int32_t>("op"),
-                              {ffi::Traits::kCmdBufferCompatible});
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kAllGather, all_gather, bind().Attr<uint64_t>("comm"),
-                              {ffi::Traits::kCmdBufferCompatible});
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kReduceScatter, reduce_scatter, bind().Attr<uint64_t>("comm").Attr<int32_t>("op"),
-                              {ffi::Traits::kCmdBufferCompatible});
-XLA_FFI_DEFINE_HANDLER_SYMBOL(kAllToAll, all_to_all, bind().Attr<uint64_t>("comm"),
-                              {ffi::Traits::kCmdBufferCompatible});
-// Not command-buffer compatible: the plan is pointed at XLA's stream for the call (cufftSetStream), which
-// cuFFTMp refuses on a stream being captured (CUFFT_INVALID_VALUE); XLA then runs them outside its graphs.
+// None is declared command-buffer compatible, so XLA runs each call itself, never a replay of a graph
+// it captured once: a replay would skip the launch's checks (a communicator closed or aborted since,
+// a plan released), and the watchdog would not see the work. The FFT on a plan of the default stream
+// could not be captured anyway: cuFFTMp refuses cufftSetStream on a stream being captured.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kAllReduce, all_reduce, bind().Attr<uint64_t>("comm").Attr<int32_t>("op"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kAllGather, all_gather, bind().Attr<uint64_t>("comm"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kReduceScatter, reduce_scatter, bind().Attr<uint64_t>("comm").Attr<int32_t>("op"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kAllToAll, all_to_all, bind().Attr<uint64_t>("comm"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kFft, fft, bind().Attr<uint64_t>("plan").Attr<int32_t>("direction"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kReshape, reshape, bind().Attr<uint64_t>("plan"));
 

@@ -670,8 +670,9 @@ class ReshapePlan(_Plan[ReshapeSpec]):
     def _register_launch(self) -> int:
         unit = self.spec.unit
         i, o = self.spec.input_side(self._rank), self.spec.output_side(self._rank)
+        arrays = list(self._core.parts[1:])  # its symmetric buffers (the parts after the reshape, _make)
         return int(_core.cufftmp.launch_register_reshape(
-            self._reshape, self._in_buf.ptr, self._out_buf.ptr, self._work, math.prod(i.shape) * unit,
+            self._reshape, arrays, self._in_buf.ptr, self._out_buf.ptr, self._work, math.prod(i.shape) * unit,
             math.prod(o.shape) * unit, self._device))
 
     def _described(self) -> str:

@@ -17,8 +17,8 @@
 Communicators and plans are made on every rank before the program is traced, and the program
 names them by id (their ``launch_id``): each call is a custom call of the XLA FFI handlers the core
 was built with (see ``mpbind._core.xla``), run on the stream XLA gives it, with no host
-synchronisation. The collectives may be captured into XLA's command buffers (CUDA graphs); the FFT
-and the reshape run outside them (cuFFTMp refuses to be pointed at a stream being captured).
+synchronisation. XLA runs every call itself, outside its command buffers (CUDA graphs): a graph's
+replay would skip each call's checks (a communicator closed or aborted since, a plan released).
 
 Arrays are this rank's pieces: the collectives work along the first axis (``all_gather`` stacks the
 ranks' arrays there, ``reduce_scatter`` and ``all_to_all`` cut it into one block per rank), the FFT
@@ -381,8 +381,10 @@ def _reverse(plan: FFTPlan, reverse: Any) -> _Call:
     if not isinstance(reverse, FFTPlan):
         raise TypeError(f"fft: reverse must be an mpbind.fft.FFTPlan, not {type(reverse).__name__}")
     want = {"r2c": "c2r", "c2r": "r2c"}[plan.kind]
+    # boxes, not only shapes: the transpose weighs this rank's bins by where they are in the spectrum
     if reverse.kind != want or reverse.shape != plan.shape or \
-            (reverse.input_shape, reverse.output_shape) != (plan.output_shape, plan.input_shape):
+            (reverse.input_shape, reverse.output_shape) != (plan.output_shape, plan.input_shape) or \
+            (reverse.input_box, reverse.output_box) != (plan.output_box, plan.input_box):
         raise UsageError(f"fft: reverse must be a {want} plan of the global shape {plan.shape} from this plan's "
                          f"output pieces {plan.output_shape} to its inputs {plan.input_shape}, not a {reverse.kind} "
                          f"plan of {reverse.shape} from {reverse.input_shape} to {reverse.output_shape}")
