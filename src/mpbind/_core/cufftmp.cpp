@@ -801,7 +801,6 @@ struct FftLaunch {
     Executor exec;
     void* before = nullptr;  // CUevent (plans with a stream of their own): recorded on the framework's stream
     void* after = nullptr;   // CUevent: recorded on the plan's stream, waited for on the framework's
-    std::mutex mu;           // one launch at a time: the buffer, the events and the plan's stream are the plan's
     ~FftLaunch() {
         const auto& d = abi::cuda_driver::api();  // dropped under the GIL (Registry): the table is loaded
         if (before) d.cuEventDestroy.ptr(before);
@@ -815,7 +814,6 @@ struct ReshapeLaunch {
     uintptr_t in_buf = 0, out_buf = 0, work = 0;
     size_t in_bytes = 0, out_bytes = 0;  // this rank's pieces, packed
     int device = 0;
-    std::mutex mu;  // one launch at a time: the buffers are the plan's
 };
 
 std::string status_text(const char* function, long long status) {
@@ -933,8 +931,9 @@ Status fft(uint64_t id, uintptr_t stream, int device, const void* in, size_t in_
                                std::to_string(want_out) + " out, not " + std::to_string(in_bytes) + " and " +
                                std::to_string(out_bytes));
     }
-    std::lock_guard<std::mutex> g(f->mu);
-    auto gate = nvshmem::launch_gate();  // a release settles after this launch has queued (and noted) its work
+    // One launch at a time (the buffer, the events and the plan's stream are the plan's), and a release
+    // settles after this launch has queued (and noted) its work.
+    auto gate = nvshmem::launch_gate();
     if (e.plan->releasing() || e.desc->releasing()) return Status::invalid(name + " is closed");
     std::string err = launch_fft(*f, stream, in, out, direction);
     if (!nvshmem::note_launched(stream) && err.empty()) err = "no event could be recorded after its work";
@@ -953,8 +952,7 @@ Status reshape(uint64_t id, uintptr_t stream, int device, const void* in, size_t
                                std::to_string(r->out_bytes) + " out, not " + std::to_string(in_bytes) + " and " +
                                std::to_string(out_bytes));
     }
-    std::lock_guard<std::mutex> g(r->mu);
-    auto gate = nvshmem::launch_gate();  // a release settles after this launch has queued (and noted) its work
+    auto gate = nvshmem::launch_gate();  // as launch::fft's
     bool released = r->reshape->releasing();
     for (const auto& b : r->buffers) released = released || b->releasing();
     if (released) return Status::invalid(name + " is closed");
