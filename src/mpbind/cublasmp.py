@@ -194,7 +194,7 @@ class Matrix(Owned):
     def __init__(self, grid: Grid, local: Array, shape: tuple[int, int] | None = None,
                  block: tuple[int, int] | None = None, src: tuple[int, int] = (0, 0)) -> None:
         _args.instance(grid, "grid", Grid, "a cublasmp.Grid (from cublasmp.grid())")
-        if not _args.exports_array(local):
+        if not (_args.exports_array(local) or isinstance(local, _interop.ArrayInfo)):
             raise TypeError(f"local must be a device array (__cuda_array_interface__ or DLPack), "
                             f"not {type(local).__name__}")
         shape = None if shape is None else _pair(shape, "shape", 0)

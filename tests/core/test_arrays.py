@@ -387,3 +387,22 @@ def test_our_arrays_cannot_be_subclassed_or_made_directly() -> None:
         _core.array_info(unmade)
     with pytest.raises(TypeError, match="SymmetricMemory"):
         _core.nvshmem.symmetric_array(object(), (4,), "float32", 0)
+
+
+def test_an_array_info_is_taken_as_it_is_and_cut_into_blocks() -> None:
+    # memory the package describes itself (mpbind.jax.matmul_plan's pieces): checked, never re-read
+    owner = object()
+    info = _interop.ArrayInfo(0x10000, (6, 4), (1, 6), "float32", 0, False, owner)
+    assert _interop.device_array(info, "a", dtype="float32", contiguous=False) is info
+    block = info[1:3, 2:4]
+    assert (block.ptr, block.shape, block.strides, block.owner) == (0x10000 + (1 + 2 * 6) * 4, (2, 2), (1, 6), owner)
+    with pytest.raises(UsageError, match="a must be float64, not float32"):
+        _interop.device_array(info, "a", dtype="float64", contiguous=False)
+    with pytest.raises(UsageError, match="C-contiguous"):
+        _interop.device_array(info, "a")
+    with pytest.raises(UsageError, match="writable"):
+        _interop.device_array(_interop.ArrayInfo(1, (2,), (1,), "int8", 0, True, None), "a", writable=True)
+    with pytest.raises(UsageError, match="host memory"):
+        _interop.device_array(_interop.ArrayInfo(1, (2,), (1,), "int8", -1, False, None), "a")
+    with pytest.raises(TypeError, match="info.r0:r1, c0:c1."):
+        info[::2, 0:1]

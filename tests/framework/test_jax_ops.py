@@ -34,7 +34,7 @@ def lowered(fn: Any, *args: Any) -> str:
 @needs_handlers
 def test_handlers_are_registered_for_cuda() -> None:
     names = set(_core.xla.handlers())
-    assert names == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "fft", "reshape"}
+    assert names == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "fft", "reshape", "matmul", "matmul_c"}
     major, minor = _core.xla.FFI_API_VERSION
     assert major == 0 and minor >= 1
     assert mpj.available()  # a second time: registered once
@@ -159,6 +159,66 @@ def test_reshape_gradient_needs_the_reverse_plan() -> None:
     with pytest.raises(UsageError, match="reverse="):
         jax.make_jaxpr(jax.grad(lambda v: mpj._reshape(v, (COMM, (2, 8), "float32"), (0, (4, 4), "float32")).sum()))(
             jnp.ones((4, 4), jnp.float32))
+
+
+# --- the planned matmul ---
+
+
+@needs_handlers
+@pytest.mark.parametrize("with_c", [False, True], ids=["a_b", "a_b_c"])
+def test_matmul_abstract_evaluation_and_lowering(with_c: bool) -> None:
+    # pieces as the (c, r) JAX arrays of column-major r x c pieces: A 5 x 4, B 4 x 3, D 5 x 3
+    a, b = jnp.ones((4, 5), jnp.float32), jnp.ones((3, 4), jnp.float32)
+    c = jnp.ones((3, 5), jnp.float32) if with_c else None
+
+    def fn(x: Any, y: Any) -> Any:
+        return mpj._matmul(x, y, c, (COMM, (3, 5), "float32"))
+
+    out = jax.eval_shape(fn, a, b)
+    assert out.shape == (3, 5) and out.dtype == jnp.float32
+    text = lowered(fn, a, b)
+    assert ("@mpbind_matmul_c(" if with_c else "@mpbind_matmul(") in text
+    assert f"plan = {COMM} : ui64" in text
+
+
+def test_matmul_has_no_gradient_of_its_own() -> None:
+    a, b = jnp.ones((4, 5), jnp.float64), jnp.ones((3, 4), jnp.float64)
+    with pytest.raises(UsageError, match="planned matmul has no gradient"):
+        jax.make_jaxpr(jax.grad(lambda x: mpj._matmul(x, b, None, (COMM, (3, 5), "float64")).sum()))(a)
+
+
+def test_matmul_launch_checks_every_operand_before_any_library_call() -> None:
+    # A rank with nothing to compute registers no plan: the launch still checks what it is given.
+    launch = _core.cublasmp.launch_matmul
+    mm = _core.cublasmp.launch_register_matmul(None, 0, [(True, 0, 16), (True, 0, 32), (False, 0, 0), (True, 0, 0)])
+    try:
+        assert launch(mm, 0, 0, [1, 2, 0, 0], [16, 32, 0, 0]) == (0, "")
+        for ptrs, nbytes, message in [
+            ([1, 2, 0, 0], [16, 31, 0, 0], "b must be 32 bytes on this rank, not 31"),
+            ([1, 2, 5, 0], [16, 32, 8, 0], "was planned without c"),
+            ([0, 2, 0, 0], [16, 32, 0, 0], "a is a NULL pointer"),
+        ]:
+            code, text = launch(mm, 0, 0, ptrs, nbytes)
+            assert code == 1 and message in text, text
+        code, text = launch(mm, 0, 1, [1, 2, 0, 0], [16, 32, 0, 0])
+        assert code == 1 and "the program runs on device 1" in text
+    finally:
+        assert _core.cublasmp.launch_release(mm) is True
+    assert _core.cublasmp.launch_release(mm) is False
+    code, text = launch(mm, 0, 0, [1, 2, 0, 0], [16, 32, 0, 0])
+    assert code == 1 and f"no planned matmul is registered under id {mm}" in text
+    with pytest.raises(UsageError, match="one .used, offset, bytes. per operand"):
+        _core.cublasmp.launch_register_matmul(None, 0, [(True, 0, 16)])
+    with pytest.raises(UsageError, match="four pointers and four sizes"):
+        launch(mm, 0, 0, [1, 2], [16, 32])
+
+
+def test_matmul_arguments_are_checked_before_tracing() -> None:
+    x = jnp.ones((4, 5), jnp.float32)
+    with pytest.raises(TypeError, match="PlannedMatmul"):
+        mpj.matmul(x, x, object())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Communicator"):
+        mpj.matmul_plan(object(), x, x, x)  # type: ignore[arg-type]
 
 
 # --- refusals ---

@@ -8,7 +8,9 @@ communicator of each PE (NCCL takes one rank per GPU; each PE's own communicator
 gradients; the C2C FFT forward and inverse, R2C and C2R, on an uneven shape, against ``numpy.fft``
 and against the eager plan's ``execute``; ``jax.grad`` of an FFT-based loss against the gradient of
 the same loss through ``jnp.fft`` of the global array (each PE's piece), and, on one PE, against
-finite differences in double precision; ``jax.vmap``; a reshape there and back with its gradient.
+finite differences in double precision; ``jax.vmap``; a reshape there and back with its gradient;
+the planned matmuls of a tensor-parallel MLP on each PE's one-rank communicator against NumPy and
+the eager plan.
 XLA's command buffers are whatever ``XLA_FLAGS`` says (the GPU tests run the suite with and
 without them).
 """
@@ -253,6 +255,53 @@ def reshape(c: Ctx) -> str:
         expect_raises(UsageError, lambda: mpj.reshape(c.put(np.ones((3,), np.float32)), there), "wrong piece",
                       "must be")
     return f"{there.input_shape} -> {there.output_shape} and back, gradient exact"
+
+
+@CHECKS("matmul.one_rank_communicator")
+def planned_matmul(c: Ctx) -> str:
+    """The tensor-parallel MLP's two planned products (AllGather+GEMM and GEMM+ReduceScatter layouts)
+    on this PE's own one-rank communicator, with JAX's row-major pieces (torch Linear weights:
+    out x in): h = x W1^T, y = h W2^T (+ C), against NumPy and the eager plan on the same data."""
+    import cupy as cp
+
+    comm = nccl.Communicator.init(1, 0, nccl.get_unique_id())
+    T, H, F = 40, 24, 56
+    x, w1, w2, cc = (seeded(shape, "float32", 30 + i) for i, shape in enumerate(((T, H), (F, H), (H, F), (T, H))))
+    try:
+        p1 = mpj.matmul_plan(comm, w1, x, jax.ShapeDtypeStruct((T, F), jnp.float32), transa=True,
+                             a_dist=dist.by_columns((H, F), 1), b_dist=dist.by_columns((H, T), 1),
+                             d_dist=dist.by_rows((F, T), 1))
+        layer2 = dict(transa=True, a_dist=dist.by_rows((F, H), 1), b_dist=dist.by_rows((F, T), 1),
+                      d_dist=dist.by_columns((H, T), 1))
+        p2 = mpj.matmul_plan(comm, w2, jax.ShapeDtypeStruct((T, F), jnp.float32), cc, **layer2)
+        p2c = mpj.matmul_plan(comm, w2, jax.ShapeDtypeStruct((T, F), jnp.float32), cc, c=cc,
+                              c_dist=layer2["d_dist"], beta=1.0, **layer2)
+        with plans(c, p1, p2, p2c):
+            pieces = {n: (tuple(shape), dtype) for n, (shape, dtype) in p1.launch_pieces().items()}
+            expect(pieces == {"a": ((H, F), "float32"), "b": ((H, T), "float32"), "d": ((F, T), "float32")},
+                   f"launch pieces {pieces}")
+            step = jax.jit(lambda xx, a1, a2, cin: (mpj.matmul(a1, xx, p1),
+                                                     mpj.matmul(a2, mpj.matmul(a1, xx, p1), p2),
+                                                     mpj.matmul(a2, mpj.matmul(a1, xx, p1), p2c, c=cin)))
+            h, y, yc = step(c.put(x), c.put(w1), c.put(w2), c.put(cc))
+            h_ref = x.astype(np.float64) @ w1.T.astype(np.float64)
+            y_ref = h_ref @ w2.T.astype(np.float64)
+            err = max(close(h, h_ref, 1e-4, "h = x W1^T"), close(y, y_ref, 1e-4, "y = h W2^T"),
+                      close(yc, y_ref + cc, 1e-4, "y + C"))
+            # the eager plan on the same arrays (cupy, column-major views): the same cuBLASMp call
+            xs, w1s, hs = cp.asarray(x), cp.asarray(w1), cp.empty((T, F), cp.float32)
+            p1.execute(a=w1s.T, b=xs.T, d=hs.T)
+            cp.cuda.Device().synchronize()
+            expect(np.array_equal(cp.asnumpy(hs), np.asarray(h)), "jitted h equals the eager plan's, bitwise")
+            expect_raises(UsageError, lambda: mpj.matmul(c.put(x), c.put(w1), p1), "pieces swapped", "must be")
+            expect_raises(UsageError, lambda: mpj.matmul(c.put(w2), c.put(h_ref.astype(np.float32)), p2c),
+                          "c missing", "with c")
+        expect_raises(Exception, lambda: step(c.put(x), c.put(w1), c.put(w2), c.put(cc))[0].block_until_ready(),
+                      "a closed plan's launch", "closed")
+        return f"AllGather+GEMM and GEMM+ReduceScatter layouts, + C, inside jit: max rel. err {err:.1e}, eager bitwise"
+    finally:
+        c.sync()
+        comm.close()
 
 
 @CHECKS("errors.closed_plan_and_communicator")

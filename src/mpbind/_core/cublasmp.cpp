@@ -15,13 +15,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <tuple>
 
 #include "mpbind/bindings/_core_abi/cublasmp.hpp"
 #include "mpbind/bindings/_core_abi/cuda_driver.hpp"
 #include "arrays.hpp"
-#include "register.hpp"
+#include "launch.hpp"
 #include "nccl.hpp"
+#include "register.hpp"
 
 namespace mpbind::cublasmp {
 
@@ -88,6 +90,18 @@ public:
     HandleState(void* h, uintptr_t stream) : State("cublasmp.Handle"), handle(h), stream(stream) {}
     void* handle;
     uintptr_t stream;
+    // Held around setting the stream and the call on it: a framework's launch (no GIL) and the
+    // layer's own calls on this handle take turns.
+    std::mutex calls;
+    // `calls`, taken without holding the GIL while waiting (a launch holding it needs no GIL).
+    std::unique_lock<std::mutex> take_calls() {
+        std::unique_lock<std::mutex> lock(calls, std::try_to_lock);
+        if (!lock.owns_lock()) {
+            nb::gil_scoped_release release;
+            lock.lock();
+        }
+        return lock;
+    }
     // Host workspaces of one-shot calls (gemm): kept with the handle, since the library may
     // still use one after the call returns; grown by adding a larger one, never shrunk.
     std::vector<HostWorkspace> host_scratch;
@@ -306,16 +320,34 @@ public:
     // without the GIL; raises its error unless it succeeded. The hot path of execute(): one direct call.
     template <class F, class... Tail>
     void with_operands(const F& fn, const Pointers& ptrs, Tail... tail) {
-        auto ptr = [&](const Operand& o, int i) { return reinterpret_cast<void*>(ptrs[i] ? ptrs[i] : o.ptr); };
-        auto desc = [](const Operand& o) { return o.desc ? o.desc->desc : nullptr; };
         cublasMpStatus_t status;
         {
             nb::gil_scoped_release release;
-            status = fn.ptr(handle->handle, mm->desc, m, n, k, alpha.data(), ptr(a, 0), a.i, a.j, desc(a), ptr(b, 1),
-                            b.i, b.j, desc(b), beta.data(), ptr(c, 2), c.i, c.j, desc(c), ptr(d, 3), d.i, d.j, desc(d),
-                            tail...);
+            status = raw(fn, ptrs, tail...);
         }
         if (status != success) check(fn, capi::returned(fn, status));
+    }
+
+    // `fn` on the operands at `ptrs`, as it returns (any thread, no GIL needed).
+    template <class F, class... Tail>
+    cublasMpStatus_t raw(const F& fn, const Pointers& ptrs, Tail... tail) {
+        auto ptr = [&](const Operand& o, int i) { return reinterpret_cast<void*>(ptrs[i] ? ptrs[i] : o.ptr); };
+        auto desc = [](const Operand& o) { return o.desc ? o.desc->desc : nullptr; };
+        return fn.ptr(handle->handle, mm->desc, m, n, k, alpha.data(), ptr(a, 0), a.i, a.j, desc(a), ptr(b, 1), b.i,
+                      b.j, desc(b), beta.data(), ptr(c, 2), c.i, c.j, desc(c), ptr(d, 3), d.i, d.j, desc(d), tail...);
+    }
+
+    // The matmul on the operands at `ptrs`, queued on `stream` by a framework's launch (no GIL;
+    // handle->calls held): the library's status.
+    cublasMpStatus_t launch(uintptr_t stream, const Pointers& ptrs) {
+        if (handle->stream != stream) {
+            cublasMpStatus_t st = api().cublasMpSetStream.ptr(handle->handle, reinterpret_cast<void*>(stream));
+            if (st != success) return st;
+            handle->stream = stream;
+        }
+        void* dws = workspace ? workspace->ptr : nullptr;
+        void* hws = host_workspace.empty() ? nullptr : host_workspace.data();
+        return raw(api().cublasMpMatmul, ptrs, dws, device_bytes, hws, host_bytes);
     }
 
     void size_workspaces() { with_operands(api().cublasMpMatmul_bufferSize, Pointers{}, &device_bytes, &host_bytes); }
@@ -334,6 +366,7 @@ public:
         if (graph_exec) raise_usage("this matmul is already captured");
         if (stream == 0) raise_usage("capture needs a stream other than the default (legacy) stream");
         const cu::Api& drv = cu::api();
+        auto turn = handle->take_calls();
         handle->set_stream(stream);
         void* s = reinterpret_cast<void*>(stream);
         call(drv.cuStreamBeginCapture, s, cu::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
@@ -369,6 +402,7 @@ public:
         }
         // Refused over a failed communicator; in its flight record (and watched) when it is watched.
         nccl::CommState& c = comm();
+        auto turn = handle->take_calls();
         uint64_t seq = nccl::begin_foreign(c, "cublasmp.matmul", stream);
         try {
             if (graph_exec) {
@@ -386,6 +420,7 @@ public:
 
 protected:
     void release() override {
+        auto turn = handle->take_calls();  // after a launch under way (releasing() is set: no new one starts)
         if (graph_exec) cu::api().cuGraphExecDestroy.ptr(graph_exec);
         if (graph) cu::api().cuGraphDestroy.ptr(graph);
         graph_exec = graph = nullptr;
@@ -513,6 +548,33 @@ MatmulPlanState::Pointers new_operands(const MatmulPlanState& p, nb::handle a, n
     return ptrs;
 }
 
+// --- launches from a framework's program (launch.hpp): no GIL, every failure a Status ---------------------
+
+// A registered planned matmul (nullptr on a rank with nothing to compute) and, per operand a, b, c, d,
+// the buffer a launch is given: its bytes and where the planned piece starts in it (a replicated
+// operand's whole array holds the piece at an offset). Its descriptors keep the piece's leading
+// dimension; at registration the piece at that offset was checked to lie inside those bytes.
+struct MatmulLaunch {
+    std::shared_ptr<MatmulPlanState> plan;
+    struct Slot {
+        bool used = false;
+        size_t offset = 0;
+        size_t bytes = 0;
+    };
+    std::array<Slot, 4> slots;
+    int device = 0;
+};
+
+constexpr const char* kOperandNames[] = {"a", "b", "c", "d"};
+
+// The bytes from a piece's first element to past its last (rows x cols, columns lld apart).
+size_t piece_extent(const MatrixState& m) {
+    Piece p = piece_of(m);
+    if (p.rows == 0 || p.cols == 0) return 0;
+    auto itemsize = static_cast<size_t>(arrays::info(p.dtype).itemsize);
+    return (static_cast<size_t>(p.cols - 1) * static_cast<size_t>(p.lld) + static_cast<size_t>(p.rows)) * itemsize;
+}
+
 std::array<unsigned char, 16> scalar_bytes(nb::bytes b, const char* what) {
     std::array<unsigned char, 16> out{};
     if (b.size() == 0 || b.size() > out.size()) {
@@ -525,6 +587,47 @@ std::array<unsigned char, 16> scalar_bytes(nb::bytes b, const char* what) {
 }  // namespace
 
 }  // namespace mpbind::cublasmp
+
+namespace mpbind::launch {
+
+Status matmul(uint64_t id, uintptr_t stream, int device, const std::array<const void*, 4>& ptrs,
+              const std::array<size_t, 4>& bytes) {
+    using namespace cublasmp;
+    std::shared_ptr<MatmulLaunch> l = registry<MatmulLaunch>().find(id);
+    if (!l) return unknown("planned matmul", id);
+    std::string name = "the planned matmul (device " + std::to_string(l->device) + ")";
+    if (device != l->device) return Status::invalid(name + ": the program runs on device " + std::to_string(device));
+    for (size_t i = 0; i < 4; ++i) {
+        const MatmulLaunch::Slot& s = l->slots[i];
+        if (!s.used && (ptrs[i] != nullptr || bytes[i] != 0)) {
+            return Status::invalid(name + " was planned without " + kOperandNames[i]);
+        }
+        if (s.used && bytes[i] != s.bytes) {
+            return Status::invalid(name + ": " + kOperandNames[i] + " must be " + std::to_string(s.bytes) +
+                                   " bytes on this rank, not " + std::to_string(bytes[i]));
+        }
+        if (s.used && s.bytes != 0 && ptrs[i] == nullptr) {
+            return Status::invalid(name + ": " + kOperandNames[i] + " is a NULL pointer");
+        }
+    }
+    if (!l->plan) return {};  // nothing to compute on this rank
+    MatmulPlanState& p = *l->plan;
+    std::lock_guard<std::mutex> turn(p.handle->calls);
+    if (p.releasing() || p.handle->releasing() || p.mm->releasing()) return Status::invalid(name + " is closed");
+    if (p.graph_exec) return Status::invalid(name + " is captured (it replays its own operands)");
+    MatmulPlanState::Pointers at{};
+    for (size_t i = 0; i < 4; ++i) {
+        if (l->slots[i].used && ptrs[i]) at[i] = reinterpret_cast<uintptr_t>(ptrs[i]) + l->slots[i].offset;
+    }
+    nccl::ForeignLaunch watched(p.comm(), "cublasmp.matmul", stream);
+    if (!watched.refused.ok()) return watched.refused;
+    cublasMpStatus_t st = p.launch(stream, at);
+    watched.done(st == success);
+    if (st != success) return Status::failed(name + ": cublasMpMatmul failed with status " + std::to_string(st));
+    return {};
+}
+
+}  // namespace mpbind::launch
 
 namespace mpbind {
 
@@ -743,6 +846,67 @@ void register_cublasmp(nb::module_& parent) {
             return std::make_tuple(p.get().device_bytes, p.get().host_bytes);
         });
     bind_lifetime(plan, "Drop the plan's references and CUDA graph; close the matmul descriptor when it owns it.");
+
+    // --- launches from a framework's program (mpbind.jax) ---
+    m.def("launch_register_matmul", [](nb::handle plan, int device,
+                                       std::vector<std::tuple<bool, size_t, size_t>> slots) {
+        if (slots.size() != 4) raise_usage("launch_register_matmul: one (used, offset, bytes) per operand a, b, c, d");
+        auto l = std::make_shared<MatmulLaunch>();
+        l->device = device;
+        if (!plan.is_none()) {
+            MatmulPlan& mp = nb::cast<MatmulPlan&>(plan);
+            MatmulPlanState& p = mp.get();
+            p.handle->check_open();
+            p.comm().refuse_if_failed();
+            if (p.graph_exec) raise_usage("a captured matmul replays its own operands: it cannot be launched");
+            l->plan = mp.state();
+        }
+        const Operand* planned[] = {l->plan ? &l->plan->a : nullptr, l->plan ? &l->plan->b : nullptr,
+                                    l->plan ? &l->plan->c : nullptr, l->plan ? &l->plan->d : nullptr};
+        for (size_t i = 0; i < 4; ++i) {
+            auto [used, offset, nbytes] = slots[i];
+            MatmulLaunch::Slot& s = l->slots[i];
+            s.used = used;
+            s.offset = offset;
+            s.bytes = nbytes;
+            bool has = planned[i] && planned[i]->desc;
+            if (l->plan && used != has) {
+                raise_usage(std::string("the plan was made ") + (has ? "with " : "without ") + kOperandNames[i]);
+            }
+            if (has) {
+                size_t extent = piece_extent(*planned[i]->desc);
+                if (offset > nbytes || extent > nbytes - offset) {
+                    raise_usage(std::string(kOperandNames[i]) + ": its piece (" + std::to_string(extent) +
+                                " bytes from offset " + std::to_string(offset) + ") does not lie in " +
+                                std::to_string(nbytes) + " bytes");
+                }
+            }
+        }
+        static_cast<void>(api());  // the tables a launch calls through (a table loads on first use, with the GIL)
+        static_cast<void>(abi::nccl::api());
+        return launch::registry<MatmulLaunch>().add(std::move(l));
+    }, nb::arg("plan").none(), nb::arg("device"), nb::arg("slots"),
+          "Register a planned matmul (None on a rank with nothing to compute) for launches from a framework's "
+          "program, with (used, offset, bytes) of the buffer each operand a, b, c, d is given in; its id.");
+    m.def("launch_release", [](uint64_t id) { return launch::registry<MatmulLaunch>().take(id); }, nb::arg("id"),
+          "Forget a planned matmul's launch id; False when none is registered under it.");
+    m.def("launch_matmul", [](uint64_t id, uintptr_t stream, int device, std::vector<uintptr_t> ptrs,
+                              std::vector<size_t> nbytes) {
+        if (ptrs.size() != 4 || nbytes.size() != 4) raise_usage("launch_matmul: four pointers and four sizes (a, b, c, d)");
+        std::array<const void*, 4> p{};
+        std::array<size_t, 4> n{};
+        for (size_t i = 0; i < 4; ++i) {
+            p[i] = reinterpret_cast<const void*>(ptrs[i]);
+            n[i] = nbytes[i];
+        }
+        launch::Status st;
+        {
+            nb::gil_scoped_release release;  // as a framework's thread calls it
+            st = launch::matmul(id, stream, device, p, n);
+        }
+        return nb::make_tuple(static_cast<int>(st.code), st.message);
+    }, nb::arg("id"), nb::arg("stream"), nb::arg("device"), nb::arg("ptrs"), nb::arg("nbytes"),
+          "launch::matmul as a framework's handler calls it (GIL released): (status code, message).");
 
     nb::module_ testing = nb::borrow<nb::module_>(parent.attr("_testing"));
     testing.def("cublasmp_host_workspace", [](size_t nbytes) {

@@ -4,12 +4,14 @@
 // A launch runs on a thread of the framework that may not hold the GIL, while the Python thread that
 // started the program may hold it: nothing here touches Python or waits for it. The objects are
 // registered beforehand, outside the program, under the GIL (a communicator, a made FFT or reshape
-// plan), each under an id the program carries as an attribute; a launch looks its object up, checks
-// what it is given against it (sizes, dtype, device, health), calls the libraries through the raw
-// entry points of the core's tables and returns what failed as a Status, never raising. Each kind of
-// object keeps its registry in its own module (nccl.cpp, cufftmp.cpp); ids are unique across them.
+// plan, a planned matmul), each under an id the program carries as an attribute; a launch looks its
+// object up, checks what it is given against it (sizes, dtype, device, health), calls the libraries
+// through the raw entry points of the core's tables and returns what failed as a Status, never
+// raising. Each kind of object keeps its registry in its own module (nccl.cpp, cufftmp.cpp,
+// cublasmp.cpp); ids are unique across them.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -47,6 +49,11 @@ Status fft(uint64_t plan, uintptr_t stream, int device, const void* in, size_t i
 // `in` (this rank's input piece, packed) moved into the output distribution's piece `out`.
 Status reshape(uint64_t plan, uintptr_t stream, int device, const void* in, size_t in_bytes, void* out,
                size_t out_bytes);
+
+// A registered planned matmul on `ptrs` (a, b, c, d: the buffers of `bytes` each, nullptr and 0 for
+// an operand the plan has none of), queued on `stream`.
+Status matmul(uint64_t plan, uintptr_t stream, int device, const std::array<const void*, 4>& ptrs,
+              const std::array<size_t, 4>& bytes);
 
 // A new id (never 0, never reused).
 inline uint64_t new_id() {

@@ -1077,6 +1077,43 @@ constexpr const char* kLaunchNames[] = {"all_reduce", "all_gather", "reduce_scat
 
 }  // namespace
 
+ForeignLaunch::ForeignLaunch(CommState& s, const char* op, uintptr_t stream)
+    : comm_(s), handle_(s.watch->comm_mu), stream_(stream) {
+    CommWatch& w = *s.watch;
+    if (s.releasing() || w.gone.load()) {
+        refused = (w.flags.load() & CommWatch::kFailed) ? failure_status(w)
+                                                        : launch::Status::invalid(w.label + ": the communicator is closed");
+        return;
+    }
+    uint32_t f = w.flags.load(std::memory_order_seq_cst);
+    if (f & CommWatch::kFailed) {
+        refused = failure_status(w);
+        return;
+    }
+    if (f & CommWatch::kWatched) {
+        w.in_call.store(1, std::memory_order_seq_cst);  // as launch::collective
+        if (w.flags.load(std::memory_order_seq_cst) & CommWatch::kFailed) {
+            w.in_call.store(0);
+            refused = failure_status(w);
+            return;
+        }
+        seq_ = w.begin(op, 0, -1, "", -1, stream);
+    }
+}
+
+void ForeignLaunch::done(bool ok) {
+    if (seq_ == 0) return;
+    uint64_t seq = seq_;
+    seq_ = 0;
+    CommWatch& w = *comm_.watch;
+    w.in_call.store(0, std::memory_order_release);
+    if (ok) {
+        w.enqueued(seq, stream_);
+    } else {
+        w.call_failed(seq);
+    }
+}
+
 }  // namespace mpbind::nccl
 
 namespace mpbind::launch {
@@ -1151,9 +1188,6 @@ Status collective(uint64_t id, Collective kind, uintptr_t stream, int device, co
 }
 
 }  // namespace mpbind::launch
-
-namespace mpbind::nccl {
-}  // namespace mpbind::nccl
 
 namespace mpbind {
 

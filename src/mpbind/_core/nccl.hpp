@@ -7,6 +7,7 @@
 
 #include "mpbind/bindings/_core_abi/nccl.hpp"
 #include "core.hpp"
+#include "launch.hpp"
 #include "watchdog.hpp"
 
 namespace mpbind::nccl {
@@ -89,6 +90,26 @@ using Communicator = Ref<CommState>;
 // (`ok`: it was enqueued). Returns 0 when the communicator is not watched.
 uint64_t begin_foreign(CommState& comm, const char* op, uintptr_t stream);
 void end_foreign(CommState& comm, uint64_t seq, uintptr_t stream, bool ok);
+
+// The same for another library's work launched over `comm` from a framework's program (no GIL,
+// failures as a Status): while it lives it holds the communicator's handle (a release or the
+// watchdog's abort waits for the call), refuses a closed or failed communicator (`refused`), and
+// notes the operation while watched. done() says whether the work was enqueued.
+class ForeignLaunch {
+public:
+    ForeignLaunch(CommState& comm, const char* op, uintptr_t stream);
+    ~ForeignLaunch() { done(false); }
+    ForeignLaunch(const ForeignLaunch&) = delete;
+    ForeignLaunch& operator=(const ForeignLaunch&) = delete;
+    launch::Status refused;  // !ok(): do not call the library
+    void done(bool ok);
+
+private:
+    CommState& comm_;
+    std::lock_guard<std::mutex> handle_;
+    uintptr_t stream_;
+    uint64_t seq_ = 0;
+};
 
 // A buffer from ncclMemAlloc, as arrays.cpp reads one passed as an array (bytes).
 struct BufferSpan {

@@ -1,4 +1,5 @@
-// XLA FFI handlers (mpbind.jax): the collectives, the FFT and the reshape of the core's launches
+// XLA FFI handlers (mpbind.jax): the collectives, the FFT, the reshape and the planned matmul of the
+// core's launches
 // (launch.hpp), callable from a jax.jit program. Built only where jaxlib's FFI headers were found
 // (CMakeLists.txt: MPBIND_XLA_FFI); the headers are the whole interface (a versioned C API the
 // handler receives from XLA at run time), so the module depends on no jaxlib at run time.
@@ -9,6 +10,8 @@
 
 #include <nanobind/nanobind.h>
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -101,8 +104,32 @@ ffi::Error reshape(void* stream, int32_t device, ffi::AnyBuffer x, ffi::Result<f
                                     x.size_bytes(), y->untyped_data(), y->size_bytes()));
 }
 
+// D of a planned matmul from A and B (and C where it was planned with one).
+ffi::Error matmul_call(void* stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b, const ffi::AnyBuffer* c,
+                       ffi::AnyBuffer& d, uint64_t plan) {
+    std::array<const void*, 4> ptrs{a.untyped_data(), b.untyped_data(), c ? c->untyped_data() : nullptr,
+                                    d.untyped_data()};
+    std::array<size_t, 4> bytes{a.size_bytes(), b.size_bytes(), c ? c->size_bytes() : 0, d.size_bytes()};
+    return to_error(launch::matmul(plan, reinterpret_cast<uintptr_t>(stream), device, ptrs, bytes));
+}
+
+ffi::Error matmul(void* stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Result<ffi::AnyBuffer> d,
+                  uint64_t plan) {
+    return matmul_call(stream, device, a, b, nullptr, *d, plan);
+}
+
+ffi::Error matmul_c(void* stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::AnyBuffer c,
+                    ffi::Result<ffi::AnyBuffer> d, uint64_t plan) {
+    return matmul_call(stream, device, a, b, &c, *d, plan);
+}
+
 auto bind() {
     return ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Ctx<ffi::DeviceOrdinal>().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>();
+}
+
+// A and B; C (matmul_c) and D follow.
+auto matmul_bind() {
+    return ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void*>>().Ctx<ffi::DeviceOrdinal>().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>();
 }
 
 }  // namespace
@@ -117,6 +144,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(kReduceScatter, reduce_scatter, bind().Attr<uint64
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kAllToAll, all_to_all, bind().Attr<uint64_t>("comm"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kFft, fft, bind().Attr<uint64_t>("plan").Attr<int32_t>("direction"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(kReshape, reshape, bind().Attr<uint64_t>("plan"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kMatmul, matmul, matmul_bind().Ret<ffi::AnyBuffer>().Attr<uint64_t>("plan"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(kMatmulC, matmul_c,
+                              matmul_bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>().Attr<uint64_t>("plan"));
 
 }  // namespace mpbind::xla_handlers
 
@@ -139,6 +169,8 @@ void register_xla(nb::module_& parent) {
         add("all_to_all", kAllToAll);
         add("fft", kFft);
         add("reshape", kReshape);
+        add("matmul", kMatmul);
+        add("matmul_c", kMatmulC);
         return out;
     }, "{name: PyCapsule of the XLA_FFI_Handler}, for jax.ffi.register_ffi_target(..., platform='CUDA').");
 }

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from mpbind import _core
 from mpbind._infra import args as _args
+from mpbind.errors import UsageError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: import time
 if TYPE_CHECKING:
@@ -108,6 +109,17 @@ class ArrayInfo:
     def f_contiguous(self) -> bool:
         return _contiguous(self.shape, self.strides)
 
+    def __getitem__(self, key: tuple[slice, slice]) -> ArrayInfo:
+        """A 2-D block ``[r0:r1, c0:c1]`` of the same memory (unit steps): what a replicated operand's
+        piece is cut as."""
+        if len(self.shape) != 2 or not isinstance(key, tuple) or len(key) != 2 or \
+                not all(isinstance(k, slice) and k.step in (None, 1) for k in key):
+            raise TypeError("an ArrayInfo is cut as info[r0:r1, c0:c1] of a 2-D array")
+        (r0, r1, _), (c0, c1, _) = (k.indices(n) for k, n in zip(key, self.shape, strict=True))
+        rows, cols = max(0, r1 - r0), max(0, c1 - c0)
+        ptr = self.ptr + (r0 * self.strides[0] + c0 * self.strides[1]) * self.itemsize
+        return ArrayInfo(ptr, (rows, cols), self.strides, self.dtype, self.device, self.readonly, self.owner)
+
     def __repr__(self) -> str:
         return (f"ArrayInfo(ptr={self.ptr:#x}, shape={self.shape}, strides={self.strides}, dtype={self.dtype!r}, "
                 f"device={self.device}, readonly={self.readonly})")
@@ -137,7 +149,18 @@ def array_info(obj: Any, what: str = "array") -> ArrayInfo:
 
 def device_array(obj: Any, what: str, *, dtype: str | None = None, writable: bool = False,
                  contiguous: bool = True) -> ArrayInfo:
-    """`array_info(obj)` checked to be a CUDA array (of `dtype`, C-contiguous, writable, as asked)."""
+    """`array_info(obj)` checked to be a CUDA array (of `dtype`, C-contiguous, writable, as asked).
+    An ArrayInfo (memory described by the package itself) is checked as it is."""
+    if isinstance(obj, ArrayInfo):
+        if obj.device < 0:
+            raise UsageError(f"{what} must be a CUDA array; it is in host memory")
+        if dtype is not None and dtype_name(dtype) != obj.dtype:
+            raise UsageError(f"{what} must be {dtype_name(dtype)}, not {obj.dtype}")
+        if writable and obj.readonly:
+            raise UsageError(f"{what} must be writable")
+        if contiguous and not obj.c_contiguous:
+            raise UsageError(f"{what} must be C-contiguous")
+        return obj
     return _info(_core.device_array(obj, what, dtype, writable, contiguous), obj)
 
 

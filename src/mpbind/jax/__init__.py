@@ -1,5 +1,6 @@
-"""mpbind inside ``jax.jit``: NCCL collectives and the distributed FFT and reshape plans of
-:mod:`mpbind.fft` as XLA FFI custom calls (optional extra ``jax``).
+"""mpbind inside ``jax.jit``: NCCL collectives, the distributed FFT and reshape plans of
+:mod:`mpbind.fft` and the planned matmuls of :mod:`mpbind.matmul` as XLA FFI custom calls (optional
+extra ``jax``).
 
     import jax
     from mpbind import fft, nccl, jax as mpj
@@ -24,7 +25,9 @@ Arrays are this rank's pieces: the collectives work along the first axis (``all_
 ranks' arrays there, ``reduce_scatter`` and ``all_to_all`` cut it into one block per rank), the FFT
 takes the plan's input piece of the direction and returns its output piece (``FFTPlan.pieces``).
 The FFT copies its input into the plan's NVSHMEM buffer and its result out of it (one copy each
-way; XLA's buffers are not symmetric memory); nothing is allocated per call.
+way; XLA's buffers are not symmetric memory); nothing is allocated per call. The planned matmul
+takes and returns its column-major pieces as the row-major JAX arrays of the same memory (an r x c
+piece is a (c, r) array; ``matmul_plan``) and runs on them directly, without a copy.
 
 Transformations. ``jax.grad``/``jax.vjp``: all-reduce (sum, avg) is its own transpose, all-gather and
 reduce-scatter are each other's, all-to-all is its own; a C2C FFT's transpose is the plan's other
@@ -58,6 +61,7 @@ import numpy as np
 from mpbind import _core
 from mpbind.errors import UsageError, WaitTimeoutError
 from mpbind.fft import FORWARD, INVERSE, FFTPlan, ReshapePlan
+from mpbind.matmul import PlannedMatmul
 from mpbind.nccl import Communicator
 from mpbind.process_group import CallableProcessGroup, ProcessGroup
 
@@ -72,6 +76,8 @@ __all__ = [
     "c2c_transpose",
     "c2r_transpose",
     "fft",
+    "matmul",
+    "matmul_plan",
     "process_group",
     "r2c_transpose",
     "reduce_scatter",
@@ -432,6 +438,107 @@ def reshape(x: Any, plan: ReshapePlan, *, reverse: ReshapePlan | None = None) ->
     return _reshape(x, (plan.launch_id, tuple(plan.output_shape), plan.dtype), back)
 
 
+# --- the planned matmul ----------------------------------------------------------------------------------
+#
+# cuBLASMp's matrices are column-major; JAX's arrays are row-major. A JAX array of shape (c, r) is the
+# column-major r x c matrix of the same memory (its transpose): the pieces here are given that way, and
+# the distributions describe the column-major (stored) matrices, as in mpbind.matmul.
+
+
+def _stand_in(x: Any, name: str, device: int) -> Any:
+    """An ArrayInfo of fresh memory on `device` laid out as the column-major piece of the JAX piece `x`
+    (an array or ShapeDtypeStruct of shape (c, r)); its contents are never read by a launch."""
+    from mpbind._infra.interop import ArrayInfo, dtype_name
+
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"matmul_plan: {name} must be a JAX array or jax.ShapeDtypeStruct, not {type(x).__name__}")
+    if len(x.shape) != 2:
+        raise UsageError(f"matmul_plan: {name} must be 2-D, not of shape {tuple(x.shape)}")
+    gpus = [d for d in jax.local_devices() if d.platform == "gpu" and d.local_hardware_id == device]
+    if not gpus:
+        raise UsageError(f"matmul_plan: JAX has no GPU of this process with CUDA ordinal {device} (the "
+                         "communicator's device)")
+    cols, rows = (int(n) for n in x.shape)
+    memory = jax.device_put(jnp.zeros((cols, rows), x.dtype), gpus[0])
+    memory.block_until_ready()
+    return ArrayInfo(memory.unsafe_buffer_pointer(), (rows, cols), (1, max(rows, 1)), dtype_name(str(x.dtype)),
+                     device, False, memory)
+
+
+def matmul_plan(comm: Communicator, a: Any, b: Any, d: Any, *, c: Any = None, **options: Any) -> PlannedMatmul:
+    """A planned matmul for :func:`matmul`: :func:`mpbind.matmul.plan` from this rank's JAX pieces
+    (arrays or ``jax.ShapeDtypeStruct``; only their shapes and dtypes are read). Each piece of shape
+    (c, r) stands for the column-major r x c matrix piece (its transpose, the same memory); `options`
+    are ``plan``'s (``a_dist``, ``b_dist``, ``d_dist``, ``c_dist``, ``transa``, ``alpha``, ...), its
+    distributions those of the column-major matrices. The plan keeps its own pieces of these shapes
+    (zeros) for its eager use; ``bias``, ``aux`` and ``scales`` are refused (a launch cannot point the
+    descriptor at new ones). Collective: every rank calls it, and a refusal is raised on every rank."""
+    from mpbind import matmul as _matmul_mod
+    from mpbind.process_group import NCCLProcessGroup, agree, digest
+
+    if not isinstance(comm, Communicator):
+        raise TypeError(f"matmul_plan: comm must be an mpbind.nccl.Communicator, not {type(comm).__name__}")
+    fixed = sorted(k for k in ("bias", "aux", "scales") if options.get(k) is not None)
+    given = {"a": a, "b": b, "c": c, "d": d}
+    failure: Exception | None = None
+    pieces: dict[str, Any] = {}
+    try:
+        _require()
+        if fixed:
+            raise UsageError(f"matmul_plan: {', '.join(fixed)} cannot be launched from a compiled program (the "
+                             "descriptor holds their pointers)")
+        pieces = {name: _stand_in(x, name, comm.device) for name, x in given.items() if x is not None}
+    except (UsageError, TypeError, ValueError) as exc:
+        failure = exc
+    agree(NCCLProcessGroup(comm), "mpbind.jax.matmul_plan", digest(sorted(pieces) if failure is None else None),
+          failure, described="the pieces given")
+    planned = _matmul_mod.plan(comm, pieces["a"], pieces["b"], pieces["d"], c=pieces.get("c"), **options)
+    _ = planned.launch_id  # refusals here, not in the first traced call
+    return planned
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _matmul(a: Any, b: Any, c: Any, call: tuple[int, tuple[int, ...], str]) -> Any:
+    plan, shape, dtype = call
+    out = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
+    args = (a, b) if c is None else (a, b, c)
+    target = "matmul" if c is None else "matmul_c"
+    return jax.ffi.ffi_call(_PREFIX + target, out, vmap_method="sequential")(*args, plan=np.uint64(plan))
+
+
+def _matmul_fwd(a: Any, b: Any, c: Any, call: Any) -> tuple[Any, None]:
+    return _matmul(a, b, c, call), None
+
+
+def _matmul_bwd(call: Any, _: None, ct: Any) -> tuple[Any, Any, Any]:
+    raise UsageError("matmul: a planned matmul has no gradient here (plan the transposed products and call them: "
+                     "dA = dD B^T, dB = A^T dD)")
+
+
+_matmul.defvjp(_matmul_fwd, _matmul_bwd)
+
+
+def matmul(a: Any, b: Any, plan: PlannedMatmul, c: Any = None) -> Any:
+    """This rank's piece of D from its pieces of A and B (and C, where planned with one), by `plan`
+    (from :func:`matmul_plan`, or :func:`mpbind.matmul.plan` on packed arrays). Each piece is the
+    (c, r) JAX array of an r x c column-major piece (``plan.launch_pieces()``, transposed; a replicated
+    operand: the whole array). Collective: every rank's program calls it."""
+    if not isinstance(plan, PlannedMatmul):
+        raise TypeError(f"matmul: plan must be an mpbind.matmul.PlannedMatmul, not {type(plan).__name__}")
+    _require()
+    pieces = plan.launch_pieces()
+    if (c is None) != ("c" not in pieces):
+        raise UsageError("matmul: the plan was made " + ("with c: pass it" if c is None else "without c"))
+    for name, x in (("a", a), ("b", b), ("c", c)):
+        if x is None:
+            continue
+        x = _array(x, "matmul")
+        (rows, cols), dtype = pieces[name]
+        _piece(x, (cols, rows), dtype, f"matmul: {name}")
+    (rows, cols), dtype = pieces["d"]
+    return _matmul(a, b, c, (plan.launch_id, (cols, rows), dtype))
+
+
 # --- bootstrap over JAX's distributed client --------------------------------------------------------------
 
 _exchanges = itertools.count()  # every process makes the same exchanges in the same order
@@ -475,5 +582,5 @@ def _wait_for(client: Any, key: str, deadline: float, rank: int) -> bytes:
 
 
 # Plans and communicators may be arguments of a jitted function: static (hashed by identity), no leaves.
-for _cls in (Communicator, FFTPlan, ReshapePlan):
+for _cls in (Communicator, FFTPlan, ReshapePlan, PlannedMatmul):
     jax.tree_util.register_static(_cls)

@@ -18,6 +18,7 @@ need).
 from __future__ import annotations
 
 import ctypes
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -246,7 +247,12 @@ class PlannedMatmul(Owned):
         self = cls.__new__(cls)
         self.plan = p
         self._rank = comm.rank
+        self._device = comm.device
         self._algo_type = algo_type
+        self._launch = None
+        # pointers the descriptor holds (a launch cannot give new ones)
+        self._fixed = [name for name, given in (("bias", bias), ("aux", aux)) if given is not None]
+        self._fixed += [f"scales[{name!r}]" for name in scales]
         own: list[Any] = []
         matrices: list[cublasmp.Matrix] = []
         m, n, k = p.gemm_shape(comm.rank)
@@ -382,7 +388,55 @@ class PlannedMatmul(Owned):
     def _described(self) -> str:
         return f"{self.plan.algorithm} {self.plan.m} x {self.plan.n} x {self.plan.k}"
 
+    def launch_pieces(self) -> dict[str, tuple[tuple[int, int], str]]:
+        """Operand name -> (shape, dtype) of the local array this rank's launches are given: the
+        column-major array ``execute`` takes (a replicated operand: the whole array), packed
+        (leading dimension = rows)."""
+        return {o.name: (o.given_shape(self._rank), o.dtype) for o in self.plan.operands}
+
+    @property
+    def launch_id(self) -> int:
+        """The id a framework's compiled program names this plan by (the XLA FFI handlers of
+        :mod:`mpbind.jax`): registered on first use, released when the plan is collected. A launch
+        is given packed local arrays (:meth:`launch_pieces`), so the plan must have been made on
+        packed ones; bias, aux and scales stay the planned ones (their pointers are in the
+        descriptor), so a plan with any of them is refused, as is a captured one. A launch of a
+        closed plan fails with an error naming it."""
+        if self._launch is None:
+            if self.closed:
+                raise UsageError("PlannedMatmul is closed")
+            if self._fixed:
+                raise UsageError(f"a planned matmul with {', '.join(self._fixed)} cannot be launched from a compiled "
+                                 "program: the descriptor holds their pointers, and a launch gives new arrays")
+            launch = int(_core.cublasmp.launch_register_matmul(self._matmul_plan, self._device, self._slots()))
+            weakref.finalize(self, _core.cublasmp.launch_release, launch)
+            self._launch = launch
+        return self._launch
+
+    def _slots(self) -> list[tuple[bool, int, int]]:
+        """(used, offset, bytes) of the array a launch gets for a, b, c, d: packed local arrays, a
+        replicated operand's piece at its view's offset."""
+        slots = [(False, 0, 0)] * 4
+        for o in self.plan.operands:
+            rows, cols = o.given_shape(self._rank)
+            size = _interop.itemsize(o.dtype)
+            offset = 0
+            if o.name in self._matrices:
+                info = self._matrices[o.name].info
+                lld = info.strides[1] if info.shape[1] > 1 else rows
+                if lld != rows and rows * cols:
+                    raise UsageError(f"{o.name} was planned on an array with leading dimension {lld}, not its {rows} "
+                                     "rows: a launch is given packed arrays, so plan on packed ones")
+                view = self._views.get(o.name)
+                if view is not None:
+                    offset = (view[2] * rows + view[0]) * size
+            slots["abcd".index(o.name)] = (True, offset, rows * cols * size)
+        return slots
+
     _rank: int
+    _device: int
+    _launch: int | None
+    _fixed: list[str]
     _algo_type: cublasmp.MatmulAlgoType | int | None
     _matmul: cublasmp.Matmul | None
     _matmul_plan: Any  # the core's MatmulPlan under _matmul, or None
