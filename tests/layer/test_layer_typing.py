@@ -70,7 +70,6 @@ def _mypy(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_core_stubs_cover_every_submodule() -> None:
     import mpbind
-
     from mpbind import _core
 
     stubs = Path(mpbind.__file__).parent / "_core"
