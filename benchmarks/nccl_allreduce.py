@@ -10,16 +10,18 @@ batch so that the four see the same machine state:
 * host time per call: ``perf_counter_ns`` around one call, nothing synchronised in the loop,
   the median over every call (``--calls`` of them at small sizes, fewer where the GPU time of
   the queued calls would dominate);
-* bus bandwidth: CUDA events around ``--iters`` back-to-back calls on the current stream,
-  ``bytes * 2 (n - 1) / n / time``, the median over batches.
+* GPU time and bus bandwidth: CUDA events around ``--iters`` back-to-back calls on the current
+  stream, queued behind a spin kernel that holds the stream until the host has queued them all (so
+  the events time the GPU's work alone, not the host's pace, which at one rank and small sizes is
+  the slower of the two), ``bytes * 2 (n - 1) / n / time``, the median over batches.
 
 The layer is called as a user writes it: ``comm.all_reduce(t, t)`` with a torch tensor, on a
 communicator without the watchdog (``layer``) and on one it watches (``watched``: ``watchdog=True``,
 each call then recorded in the flight record with a CUDA event after it); the flat call gets the
 pointer, count and communicator handle; torch.distributed runs ``dist.all_reduce(t)``.
-``watched_minus_layer_us`` is the watchdog's host cost per call (budget: 1.0 us), and
-``watched_over_layer_busbw`` its GPU cost (1.0: none).
-Ratios are paired: per batch, then the median. Rank 0 prints the table and writes
+``watched_minus_layer_us`` is the watchdog's host cost per call (budget: 1.0 us: per batch, the
+difference of the two medians, then the median over batches) and ``watched_over_layer_gpu`` its GPU
+cost (the ratio of GPU times; 1.0: none). Ratios are paired: per batch, then the median. Rank 0 prints the table and writes
 ``nccl_allreduce.csv`` (and ``.png`` where matplotlib is installed) under ``--out``.
 """
 
@@ -81,8 +83,13 @@ def calls_for(nbytes: int, calls: int) -> int:
 
 
 def device_time(fn: Callable[[], Any], iters: int) -> float:
-    """Seconds per call from CUDA events around `iters` calls."""
+    """Seconds per call of the GPU's work: CUDA events around `iters` calls queued while a spin kernel
+    holds the stream (~40 us of host time per call of room, far more than a call takes)."""
+    torch.cuda._sleep(int(iters * 40e-6 * SPIN_HZ))
     return queued_us(fn, iters) / 1e6
+
+
+SPIN_HZ = 1.98e9  # torch.cuda._sleep counts cycles: an H200's SM clock, the order of any GPU's
 
 
 def measure(comm: nccl.Communicator, watched: nccl.Communicator, nbytes: int, args: argparse.Namespace,
@@ -110,6 +117,7 @@ def measure(comm: nccl.Communicator, watched: nccl.Communicator, nbytes: int, ar
         raise SystemExit(f"wrong all_reduce result at {nbytes} B: {t[:4].tolist()} != {expected}")
     world.Barrier()
     host: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    batch_host: dict[str, list[float]] = {v: [] for v in VARIANTS}  # each batch's median
     dev: dict[str, list[float]] = {v: [] for v in VARIANTS}
     per_batch = max(1, calls_for(nbytes, args.calls) // args.batches)
     iters = max(2, min(args.iters, calls_for(nbytes, args.iters)))
@@ -120,7 +128,9 @@ def measure(comm: nccl.Communicator, watched: nccl.Communicator, nbytes: int, ar
             t.zero_()
             torch.cuda.synchronize()
             world.Barrier()
-            host[name] += host_times(fns[name], per_batch)
+            times = host_times(fns[name], per_batch)
+            host[name] += times
+            batch_host[name].append(statistics.median(times))
             torch.cuda.synchronize()
             world.Barrier()
             dev[name].append(device_time(fns[name], iters))
@@ -130,9 +140,12 @@ def measure(comm: nccl.Communicator, watched: nccl.Communicator, nbytes: int, ar
         row[f"{name}_host_us"] = statistics.median(host[name])
         row[f"{name}_busbw_GBps"] = nbytes * factor / statistics.median(dev[name]) / 1e9
     row["layer_minus_flat_us"] = row["layer_host_us"] - row["flat_host_us"]
-    row["watched_minus_layer_us"] = row["watched_host_us"] - row["layer_host_us"]
-    row["watched_over_layer_busbw"] = statistics.median(
-        [dl / dw for dl, dw in zip(dev["layer"], dev["watched"], strict=True)])
+    for name in VARIANTS:
+        row[f"{name}_gpu_us"] = statistics.median(dev[name]) * 1e6
+    row["watched_minus_layer_us"] = statistics.median(
+        [w - lay for w, lay in zip(batch_host["watched"], batch_host["layer"], strict=True)])
+    row["watched_over_layer_gpu"] = statistics.median(
+        [dw / dl for dl, dw in zip(dev["layer"], dev["watched"], strict=True)])
     row["layer_over_torch_host"] = row["layer_host_us"] / row["torch_host_us"]
     ratios = [dl / dt for dl, dt in zip(dev["torch"], dev["layer"], strict=True)]  # busbw ratio, paired
     row["layer_over_torch_busbw"] = statistics.median(ratios)
@@ -161,7 +174,7 @@ def main() -> None:
         print(f"# {comm.size} ranks; libnccl mapped: {libs}; mpbind loaded {_loader.load('nccl').path} "
               f"(NCCL {flat.get_version()}); torch reports NCCL {torch.cuda.nccl.version()}")
         _results.report(args.out / "nccl_allreduce.csv", rows, f"all_reduce float32, {comm.size} GPUs", "bytes", [
-            ("host time per call (µs)", VARIANTS, "_host_us"), ("bus bandwidth (GB/s)", VARIANTS, "_busbw_GBps")])
+            ("host time per call (µs)", VARIANTS, "_host_us"), ("GPU time per call (µs)", VARIANTS, "_gpu_us")])
     if watched.failed:
         raise SystemExit(f"the watchdog failed the watched communicator: {watched.recent_operations()[-3:]}")
     watched.close()

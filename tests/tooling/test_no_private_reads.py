@@ -62,6 +62,8 @@ THIRD_PARTY: dict[tuple[str, str], str] = {
         "whether a torch-function mode is active, which a direct call (no dispatcher) would bypass; no public form",
     ("src/mpbind/torch/_ops.py", "torch._C._len_torch_dispatch_stack"):
         "whether a dispatch mode is active, which a direct call (no dispatcher) would bypass; no public form",
+    ("benchmarks/nccl_allreduce.py", "torch.cuda._sleep"):
+        "PyTorch's spin kernel, which holds the stream while the host queues the timed calls (no public form)",
     ("src/mpbind/kernels/__init__.py", "ctypes._SimpleCData"):
         "the base class of ctypes' scalar types: how a ctypes kernel argument is recognised",
     ("benchmarks/_tp.py", "torch._scaled_mm"): "PyTorch's FP8 GEMM, the reference of the FP8 layers",

@@ -34,8 +34,10 @@ RUNS: dict[str, Run] = {
     "h200x1/nccl_allreduce_watchdog": Run(
         "NCCL all-reduce with and without the watchdog",
         "One rank; the same all-reduce on a communicator without and with ``watchdog=True``: host µs per call "
-        "and the GPU time ratio. On one rank an all-reduce moves nothing, so this is the watchdog's own cost.",
-        "python benchmarks/nccl_allreduce.py --max 524288 --calls 300 --out DIR"),
+        "(``watched_minus_layer_us``: the paired difference, budget 1.0) and GPU µs per call, timed with the "
+        "stream held until every call is queued (``watched_over_layer_gpu``: 1.0 is no GPU cost). On one rank "
+        "an in-place all-reduce moves nothing, so this is the watchdog's own cost.",
+        "python benchmarks/nccl_allreduce.py --max 524288 --calls 2000 --batches 9 --out DIR"),
     "h200x1/nvshmem_put_shared": Run(
         "NVSHMEM put + quiet on a stream, two PEs sharing the GPU",
         "Host µs per put+quiet pair through the layer, the flat calls and nvshmem4py 0.4.1 (same "
