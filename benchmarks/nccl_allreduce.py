@@ -21,8 +21,9 @@ each call then recorded in the flight record with a CUDA event after it); the fl
 pointer, count and communicator handle; torch.distributed runs ``dist.all_reduce(t)``.
 ``watched_minus_layer_us`` is the watchdog's host cost per call (budget: 1.0 us: per batch, the
 difference of the two medians, then the median over batches) and ``watched_over_layer_gpu`` its GPU
-cost (the ratio of GPU times; 1.0: none). Ratios are paired: per batch, then the median. Rank 0 prints the table and writes
-``nccl_allreduce.csv`` (and ``.png`` where matplotlib is installed) under ``--out``.
+cost (the ratio of GPU times; 1.0: none). Ratios are paired: per batch, then the median. Rank 0
+prints the table and writes ``nccl_allreduce.csv`` (and ``.png`` where matplotlib is installed)
+under ``--out``.
 """
 
 from __future__ import annotations
