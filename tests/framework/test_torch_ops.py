@@ -322,3 +322,105 @@ def test_the_reshape_operator_and_its_gradient_through_the_plan_back() -> None:
             mpt.reshape(x, there, reverse=there)
     finally:
         mpt.forget(there), mpt.forget(back)
+
+
+# --- the planned matmul ---
+
+
+def _planned(serial: int, rank: int, **decision: Any) -> Any:
+    """A PlannedMatmul of the planner's real decision for `rank`, over a stand-in core: what the fake
+    kernels and the gradient checks read (pieces, transposes, alpha) without cuBLASMp."""
+    from mpbind.matmul import PlannedMatmul
+    from mpbind.matmul._planner import plan as decide
+
+    p = PlannedMatmul.__new__(PlannedMatmul)
+    p.plan = decide(compute_capability=None, **decision)
+    p._core, p._rank = _CoreStandIn(serial, 2), rank
+    return p
+
+
+def _tp_layer(serial: int, transa: bool = True, transb: bool = False, alpha: float = 1.0) -> Any:
+    # h^T (F x T) = W^T x^T: W (H x F) by columns, x^T (H x T) by columns, h^T by rows; 2 ranks, rank 1
+    from mpbind import distributions as dist
+
+    H, F, T = 16, 24, 8
+    a = dist.by_columns((H, F), 2) if transa else dist.by_rows((F, H), 2)
+    b = dist.by_columns((H, T), 2) if not transb else dist.by_rows((T, H), 2)
+    return _planned(serial, 1, a=a, b=b, d=dist.by_rows((F, T), 2), a_dtype="float32", transa=transa,
+                    transb=transb, alpha=alpha)
+
+
+def _gradients_of(fwd: Any, serial: int) -> tuple[Any, Any]:
+    """Stand-ins of the plans of dA and dB for `fwd` (the decisions gradient_plans would make)."""
+    from mpbind.torch._matmul_ops import gradient_operands
+
+    p = fwd.plan
+    dists = {"a": p.a.distribution, "b": p.b.distribution, "g": p.d.distribution}
+    made = []
+    for i, which in enumerate("ab"):
+        first, second, transa, transb = gradient_operands(p, which)
+        made.append(_planned(serial + i, fwd._rank, a=dists[first], b=dists[second], d=dists[which], a_dtype="float32",
+                             transa=transa, transb=transb, alpha=p.alpha))
+    return made[0], made[1]
+
+
+def test_the_matmul_operator_takes_the_plans_pieces_and_its_gradient_runs_through_two_plans() -> None:
+    fwd = _tp_layer(10_000_031)
+    ga, gb = _gradients_of(fwd, 10_000_032)
+    try:
+        pieces = fwd.launch_pieces()  # column-major (rows, cols): the tensors are their transposes
+        a, b = (meta(*pieces[k][0][::-1]) for k in ("a", "b"))
+        names = [mpt.name_of(p) for p in (fwd, ga, gb)]
+        checked = torch.library.opcheck(OPS.matmul.default, (a, b, None, *names))
+        assert set(checked.values()) == {"SUCCESS"}, checked
+        d = mpt.matmul(a, b, fwd, grad_a=ga, grad_b=gb)
+        assert tuple(d.shape) == pieces["d"][0][::-1] and d.dtype == torch.float32
+        # with B needing no gradient, the backward is one product: dA through grad_a
+        assert _backward_ops(lambda x, y: mpt.matmul(x, y, fwd, grad_a=ga, grad_b=gb), a, b.detach()) == \
+            ["mpbind.matmul.default"]
+        a.grad = None
+        mpt.matmul(a, b, fwd, grad_a=ga, grad_b=gb).sum().backward()
+        assert a.grad.shape == a.shape and b.grad.shape == b.shape
+        with pytest.raises(UsageError, match=r"a must be float32 of shape \(12, 16\)"):
+            mpt.matmul(b, b, fwd)
+        with pytest.raises(UsageError, match="was planned without c"):
+            mpt.matmul(a, b, fwd, meta(*pieces["d"][0][::-1]))
+        with pytest.raises(UsageError, match="with respect to a needs its plan"):
+            mpt.matmul(a, b, fwd).sum().backward()
+        with pytest.raises(UsageError, match=r"grad_a \(PlannedMatmul#10000033\) must compute da"):
+            mpt.matmul(a, b.detach(), fwd, grad_a=gb).sum().backward()
+        torch.compiler.reset()
+        explained = torch._dynamo.explain(lambda x, y: mpt.matmul(x, y, fwd, grad_a=ga, grad_b=gb))(a, b)
+        assert explained.graph_break_count == 0
+    finally:
+        for p in (fwd, ga, gb):
+            mpt.forget(p)
+
+
+@pytest.mark.parametrize(("transa", "transb"), [(False, False), (False, True), (True, False), (True, True)])
+def test_the_gradient_plans_compute_the_adjoint_products(transa: bool, transb: bool) -> None:
+    # dense NumPy matrices: the products the gradient plans run give the gradients of alpha op(A) op(B)
+    import numpy as np
+
+    from mpbind.torch._matmul_ops import gradient_operands
+
+    class P:
+        pass
+
+    p = P()
+    p.transa, p.transb = transa, transb  # type: ignore[attr-defined]
+    rng = np.random.default_rng(0)
+    m, n, k, alpha = 3, 4, 5, 1.5
+    A = rng.standard_normal((k, m) if transa else (m, k))
+    B = rng.standard_normal((n, k) if transb else (k, n))
+
+    def op(x: Any, t: bool) -> Any:
+        return x.T if t else x
+
+    G = rng.standard_normal((m, n))
+    want = {"a": alpha * (op(G @ op(B, transb).T, transa)), "b": alpha * op(op(A, transa).T @ G, transb)}
+    mats = {"a": A, "b": B, "g": G}
+    for which in "ab":
+        first, second, ta, tb = gradient_operands(p, which)
+        got = alpha * op(mats[first], ta) @ op(mats[second], tb)
+        assert np.allclose(got, want[which]), which

@@ -57,11 +57,18 @@ THIRD_PARTY: dict[tuple[str, str], str] = {
         "cuda.pathfinder's LoadedDL field holding the dlopen handle as an int (its only form of it)",
     ("src/mpbind/cufftmp.py", "MPI._addressof"):
         "mpi4py's documented way to an MPI_Comm's address, which cuFFTMp's attach takes",
-    ("src/mpbind/torch/_ops.py", "torch._C"): "PyTorch's C module, for the two queries below",
-    ("src/mpbind/torch/_ops.py", "torch._C._is_torch_function_mode_enabled"):
+    ("src/mpbind/torch/_ops.py", "torch._C"): "PyTorch's C module, for the query below",
+    ("src/mpbind/torch/_ops.py", "torch._C._cuda_getCurrentRawStream"):
+        "the current stream's handle as an int, without making a Stream object per call; no public form",
+    ("src/mpbind/torch/_library.py", "torch._C"): "PyTorch's C module, for the queries and the guard below",
+    ("src/mpbind/torch/_library.py", "torch._C._is_torch_function_mode_enabled"):
         "whether a torch-function mode is active, which a direct call (no dispatcher) would bypass; no public form",
-    ("src/mpbind/torch/_ops.py", "torch._C._len_torch_dispatch_stack"):
+    ("src/mpbind/torch/_library.py", "torch._C._len_torch_dispatch_stack"):
         "whether a dispatch mode is active, which a direct call (no dispatcher) would bypass; no public form",
+    ("src/mpbind/torch/_library.py", "torch._C._are_functorch_transforms_active"):
+        "whether vmap or a functorch transform is active, which a direct call would bypass; no public form",
+    ("src/mpbind/torch/_library.py", "torch._C._AutoDispatchBelowAutograd"):
+        "the guard an autograd kernel redispatches under (what torch.library's own autograd kernels use)",
     ("benchmarks/nccl_allreduce.py", "torch.cuda._sleep"):
         "PyTorch's spin kernel, which holds the stream while the host queues the timed calls (no public form)",
     ("src/mpbind/kernels/__init__.py", "ctypes._SimpleCData"):

@@ -11,8 +11,9 @@ differentiates (optional extra ``torch``).
     r = mpt.send_recv(x, comm, send_to=(rank + 1) % n, recv_from=(rank - 1) % n)   # a ring step
     p = fft.plan(mpi_comm, (nx, ny, nz), "complex64")
     k = mpt.fft(slab, p)                          # its gradient is the inverse transform of the gradient
+    h = mpt.matmul(w, x, up, grad_a=dw_plan, grad_b=dx_plan)   # a planned matmul (mpbind.matmul.plan)
 
-The operators (``torch.ops.mpbind.*``, see ``_ops`` and ``_plan_ops``) take a communicator or a plan
+The operators (``torch.ops.mpbind.*``, see ``_ops``, ``_plan_ops`` and ``_matmul_ops``) take a communicator or a plan
 by its registry name (:func:`name_of`), so a traced program holds a string; the functions here take
 the object (or its name) and pass the name and the group size, which the compiler takes as constants
 (an object is guarded by identity: another one recompiles). Each returns a new tensor on torch's
@@ -20,7 +21,8 @@ current stream (``all_reduce_`` works in place) and never synchronises the host.
 Gradients: all-reduce (sum, avg) is its own adjoint, all-gather and reduce-scatter are each other's,
 all-to-all is its own, send_recv's is the exchange back; complex tensors are reduced as their real
 view (sum and avg). A C2C FFT's gradient is the unnormalised transform the other way; an R2C's or
-C2R's, the plan of the other kind (give ``reverse``); a reshape's, the reshape back (``reverse``).
+C2R's, the plan of the other kind (give ``reverse``); a reshape's, the reshape back (``reverse``); a
+planned matmul's, the plans of dA and dB (:func:`gradient_plans`).
 ``send`` has no output, so compiled graphs refuse it.
 """
 
@@ -42,8 +44,9 @@ from torch import Tensor
 from mpbind._infra import args as _args
 from mpbind.errors import UsageError
 from mpbind.fft import FORWARD, INVERSE, FFTPlan, ReshapePlan
+from mpbind.matmul import PlannedMatmul
 from mpbind.nccl import Communicator
-from mpbind.torch import _ops, _plan_ops  # noqa: F401 - registers the operators
+from mpbind.torch import _matmul_ops, _ops, _plan_ops  # noqa: F401 - registers the operators
 from mpbind.torch._ops import REDUCTIONS
 from mpbind.torch._registry import forget, lookup, name_of, registered
 
@@ -59,6 +62,8 @@ __all__ = [
     "copy_to_group",
     "fft",
     "forget",
+    "gradient_plans",
+    "matmul",
     "lookup",
     "name_of",
     "reduce_from_group",
@@ -85,7 +90,7 @@ def _constants(*classes: type) -> None:
             register(cls)
 
 
-_constants(Communicator, FFTPlan, ReshapePlan)
+_constants(Communicator, FFTPlan, ReshapePlan, PlannedMatmul)
 
 
 def _tensor(x: Any) -> Tensor:
@@ -101,6 +106,11 @@ def _object(obj: Any, kind: type, what: str) -> Any:
         raise TypeError(f"{what} must be an {kind.__module__}.{kind.__name__} or its registered name, not "
                         f"{type(obj).__name__}")
     return found
+
+
+def _communicator(comm: Any) -> Communicator:
+    """The Communicator `comm` is, or names (the layer refuses a closed one)."""
+    return _object(comm, Communicator, "comm")
 
 
 def _resolve(comm: Any) -> tuple[str, int]:
@@ -123,15 +133,15 @@ def _plan_name(plan: Any, kind: type) -> tuple[str, str]:
 
 def all_reduce(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
     """The reduction (`op`: sum, prod, max, min, avg) of `x` over the ranks, as a new tensor."""
-    if _ops.direct(x):
-        return _ops.all_reduce_kernel(x, _resolve(comm)[0], op)
+    if _ops.direct_call(x):
+        return _ops.all_reduce_on(x, _communicator(comm), op)
     return torch.ops.mpbind.all_reduce(_tensor(x), _resolved(comm)[0], op)
 
 
 def all_reduce_(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
     """:func:`all_reduce` into `x` itself (contiguous); returns `x`."""
-    if _ops.direct(x):
-        _ops.all_reduce_in_place_kernel(x, _resolve(comm)[0], op)
+    if _ops.direct_call(x):
+        _ops.all_reduce_in_place_on(x, _communicator(comm), op)
         return x
     torch.ops.mpbind.all_reduce_(_tensor(x), _resolved(comm)[0], op)
     return x
@@ -139,49 +149,51 @@ def all_reduce_(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
 
 def all_gather(x: Tensor, comm: Any) -> Tensor:
     """Every rank's `x` stacked along dim 0, rank order (``size * x.shape[0]`` rows)."""
-    if _ops.direct(x):
-        return _ops.all_gather_kernel(x, *_resolve(comm))
+    if _ops.direct_call(x):
+        c = _communicator(comm)
+        return _ops.all_gather_on(x, c, c.size)
     name, size = _resolved(comm)
     return torch.ops.mpbind.all_gather(_tensor(x), name, size)
 
 
 def reduce_scatter(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
     """Block ``rank`` (of ``size`` equal blocks along dim 0) of the reduction of `x` over the ranks."""
-    if _ops.direct(x):
-        name, size = _resolve(comm)
-        return _ops.reduce_scatter_kernel(x, name, op, size)
+    if _ops.direct_call(x):
+        c = _communicator(comm)
+        return _ops.reduce_scatter_on(x, c, op, c.size)
     name, size = _resolved(comm)
     return torch.ops.mpbind.reduce_scatter(_tensor(x), name, op, size)
 
 
 def all_to_all(x: Tensor, comm: Any) -> Tensor:
     """Block j (of ``size`` equal blocks along dim 0) goes to rank j; block r of the result came from rank r."""
-    if _ops.direct(x):
-        return _ops.all_to_all_kernel(x, *_resolve(comm))
+    if _ops.direct_call(x):
+        c = _communicator(comm)
+        return _ops.all_to_all_on(x, c, c.size)
     name, size = _resolved(comm)
     return torch.ops.mpbind.all_to_all(_tensor(x), name, size)
 
 
 def broadcast(x: Tensor, comm: Any, root: int) -> Tensor:
     """Rank `root`'s `x` on every rank, as a new tensor (no gradient)."""
-    if _ops.direct(x):
-        return _ops.broadcast_kernel(x, _resolve(comm)[0], root)
+    if _ops.direct_call(x):
+        return _ops.broadcast_on(x, _communicator(comm), root)
     return torch.ops.mpbind.broadcast(_tensor(x), _resolved(comm)[0], root)
 
 
 def send_recv(x: Tensor, comm: Any, send_to: int, recv_from: int) -> Tensor:
     """Send `x` to rank `send_to` and receive a tensor of the same shape and dtype from `recv_from`, in
     one NCCL group (a ring or a pipeline's exchange); its gradient goes back the way the data came."""
-    if _ops.direct(x):
-        return _ops.send_recv_kernel(x, _resolve(comm)[0], send_to, recv_from)
+    if _ops.direct_call(x):
+        return _ops.send_recv_on(x, _communicator(comm), send_to, recv_from)
     return torch.ops.mpbind.send_recv(_tensor(x), _resolved(comm)[0], send_to, recv_from)
 
 
 def send(x: Tensor, comm: Any, peer: int) -> None:
     """Send `x` to rank `peer` (which calls :func:`recv`). Not inside a compiled function, which would
     drop an operator without an output: use :func:`send_recv` there."""
-    if _ops.direct(x):
-        return _ops.send_kernel(x, _resolve(comm)[0], peer)
+    if _ops.direct_call(x):
+        return _ops.send_on(x, _communicator(comm), peer)
     torch.ops.mpbind.send(_tensor(x), _resolved(comm)[0], peer)
 
 
@@ -227,6 +239,49 @@ def reshape(x: Tensor, plan: Any, reverse: Any = None) -> Tensor:
     return torch.ops.mpbind.reshape(_tensor(x), _plan_name(plan, ReshapePlan)[0], back)
 
 
+def matmul(a: Tensor, b: Tensor, plan: Any, c: Tensor | None = None, *, grad_a: Any = None,
+           grad_b: Any = None) -> Tensor:
+    """This rank's piece of D from its pieces of A and B (and C, where planned with one) by `plan` (an
+    :class:`mpbind.matmul.PlannedMatmul`, or its name), as a new tensor. Each tensor is the row-major
+    ``(c, r)`` tensor of an ``r x c`` column-major piece (its transpose: ``plan.launch_pieces()``,
+    transposed). Collective. Its gradient runs through `grad_a` and `grad_b`, the plans of dA and dB
+    (:func:`gradient_plans`)."""
+    name = _plan_name(plan, PlannedMatmul)[0]
+    back = ["" if g is None else _plan_name(g, PlannedMatmul)[0] for g in (grad_a, grad_b)]
+    if _ops.direct_call(a) and not any(t is not None and t.requires_grad for t in (b, c)):
+        return _matmul_ops.matmul_on(_object(plan, PlannedMatmul, "plan"), a, b, c, name)
+    return torch.ops.mpbind.matmul(_tensor(a), _tensor(b), c, name, *back)
+
+
+def gradient_plans(comm: Any, plan: Any, **options: Any) -> tuple[PlannedMatmul, PlannedMatmul]:
+    """The plans of dA and dB for :func:`matmul`'s gradient through `plan` (a plain product of real
+    float16, bfloat16, float32 or float64 matrices): each planned by :func:`mpbind.matmul.plan` on the
+    distributions the products need (dA's result in A's, dB's in B's), with `options` (``handle``,
+    ``algo_type``, ...). Each keeps pieces of its own for planning (torch tensors of its operands'
+    shapes). Collective."""
+    from mpbind import matmul as _matmul
+
+    c = _communicator(comm)
+    planned = _object(plan, PlannedMatmul, "plan")
+    p = planned.plan
+    dtypes = {o.dtype for o in p.operands}
+    if p.epilogue != "none" or len(dtypes) != 1 or not dtypes <= {"float16", "bfloat16", "float32", "float64"}:
+        raise UsageError(f"gradient plans are made for a plain product of one real floating type, not {sorted(dtypes)} "
+                         f"with epilogue {p.epilogue!r}")
+    dists = {"a": p.a.distribution, "b": p.b.distribution, "g": p.d.distribution}
+    shapes = _matmul_ops.pieces(planned)
+    shapes["g"] = shapes["d"]
+    dtype = getattr(torch, dtypes.pop())
+    device = torch.device("cuda", c.device)
+    made = []
+    for which in ("a", "b"):
+        first, second, transa, transb = _matmul_ops.gradient_operands(p, which)
+        x, y, out = (torch.empty(shapes[k][0], dtype=dtype, device=device) for k in (first, second, which))
+        made.append(_matmul.plan(c, x.T, y.T, out.T, a_dist=dists[first], b_dist=dists[second], d_dist=dists[which],
+                                 transa=transa, transb=transb, alpha=p.alpha, **options))
+    return made[0], made[1]
+
+
 class _CopyToGroup(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, name: str) -> Tensor:
@@ -257,6 +312,6 @@ def copy_to_group(x: Tensor, comm: Any) -> Tensor:
 def reduce_from_group(x: Tensor, comm: Any) -> Tensor:
     """`x` summed over the ranks forward, the gradient passed through backward: where a tensor-parallel
     block ends (Megatron's ``g``)."""
-    if _ops.direct(x):
-        return _ops.all_reduce_kernel(x, _resolve(comm)[0], "sum")
+    if _ops.direct_call(x):
+        return _ops.all_reduce_on(x, _communicator(comm), "sum")
     return _ReduceFromGroup.apply(_tensor(x), _resolved(comm)[0])

@@ -1,14 +1,15 @@
-"""mpbind's torch operators (namespace ``mpbind``), registered when :mod:`mpbind.torch` is imported.
+"""mpbind's torch operators over a communicator (namespace ``mpbind``), registered when
+:mod:`mpbind.torch` is imported.
 
-Each is a ``torch.library.custom_op``: a schema of tensors, ints and strings (a communicator travels
-as its registry name, the group size as an int, so that a traced program needs neither), a CUDA
-kernel that calls the layer on torch's current stream and never synchronises the host (so CUDA
-graphs capture it), a fake kernel with the exact output shape and dtype (FakeTensor, meta tensors,
-``torch.compile``), and autograd where the math defines one. ``custom_op`` in Python rather than a
-C++ ``TORCH_LIBRARY``: the kernel's work is one call into mpbind's C++ core, and a C++ library would
-have to be built against each torch release's ABI. The price is the dispatcher's Python path (tens of
-µs a call, measured in ``benchmarks/torch_ops.py``): eager calls that need nothing from it (see
-:func:`direct`) run the same kernel (``*_kernel``) directly.
+Each has a schema of tensors, ints and strings (a communicator travels as its registry name, the
+group size as an int, so that a traced program needs neither), a kernel that calls the layer on
+torch's current stream and never synchronises the host (so CUDA graphs capture it), a fake kernel
+with the exact output shape and dtype (FakeTensor, meta tensors, ``torch.compile``), and autograd
+where the math defines one. The functional ones are registered through :mod:`._library` (one Python
+kernel on the dispatcher's path: the reason is there); those without a gradient, a mutation or a
+tensor input (``all_reduce_``, ``broadcast``, ``send``, ``recv``) are ``torch.library.custom_op``.
+A C++ ``TORCH_LIBRARY`` would have to be built against each torch release's ABI. Eager calls that
+need nothing from the dispatcher (:func:`direct_call`) run the same kernel directly.
 """
 
 from __future__ import annotations
@@ -22,29 +23,32 @@ from mpbind import nccl
 from mpbind._infra.args import MAX_RANKS
 from mpbind.errors import UsageError
 from mpbind.torch import _registry
+from mpbind.torch._library import define, direct, save_arguments
 
 #: The reductions the operators take; sum and avg also over complex tensors (their real view).
 REDUCTIONS = ("sum", "prod", "max", "min", "avg")
 _LINEAR = ("sum", "avg")
 
+__all__ = ["REDUCTIONS", "direct_call", "on_cuda", "save_arguments", "stream_of"]
 
-def direct(x: Any) -> bool:
-    """Whether a call may run its kernel directly, without the dispatcher, whose Python custom-op path
-    costs tens of µs a call: eager (torch.compile traces the operator), no gradient to record, a plain
-    CUDA tensor (no subclass: FakeTensor, DTensor), and no torch-function or dispatch mode that is to
-    see the call. The kernel is the same either way."""
-    return (not torch.compiler.is_compiling() and type(x) is Tensor and x.is_cuda
-            and not (x.requires_grad and torch.is_grad_enabled())
-            and not torch._C._is_torch_function_mode_enabled() and torch._C._len_torch_dispatch_stack() == 0)
+
+def direct_call(x: Any) -> bool:
+    """Whether an eager call may skip the dispatcher and run its kernel: :func:`direct`, and no
+    gradient to record."""
+    return direct(x) and not (x.requires_grad and torch.is_grad_enabled())
+
+
+def stream_of(x: Tensor) -> int:
+    """torch's current stream on `x`'s device, as the handle the layer takes (no Stream object made)."""
+    return torch._C._cuda_getCurrentRawStream(x.get_device())
 
 
 def _communicator(name: str) -> Any:
     return _registry.lookup(name, nccl.Communicator)
 
 
-def _group(comm: str, group_size: int) -> Any:
-    """The communicator called `comm`, which must have `group_size` ranks (what the fake kernel assumed)."""
-    c = _communicator(comm)
+def _group(c: Any, comm: str, group_size: int) -> Any:
+    """`c` (called `comm`), which must have `group_size` ranks (what the fake kernel assumed)."""
     if c.size != group_size:
         raise UsageError(f"group_size is {group_size}; {comm} has {c.size} ranks")
     return c
@@ -75,38 +79,37 @@ def _flat(t: Tensor) -> Tensor:
     return torch.view_as_real(t) if t.is_complex() else t
 
 
-def _stream() -> Any:
-    return torch.cuda.current_stream()
-
-
 def on_cuda(x: Tensor, what: str) -> None:
     if x.device.type != "cuda":
         raise UsageError(f"{what} takes CUDA tensors, not a {x.device.type} tensor")
 
 
+def _by_name(on: Any, what: str) -> Any:
+    """The kernel of an operator whose work is ``on(x, communicator, *rest, comm=name)``: the
+    communicator looked up by its name, after the tensor's device is checked."""
+
+    def kernel(x: Tensor, comm: str, *rest: Any) -> Any:
+        on_cuda(x, what)
+        return on(x, _communicator(comm), *rest, comm=comm)
+
+    return kernel
+
+
 # --- all_reduce ---------------------------------------------------------------------------------
 
 
-def all_reduce_kernel(x: Tensor, comm: str, op: str) -> Tensor:
-    _check_op(op, x)
-    on_cuda(x, "mpbind::all_reduce")
-    out = x.contiguous().clone()
-    _communicator(comm).all_reduce(_flat(out), _flat(out), op, stream=_stream())
-    return out
-
-
-all_reduce = torch.library.custom_op("mpbind::all_reduce", all_reduce_kernel, mutates_args=())
-
-
-@all_reduce.register_fake
-def _(x: Tensor, comm: str, op: str) -> Tensor:
+def _reduced(x: Tensor, comm: str, op: str) -> Tensor:
+    """The checks and the (empty) output of an all-reduce: the fake kernel, and the kernel's start."""
     _check_op(op, x)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-def save_arguments(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    """What every backward needs: the operator's arguments after the tensor (comm, then op or size)."""
-    ctx.args = inputs[1:]
+def all_reduce_on(x: Tensor, c: Any, op: str, comm: str = "") -> Tensor:
+    """The all-reduce kernel on the communicator `c` itself (named `comm` where it has a name)."""
+    out = _reduced(x, comm, op)
+    on_cuda(x, "mpbind::all_reduce")
+    c.all_reduce(_flat(x.contiguous()), _flat(out), op, stream=stream_of(x))
+    return out
 
 
 def _all_reduce_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
@@ -116,18 +119,25 @@ def _all_reduce_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, N
     return torch.ops.mpbind.all_reduce(grad, comm, op), None, None
 
 
-all_reduce.register_autograd(_all_reduce_backward, setup_context=save_arguments)
+all_reduce = define("all_reduce(Tensor x, str comm, str op) -> Tensor",
+                    _by_name(all_reduce_on, "mpbind::all_reduce"), _reduced,
+                    _all_reduce_backward)
 
 
-def all_reduce_in_place_kernel(x: Tensor, comm: str, op: str) -> None:
+def all_reduce_in_place_on(x: Tensor, c: Any, op: str) -> None:
     _check_op(op, x)
     on_cuda(x, "mpbind::all_reduce_")
     if not x.is_contiguous():
         raise UsageError("mpbind::all_reduce_ works in place on a contiguous tensor")
-    _communicator(comm).all_reduce(_flat(x), _flat(x), op, stream=_stream())
+    c.all_reduce(_flat(x), _flat(x), op, stream=stream_of(x))
 
 
-all_reduce_ = torch.library.custom_op("mpbind::all_reduce_", all_reduce_in_place_kernel, mutates_args=("x",))
+def _all_reduce_in_place_kernel(x: Tensor, comm: str, op: str) -> None:
+    on_cuda(x, "mpbind::all_reduce_")
+    all_reduce_in_place_on(x, _communicator(comm), op)
+
+
+all_reduce_ = torch.library.custom_op("mpbind::all_reduce_", _all_reduce_in_place_kernel, mutates_args=("x",))
 
 
 @all_reduce_.register_fake
@@ -139,52 +149,37 @@ def _(x: Tensor, comm: str, op: str) -> None:
 
 
 def _gathered(x: Tensor, comm: str, group_size: int) -> Tensor:
-    """The checks and the (empty) output of an all-gather: the fake kernel, and the CUDA kernel's start."""
+    """The checks and the (empty) output of an all-gather: the fake kernel, and the kernel's start."""
     _check_group(group_size)
     return x.new_empty((group_size * x.shape[0], *x.shape[1:]) if x.dim() else (group_size,))
 
 
-def all_gather_kernel(x: Tensor, comm: str, group_size: int) -> Tensor:
+def all_gather_on(x: Tensor, c: Any, group_size: int, comm: str = "") -> Tensor:
     out = _gathered(x, comm, group_size)
     on_cuda(x, "mpbind::all_gather")
-    _group(comm, group_size).all_gather(_flat(x.contiguous()), _flat(out), stream=_stream())
+    _group(c, comm, group_size).all_gather(_flat(x.contiguous()), _flat(out), stream=stream_of(x))
     return out
 
 
-all_gather = torch.library.custom_op("mpbind::all_gather", all_gather_kernel, mutates_args=())
-
-
-all_gather.register_fake(_gathered)
-
-
 def _scattered(x: Tensor, comm: str, op: str, group_size: int) -> Tensor:
-    """The checks and the (empty) output of a reduce-scatter: the fake kernel, and the CUDA kernel's start."""
+    """The checks and the (empty) output of a reduce-scatter: the fake kernel, and the kernel's start."""
     _check_op(op, x)
     _check_group(group_size)
     _blocks(x, group_size, "mpbind::reduce_scatter")
     return x.new_empty((x.shape[0] // group_size, *x.shape[1:]))
 
 
-def reduce_scatter_kernel(x: Tensor, comm: str, op: str, group_size: int) -> Tensor:
+def reduce_scatter_on(x: Tensor, c: Any, op: str, group_size: int, comm: str = "") -> Tensor:
     out = _scattered(x, comm, op, group_size)
     on_cuda(x, "mpbind::reduce_scatter")
-    _group(comm, group_size).reduce_scatter(_flat(x.contiguous()), _flat(out), op, stream=_stream())
+    _group(c, comm, group_size).reduce_scatter(_flat(x.contiguous()), _flat(out), op, stream=stream_of(x))
     return out
-
-
-reduce_scatter = torch.library.custom_op("mpbind::reduce_scatter", reduce_scatter_kernel, mutates_args=())
-
-
-reduce_scatter.register_fake(_scattered)
 
 
 def _all_gather_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
     # y = [x_0; ...; x_{n-1}] on every rank: dL/dx_r = the sum over ranks of block r of their grads.
     comm, group_size = ctx.args
     return torch.ops.mpbind.reduce_scatter(grad, comm, "sum", group_size), None, None
-
-
-all_gather.register_autograd(_all_gather_backward, setup_context=save_arguments)
 
 
 def _reduce_scatter_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
@@ -195,30 +190,28 @@ def _reduce_scatter_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None
     return (g / group_size if op == "avg" else g), None, None, None
 
 
-reduce_scatter.register_autograd(_reduce_scatter_backward, setup_context=save_arguments)
+all_gather = define("all_gather(Tensor x, str comm, int group_size) -> Tensor",
+                    _by_name(all_gather_on, "mpbind::all_gather"), _gathered,
+                    _all_gather_backward)
+reduce_scatter = define("reduce_scatter(Tensor x, str comm, str op, int group_size) -> Tensor",
+                        _by_name(reduce_scatter_on, "mpbind::reduce_scatter"), _scattered, _reduce_scatter_backward)
 
 
 # --- all_to_all (its own adjoint) -----------------------------------------------------------------------
 
 
 def _exchanged(x: Tensor, comm: str, group_size: int) -> Tensor:
-    """The checks and the (empty) output of an all-to-all: the fake kernel, and the CUDA kernel's start."""
+    """The checks and the (empty) output of an all-to-all: the fake kernel, and the kernel's start."""
     _check_group(group_size)
     _blocks(x, group_size, "mpbind::all_to_all")
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-def all_to_all_kernel(x: Tensor, comm: str, group_size: int) -> Tensor:
+def all_to_all_on(x: Tensor, c: Any, group_size: int, comm: str = "") -> Tensor:
     out = _exchanged(x, comm, group_size)
     on_cuda(x, "mpbind::all_to_all")
-    _group(comm, group_size).all_to_all(_flat(x.contiguous()), _flat(out), stream=_stream())
+    _group(c, comm, group_size).all_to_all(_flat(x.contiguous()), _flat(out), stream=stream_of(x))
     return out
-
-
-all_to_all = torch.library.custom_op("mpbind::all_to_all", all_to_all_kernel, mutates_args=())
-
-
-all_to_all.register_fake(_exchanged)
 
 
 def _all_to_all_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
@@ -227,23 +220,29 @@ def _all_to_all_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
     return torch.ops.mpbind.all_to_all(grad, comm, group_size), None, None
 
 
-all_to_all.register_autograd(_all_to_all_backward, setup_context=save_arguments)
+all_to_all = define("all_to_all(Tensor x, str comm, int group_size) -> Tensor",
+                    _by_name(all_to_all_on, "mpbind::all_to_all"), _exchanged,
+                    _all_to_all_backward)
 
 
 # --- broadcast ----------------------------------------------------------------------------------------
 
 
-def broadcast_kernel(x: Tensor, comm: str, root: int) -> Tensor:
+def broadcast_on(x: Tensor, c: Any, root: int, comm: str = "") -> Tensor:
     on_cuda(x, "mpbind::broadcast")
-    c = _communicator(comm)
     if not 0 <= root < c.size:
-        raise UsageError(f"root {root} is not a rank of {comm} ({c.size} ranks)")
-    out = x.contiguous().clone()
-    c.broadcast(_flat(out), _flat(out), root, stream=_stream())
+        raise UsageError(f"root {root} is not a rank of {comm or 'the communicator'} ({c.size} ranks)")
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    c.broadcast(_flat(x.contiguous()), _flat(out), root, stream=stream_of(x))
     return out
 
 
-broadcast = torch.library.custom_op("mpbind::broadcast", broadcast_kernel, mutates_args=())
+def _broadcast_kernel(x: Tensor, comm: str, root: int) -> Tensor:
+    on_cuda(x, "mpbind::broadcast")
+    return broadcast_on(x, _communicator(comm), root, comm)
+
+
+broadcast = torch.library.custom_op("mpbind::broadcast", _broadcast_kernel, mutates_args=())
 
 
 @broadcast.register_fake
@@ -268,22 +267,16 @@ def _exchange_output(x: Tensor, comm: str, send_to: int, recv_from: int) -> Tens
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-def send_recv_kernel(x: Tensor, comm: str, send_to: int, recv_from: int) -> Tensor:
+def send_recv_on(x: Tensor, c: Any, send_to: int, recv_from: int, comm: str = "") -> Tensor:
     out = _exchange_output(x, comm, send_to, recv_from)
     on_cuda(x, "mpbind::send_recv")
-    c = _communicator(comm)
     _peer(c, comm, send_to, "send_to")
     _peer(c, comm, recv_from, "recv_from")
+    stream = stream_of(x)
     with nccl.group():  # one NCCL group: a ring of such exchanges does not deadlock
-        c.send(_flat(x.contiguous()), send_to, stream=_stream())
-        c.recv(_flat(out), recv_from, stream=_stream())
+        c.send(_flat(x.contiguous()), send_to, stream=stream)
+        c.recv(_flat(out), recv_from, stream=stream)
     return out
-
-
-send_recv = torch.library.custom_op("mpbind::send_recv", send_recv_kernel, mutates_args=())
-
-
-send_recv.register_fake(_exchange_output)
 
 
 def _send_recv_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
@@ -292,17 +285,23 @@ def _send_recv_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, Non
     return torch.ops.mpbind.send_recv(grad, comm, recv_from, send_to), None, None, None
 
 
-send_recv.register_autograd(_send_recv_backward, setup_context=save_arguments)
+send_recv = define("send_recv(Tensor x, str comm, int send_to, int recv_from) -> Tensor",
+                   _by_name(send_recv_on, "mpbind::send_recv"), _exchange_output,
+                   _send_recv_backward)
 
 
-def send_kernel(x: Tensor, comm: str, peer: int) -> None:
+def send_on(x: Tensor, c: Any, peer: int, comm: str = "") -> None:
     on_cuda(x, "mpbind::send")
-    c = _communicator(comm)
     _peer(c, comm, peer, "peer")
-    c.send(_flat(x.contiguous()), peer, stream=_stream())
+    c.send(_flat(x.contiguous()), peer, stream=stream_of(x))
 
 
-send = torch.library.custom_op("mpbind::send", send_kernel, mutates_args=())
+def _send_kernel(x: Tensor, comm: str, peer: int) -> None:
+    on_cuda(x, "mpbind::send")
+    send_on(x, _communicator(comm), peer, comm)
+
+
+send = torch.library.custom_op("mpbind::send", _send_kernel, mutates_args=())
 
 
 @send.register_fake
@@ -322,18 +321,18 @@ def _received(shape: list[int], dtype: torch.dtype, device: torch.device, comm: 
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def recv_kernel(shape: list[int], dtype: torch.dtype, device: torch.device, comm: str, peer: int) -> Tensor:
+def _recv_kernel(shape: list[int], dtype: torch.dtype, device: torch.device, comm: str, peer: int) -> Tensor:
     out = _received(shape, dtype, device, comm, peer)
     if out.device.type == "meta":  # no tensor argument picks the kernel: a meta recv is its shape alone
         return out
     on_cuda(out, "mpbind::recv")
     c = _communicator(comm)
     _peer(c, comm, peer, "peer")
-    c.recv(_flat(out), peer, stream=_stream())
+    c.recv(_flat(out), peer, stream=stream_of(out))
     return out
 
 
-recv = torch.library.custom_op("mpbind::recv", recv_kernel, mutates_args=())
+recv = torch.library.custom_op("mpbind::recv", _recv_kernel, mutates_args=())
 
 
 recv.register_fake(_received)

@@ -27,7 +27,8 @@ from torch import Tensor
 from mpbind.errors import UsageError
 from mpbind.fft import FORWARD, INVERSE, FFTPlan, ReshapePlan
 from mpbind.torch import _registry
-from mpbind.torch._ops import on_cuda, save_arguments
+from mpbind.torch._library import define
+from mpbind.torch._ops import on_cuda
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -101,8 +102,7 @@ def _transformed(x: Tensor, plan: str, direction: int, reverse: str) -> Tensor:
     return _output(_registry.lookup(plan, FFTPlan), x, plan, direction, reverse)
 
 
-@torch.library.custom_op("mpbind::fft", mutates_args=())
-def fft(x: Tensor, plan: str, direction: int, reverse: str) -> Tensor:
+def _fft_kernel(x: Tensor, plan: str, direction: int, reverse: str) -> Tensor:
     p = _registry.lookup(plan, FFTPlan)
     out = _output(p, x, plan, direction, reverse)
     on_cuda(x, "mpbind::fft")
@@ -110,9 +110,6 @@ def fft(x: Tensor, plan: str, direction: int, reverse: str) -> Tensor:
     src = x.contiguous()
     _on_plan_stream(p.stream, lambda: p.execute(src, direction=direction, out=out), src, out)
     return out
-
-
-fft.register_fake(_transformed)
 
 
 def _fft_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
@@ -134,7 +131,7 @@ def _fft_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
     return torch.ops.mpbind.fft(grad.contiguous(), reverse, FORWARD, plan) * mask, None, None, None
 
 
-fft.register_autograd(_fft_backward, setup_context=save_arguments)
+fft = define("fft(Tensor x, str plan, int direction, str reverse) -> Tensor", _fft_kernel, _transformed, _fft_backward)
 
 
 # --- reshape -------------------------------------------------------------------------------------------
@@ -156,17 +153,13 @@ def _moved(x: Tensor, plan: str, reverse: str) -> Tensor:
     return _moved_by(_registry.lookup(plan, ReshapePlan), x, reverse)
 
 
-@torch.library.custom_op("mpbind::reshape", mutates_args=())
-def reshape(x: Tensor, plan: str, reverse: str) -> Tensor:
+def _reshape_kernel(x: Tensor, plan: str, reverse: str) -> Tensor:
     p = _registry.lookup(plan, ReshapePlan)
     out = _moved_by(p, x, reverse)
     on_cuda(x, "mpbind::reshape")
     _on_device(x, p.device, "mpbind::reshape")
     p.execute(x.contiguous(), out=out, stream=torch.cuda.current_stream(x.device))
     return out
-
-
-reshape.register_fake(_moved)
 
 
 def _reshape_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
@@ -177,4 +170,4 @@ def _reshape_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
     return torch.ops.mpbind.reshape(grad.contiguous(), reverse, plan), None, None
 
 
-reshape.register_autograd(_reshape_backward, setup_context=save_arguments)
+reshape = define("reshape(Tensor x, str plan, str reverse) -> Tensor", _reshape_kernel, _moved, _reshape_backward)
