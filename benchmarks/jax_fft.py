@@ -12,6 +12,10 @@ Per cube n^3 (complex64), on every PE:
   it at XLA's stream, cufftSetStream, and back); ``jit_events``: a plan on a stream of its own (joined
   to XLA's by an event each way); ``eager``: the latter's ``execute``. ``ratio``, ``ratio_events``:
   jit / eager (target <= 1.15);
+* ``zero_copy_ms``: the events plan transforming its own NVSHMEM buffer in place (``execute()``: no
+  copy in or out), what a zero-copy path would take; ``copy_share``: 1 - zero_copy / eager, the share
+  of the eager (and jitted) call's time that the two copies take (a zero-copy path needs XLA's
+  operands in NVSHMEM symmetric memory, which XLA's allocator cannot give);
 * ``jit_host_us``: host time of one jitted call of the events plan (dispatch only; median);
 * ``plan_MiB``: the plan's NVSHMEM buffer, which both use; ``xla_temp_B``: the scratch XLA allocates
   for the jitted call (``memory_analysis``: 0 means nothing per call beyond the output).
@@ -69,6 +73,7 @@ def measure(comm: Any, device: Any, n: int, iters: int) -> dict[str, Any]:
         out_cp = cp.empty(p.output_shape, dtype=cp.complex64)
         eager = per_call(lambda: q.execute(x_cp, out=out_cp), lambda _: cp.cuda.runtime.deviceSynchronize(), iters,
                          comm)
+        zero_copy = per_call(lambda: q.execute(), lambda _: cp.cuda.runtime.deviceSynchronize(), iters, comm)
         x = jax.device_put(host, device)
         step = jax.jit(lambda v: mpj.fft(v, p))
         stepq = jax.jit(lambda v: mpj.fft(v, q))
@@ -85,8 +90,9 @@ def measure(comm: Any, device: Any, n: int, iters: int) -> dict[str, Any]:
             r.block_until_ready()
         analysis = stepq.lower(x).compile().memory_analysis()
         temp = int(getattr(analysis, "temp_size_in_bytes", -1)) if analysis is not None else -1
-        return {"n": n, "eager_ms": eager, "jit_ms": jit, "jit_events_ms": jit_events, "ratio": jit / eager,
-                "ratio_events": jit_events / eager, "jit_host_us": float(statistics.median(host_us)),
+        return {"n": n, "eager_ms": eager, "jit_ms": jit, "jit_events_ms": jit_events, "zero_copy_ms": zero_copy,
+                "ratio": jit / eager, "ratio_events": jit_events / eager, "copy_share": 1 - zero_copy / eager,
+                "jit_host_us": float(statistics.median(host_us)),
                 "plan_MiB": p.buffer_bytes / 2**20, "xla_temp_B": temp}
     finally:
         cp.cuda.runtime.deviceSynchronize()
@@ -115,15 +121,16 @@ def main() -> int:
             every = comm.gather(mine, root=0)
             if pe == 0:
                 slowest = dict(mine)
-                for k in ("eager_ms", "jit_ms", "jit_events_ms", "jit_host_us"):
+                for k in ("eager_ms", "jit_ms", "jit_events_ms", "zero_copy_ms", "jit_host_us"):
                     slowest[k] = max(r[k] for r in every)
                 slowest["ratio"] = slowest["jit_ms"] / slowest["eager_ms"]
                 slowest["ratio_events"] = slowest["jit_events_ms"] / slowest["eager_ms"]
+                slowest["copy_share"] = 1 - slowest["zero_copy_ms"] / slowest["eager_ms"]
                 rows.append(slowest)
         if pe == 0:
             print(f"jax {jax.__version__}; {npes} PE(s){' sharing one GPU' if a.one_gpu else ''}; complex64 C2C")
             _results.report(a.out / "jax_fft.csv", rows, f"C2C complex64, {npes} PE(s)", "n",
-                            [("ms per transform", ["eager_ms", "jit_ms", "jit_events_ms"], ""),
+                            [("ms per transform", ["eager_ms", "jit_ms", "jit_events_ms", "zero_copy_ms"], ""),
                              ("jit / eager", ["ratio", "ratio_events"], "")])
     finally:
         nvshmem.finalize()

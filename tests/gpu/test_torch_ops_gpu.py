@@ -156,12 +156,12 @@ def test_eager_calls_skip_the_dispatcher_only_when_nothing_needs_it(comm: nccl.C
     from mpbind.torch import _ops
 
     x = torch.ones(4, device="cuda")
-    assert _ops.direct(x)
+    assert _ops.direct_call(x)
     leaf = torch.ones(4, device="cuda", requires_grad=True)
-    assert not _ops.direct(leaf)  # a gradient to record: the autograd kernel must see it
+    assert not _ops.direct_call(leaf)  # a gradient to record: the autograd kernel must see it
     with torch.no_grad():
-        assert _ops.direct(leaf)
-    assert not _ops.direct(torch.ones(4))  # CPU: the dispatcher refuses it, naming the device
+        assert _ops.direct_call(leaf)
+    assert not _ops.direct_call(torch.ones(4))  # CPU: the dispatcher refuses it, naming the device
 
     seen: list[str] = []
 
@@ -171,7 +171,7 @@ def test_eager_calls_skip_the_dispatcher_only_when_nothing_needs_it(comm: nccl.C
             return func(*args, **(kwargs or {}))
 
     with Seen():
-        assert not _ops.direct(x)
+        assert not _ops.direct_call(x)
         mpt.all_reduce(x, comm)
     assert "mpbind.all_reduce.default" in seen  # the mode saw the operator
     # Both paths give the same result, and the gradient of the dispatcher's path is the adjoint.
