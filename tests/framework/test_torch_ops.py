@@ -424,3 +424,37 @@ def test_the_gradient_plans_compute_the_adjoint_products(transa: bool, transb: b
         first, second, ta, tb = gradient_operands(p, which)
         got = alpha * op(mats[first], ta) @ op(mats[second], tb)
         assert np.allclose(got, want[which]), which
+
+
+# --- the collective matmul ---
+
+
+def _collective_plan(serial: int, m: int, k: int, n: int, dtype: str, n_pes: int) -> Any:
+    """An AllGatherMatmul's description without NVSHMEM: what the fake kernel reads."""
+    from mpbind.collective import AllGatherMatmul
+
+    p = AllGatherMatmul.__new__(AllGatherMatmul)
+    p.m, p.k, p.n, p.dtype, p.n_pes, p.pe, p.method = m, k, n, dtype, n_pes, 0, "host"
+    p._serial, p._closed = serial, False
+    return p
+
+
+def test_the_collective_matmul_operator() -> None:
+    p = _collective_plan(10_000_041, 5, 8, 6, "bfloat16", 3)  # an odd m: uneven halves
+    try:
+        x, w = meta(5, 8, dtype=torch.bfloat16, grad=False), meta(8, 6, dtype=torch.bfloat16, grad=False)
+        checked = torch.library.opcheck(OPS.all_gather_matmul.default, (x, w, mpt.name_of(p)))
+        assert set(checked.values()) == {"SUCCESS"}, checked
+        out = mpt.all_gather_matmul(x, w, p)
+        assert tuple(out.shape) == (15, 6) and out.dtype == torch.bfloat16
+        with pytest.raises(UsageError, match=r"x must be bfloat16 \[5, 8\] \(this PE's rows\), not float16 \[5, 8\]"):
+            mpt.all_gather_matmul(x.to(torch.float16), w, p)
+        with pytest.raises(UsageError, match=r"w must be bfloat16 \[8, 6\]"):
+            mpt.all_gather_matmul(x, meta(6, 8, dtype=torch.bfloat16, grad=False), p)
+        with pytest.raises(UsageError, match="mpbind::all_gather_matmul has no gradient"):
+            mpt.all_gather_matmul(x.requires_grad_(), w, p).float().sum().backward()
+        torch.compiler.reset()
+        explained = torch._dynamo.explain(lambda a, b: mpt.all_gather_matmul(a * 2, b, p))(x.detach(), w)
+        assert explained.graph_break_count == 0
+    finally:
+        mpt.forget(p)

@@ -33,6 +33,7 @@ mpbind.load_libraries("nvshmem")  # before torch maps its own NVSHMEM: ours is t
 import torch  # noqa: E402
 from runner import Check, Checks, Report, expect, expect_raises, load_example, main  # noqa: E402
 
+import mpbind.torch as mpt  # noqa: E402
 from mpbind import _core, nvshmem  # noqa: E402
 from mpbind import kernels as nk  # noqa: E402
 from mpbind.bindings import nvshmem as flat_nvshmem  # noqa: E402
@@ -211,6 +212,24 @@ def collective_matmul_checks(c: Ctx) -> Iterator[Check]:
         yield "refuse.x_not_contiguous", lambda: refused(lambda: agmm(x.t().contiguous().t(), w), "x")
         yield "after_refusals.still_works", lambda: ex.check(agmm(x, w), torch.cat(
             [ex.operands(p, n_pes, 64, 128, 32, torch.float16)[0] for p in range(n_pes)]), w) and None
+    with AllGatherMatmul(64, 128, 32, "float16", method=method, gemm=exact_gemm if shared else None) as agmm:
+        def operator() -> str:
+            """mpbind.torch.all_gather_matmul, eager and compiled (fullgraph), gives the plan's own result;
+            a capture is refused before anything is queued."""
+            ref = agmm(x, w).clone()
+            eager = mpt.all_gather_matmul(x, w, agmm)
+            step = torch.compile(lambda a, b: mpt.all_gather_matmul(a, b, agmm), fullgraph=True, backend="aot_eager")
+            compiled = step(x, w)
+            torch.cuda.synchronize()
+            expect(torch.equal(eager, ref) and torch.equal(compiled, ref), "the operator differs from the plan")
+            graph = torch.cuda.CUDAGraph()
+            side = torch.cuda.Stream()
+            with torch.cuda.stream(side):
+                text = expect_raises(UsageError, lambda: _captured(graph, x, w, agmm), "a capture", "CUDA graph")
+            mpt.forget(agmm)
+            return f"eager and compiled equal the plan's; {text[:60]}"
+
+        yield "torch_operator.eager_compiled_refused_in_capture", operator
     # Arguments that differ between PEs, or that one PE refuses: the same error on every PE.
     yield "refuse.n_differs", lambda: refused(
         lambda: AllGatherMatmul(64, 128, 32 + 32 * (pe == n_pes - 1), "float16"), "same arguments on every PE")
@@ -220,6 +239,11 @@ def collective_matmul_checks(c: Ctx) -> Iterator[Check]:
                                                     "refused on PE 0")
     nvshmem.barrier_all()
     yield "barrier.after_refusals", lambda: None
+
+
+def _captured(graph: Any, x: Any, w: Any, agmm: Any) -> None:
+    with torch.cuda.graph(graph):
+        mpt.all_gather_matmul(x, w, agmm)
 
 
 def exact_gemm(a: Any, b: Any, out: Any) -> None:

@@ -39,6 +39,7 @@ objects: make, call and close them on every PE in the same order.
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -116,6 +117,7 @@ _PROBLEMS = {
     6: "the ring buffers (2 * P * m * k elements) and out (P * m x n) must fit an int64 of bytes",
 }
 DEFAULT_CTAS = 16
+_serials = itertools.count(1)  # each plan's number in this process (the torch operator names it by it)
 
 
 def _local_problem(m: Any, k: Any, n: Any, dtype: Any, method: Any, ctas: Any, *,
@@ -229,6 +231,24 @@ class AllGatherMatmul(Uncopyable):
                 self.ctas = smallest(NVSHMEMProcessGroup(), fits)
         nvshmem.barrier_all()  # every PE's buffers exist and are zeroed before any put
         self._closed = False
+        self._serial = next(_serials)
+
+    @property
+    def serial(self) -> int:
+        """This plan's number in the process (creation order)."""
+        return self._serial
+
+    @property
+    def closed(self) -> bool:
+        return getattr(self, "_closed", True)
+
+    # Identity, spelled out: torch.compile takes an object as a constant only when its class defines
+    # equality and hashing (mpbind.torch registers the classes its operators take).
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
 
     def _load_kernel(self) -> None:
         from mpbind import kernels as nk

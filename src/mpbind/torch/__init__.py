@@ -44,15 +44,17 @@ from torch import Tensor
 from mpbind._infra import args as _args
 from mpbind.errors import UsageError
 from mpbind.fft import FORWARD, INVERSE, FFTPlan, ReshapePlan
+from mpbind.collective import AllGatherMatmul
 from mpbind.matmul import PlannedMatmul
 from mpbind.nccl import Communicator
-from mpbind.torch import _matmul_ops, _ops, _plan_ops  # noqa: F401 - registers the operators
+from mpbind.torch import _collective_ops, _matmul_ops, _ops, _plan_ops  # noqa: F401 - registers the operators
 from mpbind.torch._ops import REDUCTIONS
 from mpbind.torch._registry import forget, lookup, name_of, registered
 
 __all__ = [
     "REDUCTIONS",
     "all_gather",
+    "all_gather_matmul",
     "all_reduce",
     "all_reduce_",
     "all_to_all",
@@ -90,7 +92,7 @@ def _constants(*classes: type) -> None:
             register(cls)
 
 
-_constants(Communicator, FFTPlan, ReshapePlan, PlannedMatmul)
+_constants(Communicator, FFTPlan, ReshapePlan, PlannedMatmul, AllGatherMatmul)
 
 
 def _tensor(x: Any) -> Tensor:
@@ -251,6 +253,16 @@ def matmul(a: Tensor, b: Tensor, plan: Any, c: Tensor | None = None, *, grad_a: 
     if _ops.direct_call(a) and not any(t is not None and t.requires_grad for t in (b, c)):
         return _matmul_ops.matmul_on(_object(plan, PlannedMatmul, "plan"), a, b, c, name)
     return torch.ops.mpbind.matmul(_tensor(a), _tensor(b), c, name, *back)
+
+
+def all_gather_matmul(x: Tensor, w: Tensor, plan: Any) -> Tensor:
+    """``all_gather(x) @ w`` by `plan` (an :class:`mpbind.collective.AllGatherMatmul`, or its name): this
+    PE's rows `x` ``[m, k]`` and columns `w` ``[k, n]`` give ``[P*m, n]``, on torch's current stream, as
+    a new tensor. Collective (every PE of the plan). No gradient; not in CUDA graphs (the plan counts
+    its calls on the host)."""
+    if _ops.direct_call(x) and not w.requires_grad:
+        return _collective_ops.all_gather_matmul_on(_object(plan, AllGatherMatmul, "plan"), x, w)
+    return torch.ops.mpbind.all_gather_matmul(_tensor(x), _tensor(w), _plan_name(plan, AllGatherMatmul)[0])
 
 
 def gradient_plans(comm: Any, plan: Any, **options: Any) -> tuple[PlannedMatmul, PlannedMatmul]:
