@@ -338,16 +338,23 @@ public:
     }
 
     // The matmul on the operands at `ptrs`, queued on `stream` by a framework's launch (no GIL;
-    // handle->calls held): the library's status.
+    // handle->calls held): the library's status. The handle is pointed at `stream` for the call and
+    // back after it, so that the layer's calls keep the handle's own stream as their default.
     cublasMpStatus_t launch(uintptr_t stream, const Pointers& ptrs) {
-        if (handle->stream != stream) {
-            cublasMpStatus_t st = api().cublasMpSetStream.ptr(handle->handle, reinterpret_cast<void*>(stream));
+        auto set_stream = api().cublasMpSetStream.ptr;
+        uintptr_t own = handle->stream;
+        if (own != stream) {
+            cublasMpStatus_t st = set_stream(handle->handle, reinterpret_cast<void*>(stream));
             if (st != success) return st;
-            handle->stream = stream;
         }
         void* dws = workspace ? workspace->ptr : nullptr;
         void* hws = host_workspace.empty() ? nullptr : host_workspace.data();
-        return raw(api().cublasMpMatmul, ptrs, dws, device_bytes, hws, host_bytes);
+        cublasMpStatus_t st = raw(api().cublasMpMatmul, ptrs, dws, device_bytes, hws, host_bytes);
+        if (own != stream) {
+            cublasMpStatus_t back = set_stream(handle->handle, reinterpret_cast<void*>(own));
+            if (st == success) st = back;
+        }
+        return st;
     }
 
     void size_workspaces() { with_operands(api().cublasMpMatmul_bufferSize, Pointers{}, &device_bytes, &host_bytes); }

@@ -484,6 +484,8 @@ def matmul_plan(comm: Communicator, a: Any, b: Any, d: Any, *, c: Any = None, **
     pieces: dict[str, Any] = {}
     try:
         _require()
+        if a is None or b is None or d is None:
+            raise TypeError("matmul_plan: a, b and d are required (JAX arrays or jax.ShapeDtypeStructs)")
         if fixed:
             raise UsageError(f"matmul_plan: {', '.join(fixed)} cannot be launched from a compiled program (the "
                              "descriptor holds their pointers)")
