@@ -42,9 +42,9 @@ except ModuleNotFoundError as _exc:  # pragma: no cover - depends on the environ
 from torch import Tensor
 
 from mpbind._infra import args as _args
+from mpbind.collective import AllGatherMatmul
 from mpbind.errors import UsageError
 from mpbind.fft import FORWARD, INVERSE, FFTPlan, ReshapePlan
-from mpbind.collective import AllGatherMatmul
 from mpbind.matmul import PlannedMatmul
 from mpbind.nccl import Communicator
 from mpbind.torch import _collective_ops, _matmul_ops, _ops, _plan_ops  # noqa: F401 - registers the operators
