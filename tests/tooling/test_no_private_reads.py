@@ -77,6 +77,8 @@ THIRD_PARTY: dict[tuple[str, str], str] = {
     ("tests/gpu/tp_layers_suite.py", "torch._scaled_mm"): "PyTorch's FP8 GEMM, the reference of the FP8 layers",
     ("tests/gpu/torch_fft_suite.py", "torch._dynamo"):
         "torch._dynamo.explain: the graph-break count of a function, which torch.compile has no public form of",
+    ("tests/gpu/test_torch_matmul_gpu.py", "torch._dynamo"):
+        "torch._dynamo.explain: the graph-break count of a function, which torch.compile has no public form of",
     ("examples/tp_mlp.py", "torch._dynamo"):
         "torch._dynamo.explain: the graph-break count of a function, which torch.compile has no public form of",
     ("benchmarks/nvshmem_latency.py", "uid._data"):
