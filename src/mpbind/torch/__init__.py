@@ -250,7 +250,7 @@ def matmul(a: Tensor, b: Tensor, plan: Any, c: Tensor | None = None, *, grad_a: 
     (:func:`gradient_plans`)."""
     name = _plan_name(plan, PlannedMatmul)[0]
     back = ["" if g is None else _plan_name(g, PlannedMatmul)[0] for g in (grad_a, grad_b)]
-    if _ops.direct_call(a) and not any(t is not None and t.requires_grad for t in (b, c)):
+    if _ops.direct_call(a) and all(t is None or (type(t) is Tensor and not t.requires_grad) for t in (b, c)):
         return _matmul_ops.matmul_on(_object(plan, PlannedMatmul, "plan"), a, b, c, name)
     return torch.ops.mpbind.matmul(_tensor(a), _tensor(b), c, name, *back)
 
@@ -260,7 +260,7 @@ def all_gather_matmul(x: Tensor, w: Tensor, plan: Any) -> Tensor:
     PE's rows `x` ``[m, k]`` and columns `w` ``[k, n]`` give ``[P*m, n]``, on torch's current stream, as
     a new tensor. Collective (every PE of the plan). No gradient; not in CUDA graphs (the plan counts
     its calls on the host)."""
-    if _ops.direct_call(x) and not w.requires_grad:
+    if _ops.direct_call(x) and type(w) is Tensor and not w.requires_grad:
         return _collective_ops.all_gather_matmul_on(_object(plan, AllGatherMatmul, "plan"), x, w)
     return torch.ops.mpbind.all_gather_matmul(_tensor(x), _tensor(w), _plan_name(plan, AllGatherMatmul)[0])
 
