@@ -93,8 +93,19 @@ public:
     // Held around setting the stream and the call on it: a framework's launch (no GIL) and the
     // layer's own calls on this handle take turns.
     std::mutex calls;
-    // `calls`, taken without holding the GIL while waiting (a launch holding it needs no GIL).
+    // `calls` for one of the layer's calls. A launch holds it while it queues its work: waited for as
+    // every wait of the layer is (the GIL let go, Ctrl-C honoured, the process's deadline).
     std::unique_lock<std::mutex> take_calls() {
+        std::unique_lock<std::mutex> lock(calls, std::defer_lock);
+        if (!lock.try_lock()) {
+            wait_until("a cuBLASMp call of another thread on this handle", default_timeout(),
+                       [&] { return lock.try_lock(); });
+        }
+        return lock;
+    }
+    // `calls` for a release, which raises nothing: waited for until the launch under way has queued
+    // its work, the GIL let go.
+    std::unique_lock<std::mutex> take_calls_to_release() {
         std::unique_lock<std::mutex> lock(calls, std::try_to_lock);
         if (!lock.owns_lock()) {
             nb::gil_scoped_release release;
@@ -427,7 +438,7 @@ public:
 
 protected:
     void release() override {
-        auto turn = handle->take_calls();  // after a launch under way (releasing() is set: no new one starts)
+        auto turn = handle->take_calls_to_release();  // after a launch under way (releasing() is set: none starts)
         if (graph_exec) cu::api().cuGraphExecDestroy.ptr(graph_exec);
         if (graph) cu::api().cuGraphDestroy.ptr(graph);
         graph_exec = graph = nullptr;
