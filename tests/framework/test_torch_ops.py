@@ -273,6 +273,14 @@ def test_r2c_and_c2r_gradients_run_through_the_plan_of_the_other_kind() -> None:
             mpt.fft(x, r2c, reverse=c2c)
         with pytest.raises(UsageError, match="a c2c plan's gradient runs through"):
             mpt.fft(meta(*c2c.input_shape, dtype=torch.complex64), c2c, reverse=r2c)
+        # rank 0's C2R: pieces of the same shapes, elsewhere in the spectrum (its bins would be weighed wrong)
+        elsewhere = _fft_plan(10_000_024, (8, 6, 5), "complex64", 2, 0)
+        elsewhere._place(plan_fft((8, 6, 5), "complex64", 2, kind="c2r", input=r2c.spec.output,
+                                  output=r2c.spec.input), 0, 0, None)
+        assert (elsewhere.input_shape, elsewhere.output_shape) == (c2r.input_shape, c2r.output_shape)
+        with pytest.raises(UsageError, match="must be a c2r plan of the global shape .* from this plan's output piece"):
+            mpt.fft(x, r2c, reverse=elsewhere)
+        mpt.forget(elsewhere)
     finally:
         mpt.forget(r2c), mpt.forget(c2r), mpt.forget(c2c)
 

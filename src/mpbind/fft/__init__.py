@@ -531,6 +531,23 @@ class FFTPlan(_Plan[FFTSpec]):
         first, last = max(lo, 1), min(up, (n + 1) // 2)  # interior k: 1 .. ceil(n/2) - 1
         return slice(first - lo, max(last - lo, first - lo))
 
+    def check_reverse(self, reverse: FFTPlan, what: str = "reverse") -> None:
+        """Raise UsageError unless `reverse` runs this R2C (C2R) plan's transform back on this rank:
+        the plan of the other kind, of the same global shape, from this plan's output piece to its
+        input piece, boxes included (a gradient weighs this rank's bins by where they lie in the
+        spectrum, so pieces of the same shape elsewhere would give a wrong one). `what` names it."""
+        want = {"r2c": "c2r", "c2r": "r2c"}.get(self.kind)
+        if want is None:
+            raise UsageError(f"a c2c plan's gradient runs through the plan itself: {what} must be empty")
+        if not isinstance(reverse, FFTPlan):
+            raise TypeError(f"{what} must be an mpbind.fft.FFTPlan, not {type(reverse).__name__}")
+        if reverse.kind != want or reverse.shape != self.shape or \
+                (reverse.input_shape, reverse.output_shape) != (self.output_shape, self.input_shape) or \
+                (reverse.input_box, reverse.output_box) != (self.output_box, self.input_box):
+            raise UsageError(f"{what} must be a {want} plan of the global shape {self.shape} from this plan's "
+                             f"output piece {self.output_box} to its input piece {self.input_box}, not a "
+                             f"{reverse.kind} plan of {reverse.shape} from {reverse.input_box} to {reverse.output_box}")
+
     def _register_launch(self) -> int:
         return int(_core.cufftmp.launch_register_fft(self._executor))
 

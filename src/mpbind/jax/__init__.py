@@ -384,16 +384,8 @@ def fft(x: Any, plan: FFTPlan, direction: int | str | None = None, *, reverse: F
 
 def _reverse(plan: FFTPlan, reverse: Any) -> _Call:
     """The call of `reverse`, checked to run `plan`'s transform back on this rank."""
-    if not isinstance(reverse, FFTPlan):
-        raise TypeError(f"fft: reverse must be an mpbind.fft.FFTPlan, not {type(reverse).__name__}")
+    plan.check_reverse(reverse, "fft: reverse")
     want = {"r2c": "c2r", "c2r": "r2c"}[plan.kind]
-    # boxes, not only shapes: the transpose weighs this rank's bins by where they are in the spectrum
-    if reverse.kind != want or reverse.shape != plan.shape or \
-            (reverse.input_shape, reverse.output_shape) != (plan.output_shape, plan.input_shape) or \
-            (reverse.input_box, reverse.output_box) != (plan.output_box, plan.input_box):
-        raise UsageError(f"fft: reverse must be a {want} plan of the global shape {plan.shape} from this plan's "
-                         f"output pieces {plan.output_shape} to its inputs {plan.input_shape}, not a {reverse.kind} "
-                         f"plan of {reverse.shape} from {reverse.input_shape} to {reverse.output_shape}")
     _, _, out_shape, out_dtype = reverse.pieces()
     return (reverse.launch_id, INVERSE if want == "c2r" else FORWARD, tuple(out_shape), out_dtype)
 

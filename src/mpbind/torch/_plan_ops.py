@@ -77,15 +77,9 @@ def _sides(p: FFTPlan, direction: int) -> tuple[tuple[int, ...], str, tuple[int,
 
 def _check_reverse(p: FFTPlan, plan: str, reverse: str) -> None:
     """`reverse` (an R2C plan's C2R, or the reverse) runs this plan's transform back on this rank."""
-    r = _registry.lookup(reverse, FFTPlan)
-    want = {"r2c": "c2r", "c2r": "r2c"}.get(p.kind)
-    if want is None:
+    if p.kind == "c2c":
         raise UsageError(f"a c2c plan's gradient runs through {plan} itself: reverse must be empty")
-    if r.kind != want or (r.input_shape, r.output_shape) != (p.output_shape, p.input_shape) \
-            or r.shape != p.shape:
-        raise UsageError(f"reverse ({reverse}) must be a {want} plan of the global shape {p.shape} from this plan's "
-                         f"output pieces {p.output_shape} to its inputs {p.input_shape}, not a {r.kind} plan of "
-                         f"{r.shape} from {r.input_shape} to {r.output_shape}")
+    p.check_reverse(_registry.lookup(reverse, FFTPlan), f"reverse ({reverse})")
 
 
 def _output(p: FFTPlan, x: Tensor, plan: str, direction: int, reverse: str) -> Tensor:
