@@ -637,10 +637,10 @@ Status matmul(uint64_t id, uintptr_t stream, int device, const std::array<const 
     for (size_t i = 0; i < 4; ++i) {
         if (l->slots[i].used && ptrs[i]) at[i] = reinterpret_cast<uintptr_t>(ptrs[i]) + l->slots[i].offset;
     }
-    nccl::ForeignLaunch watched(p.comm(), "cublasmp.matmul", stream);
-    if (!watched.refused.ok()) return watched.refused;
+    nccl::LaunchGuard held(p.comm(), "cublasmp.matmul", stream);
+    if (!held.refused.ok()) return held.refused;
     cublasMpStatus_t st = p.launch(stream, at);
-    watched.done(st == success);
+    held.done(st == success);
     if (st != success) return Status::failed(name + ": cublasMpMatmul failed with status " + std::to_string(st));
     return {};
 }

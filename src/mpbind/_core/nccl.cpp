@@ -1077,12 +1077,14 @@ constexpr const char* kLaunchNames[] = {"all_reduce", "all_gather", "reduce_scat
 
 }  // namespace
 
-ForeignLaunch::ForeignLaunch(CommState& s, const char* op, uintptr_t stream)
+LaunchGuard::LaunchGuard(CommState& s, const char* op, uintptr_t stream, const std::string& what, uint64_t count,
+                         int64_t bytes, const char* dtype)
     : comm_(s), handle_(s.watch->comm_mu), stream_(stream) {
     CommWatch& w = *s.watch;
     if (s.releasing() || w.gone.load()) {
-        refused = (w.flags.load() & CommWatch::kFailed) ? failure_status(w)
-                                                        : launch::Status::invalid(w.label + ": the communicator is closed");
+        refused = (w.flags.load() & CommWatch::kFailed)
+                      ? failure_status(w)
+                      : launch::Status::invalid((what.empty() ? w.label : what) + ": the communicator is closed");
         return;
     }
     uint32_t f = w.flags.load(std::memory_order_seq_cst);
@@ -1091,22 +1093,26 @@ ForeignLaunch::ForeignLaunch(CommState& s, const char* op, uintptr_t stream)
         return;
     }
     if (f & CommWatch::kWatched) {
-        w.in_call.store(1, std::memory_order_seq_cst);  // as launch::collective
+        w.in_call.store(1, std::memory_order_seq_cst);  // as run_flagged(): Dekker with CommWatch::fail()
         if (w.flags.load(std::memory_order_seq_cst) & CommWatch::kFailed) {
             w.in_call.store(0);
             refused = failure_status(w);
             return;
         }
-        seq_ = w.begin(op, 0, -1, "", -1, stream);
+        seq_ = w.begin(op, count, bytes, dtype, -1, stream);
     }
 }
 
-void ForeignLaunch::done(bool ok) {
+void LaunchGuard::returned() {
+    if (seq_ != 0) comm_.watch->in_call.store(0, std::memory_order_release);
+}
+
+void LaunchGuard::done(bool ok) {
     if (seq_ == 0) return;
     uint64_t seq = seq_;
+    returned();
     seq_ = 0;
     CommWatch& w = *comm_.watch;
-    w.in_call.store(0, std::memory_order_release);
     if (ok) {
         w.enqueued(seq, stream_);
     } else {
@@ -1153,37 +1159,19 @@ Status collective(uint64_t id, Collective kind, uintptr_t stream, int device, co
                                " out do not fit this collective on " + std::to_string(ranks) + " ranks");
     }
     if (count == 0) return {};
-    std::lock_guard<std::mutex> handle(w.comm_mu);  // a release or the watchdog's abort waits for the call
-    if (s.releasing() || w.gone.load()) {
-        if (w.flags.load() & CommWatch::kFailed) return failure_status(w);
-        return Status::invalid(where + ": the communicator is closed");
-    }
-    uint32_t f = w.flags.load(std::memory_order_seq_cst);
-    if (f & CommWatch::kFailed) return failure_status(w);
-    uint64_t seq = 0;
-    if (f & CommWatch::kWatched) {
-        w.in_call.store(1, std::memory_order_seq_cst);  // as run_flagged(): Dekker with CommWatch::fail()
-        if (w.flags.load(std::memory_order_seq_cst) & CommWatch::kFailed) {
-            w.in_call.store(0);
-            return failure_status(w);
-        }
-        seq = w.begin(name, count, static_cast<int64_t>(count * size), kTypeNames[dtype], -1, stream);
-    }
+    // the communicator held for the call (a release or the watchdog's abort waits for it), refused when
+    // closed or failed, the call in its flight record when watched
+    LaunchGuard held(s, name, stream, where, count, static_cast<int64_t>(count * size), kTypeNames[dtype]);
+    if (!held.refused.ok()) return held.refused;
     ncclResult_t status = issue_launch(kind, s, send, recv, count, dtype, op, stream);
-    if (seq) w.in_call.store(0, std::memory_order_release);
+    held.returned();
     Status out;
     if (status == in_progress) {
         out = settle_launch(s, name);
     } else if (status != success) {
         out = Status::failed(std::string("nccl") + name + " failed with " + result_name(status));
     }
-    if (seq) {
-        if (out.ok()) {
-            w.enqueued(seq, stream);
-        } else {
-            w.call_failed(seq);
-        }
-    }
+    held.done(out.ok());
     return out;
 }
 

@@ -91,17 +91,21 @@ using Communicator = Ref<CommState>;
 uint64_t begin_foreign(CommState& comm, const char* op, uintptr_t stream);
 void end_foreign(CommState& comm, uint64_t seq, uintptr_t stream, bool ok);
 
-// The same for another library's work launched over `comm` from a framework's program (no GIL,
-// failures as a Status): while it lives it holds the communicator's handle (a release or the
-// watchdog's abort waits for the call), refuses a closed or failed communicator (`refused`), and
-// notes the operation while watched. done() says whether the work was enqueued.
-class ForeignLaunch {
+// A launch's hold on the communicator its work runs over (launch.hpp: no GIL, failures as a Status),
+// for NCCL's own collectives and another library's work over it (a cuBLASMp matmul). While it lives
+// it holds the communicator's handle (a release or the watchdog's abort waits for the call); it
+// refuses a closed or failed communicator (`refused`, naming `what`, else the communicator) and,
+// while watched, notes the operation in the flight record. returned(): the library call returned;
+// done(): whether the work was enqueued (a guard dropped without it counts as not enqueued).
+class LaunchGuard {
 public:
-    ForeignLaunch(CommState& comm, const char* op, uintptr_t stream);
-    ~ForeignLaunch() { done(false); }
-    ForeignLaunch(const ForeignLaunch&) = delete;
-    ForeignLaunch& operator=(const ForeignLaunch&) = delete;
+    LaunchGuard(CommState& comm, const char* op, uintptr_t stream, const std::string& what = {},
+                uint64_t count = 0, int64_t bytes = -1, const char* dtype = "");
+    ~LaunchGuard() { done(false); }
+    LaunchGuard(const LaunchGuard&) = delete;
+    LaunchGuard& operator=(const LaunchGuard&) = delete;
     launch::Status refused;  // !ok(): do not call the library
+    void returned();
     void done(bool ok);
 
 private:

@@ -392,7 +392,10 @@ class PlannedMatmul(Owned):
         """Operand name -> (shape, dtype) of the local array this rank's launches are given: the
         column-major array ``execute`` takes (a replicated operand: the whole array), packed
         (leading dimension = rows)."""
-        return {o.name: (o.given_shape(self._rank), o.dtype) for o in self.plan.operands}
+        pieces = self.__dict__.get("_pieces")
+        if pieces is None:  # the plan and the rank never change: worked out once (the operators' hot path)
+            pieces = self._pieces = {o.name: (o.given_shape(self._rank), o.dtype) for o in self.plan.operands}
+        return dict(pieces)
 
     @property
     def launch_id(self) -> int:
@@ -437,6 +440,7 @@ class PlannedMatmul(Owned):
     _device: int
     _launch: int | None
     _fixed: list[str]
+    _pieces: dict[str, tuple[tuple[int, int], str]]
     _algo_type: cublasmp.MatmulAlgoType | int | None
     _matmul: cublasmp.Matmul | None
     _matmul_plan: Any  # the core's MatmulPlan under _matmul, or None

@@ -248,10 +248,13 @@ def matmul(a: Tensor, b: Tensor, plan: Any, c: Tensor | None = None, *, grad_a: 
     ``(c, r)`` tensor of an ``r x c`` column-major piece (its transpose: ``plan.launch_pieces()``,
     transposed). Collective. Its gradient runs through `grad_a` and `grad_b`, the plans of dA and dB
     (:func:`gradient_plans`)."""
+    if _ops.direct_call(a) and all(t is None or (type(t) is Tensor and not t.requires_grad) for t in (b, c)):
+        for g, what in ((grad_a, "grad_a"), (grad_b, "grad_b")):
+            if g is not None:  # checked as the operator's path does, though no gradient is taken here
+                _object(g, PlannedMatmul, what)
+        return _matmul_ops.matmul_on(_object(plan, PlannedMatmul, "plan"), a, b, c)
     name = _plan_name(plan, PlannedMatmul)[0]
     back = ["" if g is None else _plan_name(g, PlannedMatmul)[0] for g in (grad_a, grad_b)]
-    if _ops.direct_call(a) and all(t is None or (type(t) is Tensor and not t.requires_grad) for t in (b, c)):
-        return _matmul_ops.matmul_on(_object(plan, PlannedMatmul, "plan"), a, b, c, name)
     return torch.ops.mpbind.matmul(_tensor(a), _tensor(b), c, name, *back)
 
 
