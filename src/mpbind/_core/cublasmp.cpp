@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -585,12 +586,19 @@ struct MatmulLaunch {
 
 constexpr const char* kOperandNames[] = {"a", "b", "c", "d"};
 
-// The bytes from a piece's first element to past its last (rows x cols, columns lld apart).
+// The bytes from a piece's first element to past its last (rows x cols, columns lld apart); SIZE_MAX
+// where that overflows (no buffer holds it: refused).
 size_t piece_extent(const MatrixState& m) {
     Piece p = piece_of(m);
     if (p.rows == 0 || p.cols == 0) return 0;
     auto itemsize = static_cast<size_t>(arrays::info(p.dtype).itemsize);
-    return (static_cast<size_t>(p.cols - 1) * static_cast<size_t>(p.lld) + static_cast<size_t>(p.rows)) * itemsize;
+    size_t span = 0, elements = 0, bytes = 0;
+    if (__builtin_mul_overflow(static_cast<size_t>(p.cols - 1), static_cast<size_t>(p.lld), &span) ||
+        __builtin_add_overflow(span, static_cast<size_t>(p.rows), &elements) ||
+        __builtin_mul_overflow(elements, itemsize, &bytes)) {
+        return SIZE_MAX;
+    }
+    return bytes;
 }
 
 std::array<unsigned char, 16> scalar_bytes(nb::bytes b, const char* what) {
