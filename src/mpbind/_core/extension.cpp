@@ -42,6 +42,7 @@ NB_MODULE(_core, m) {
     mpbind::register_nvshmem(m);
     mpbind::register_cufftmp(m);
     mpbind::register_abi(m);
+    mpbind::register_torch(m);
 #ifdef MPBIND_XLA_FFI
     mpbind::register_xla(m);
 #endif

@@ -15,6 +15,7 @@ void register_cublasmp(nanobind::module_& m);  // cublasmp.cpp: mpbind._core.cub
 void register_nvshmem(nanobind::module_& m);   // nvshmem.cpp: mpbind._core.nvshmem
 void register_cufftmp(nanobind::module_& m);   // cufftmp.cpp: mpbind._core.cufftmp
 void register_abi(nanobind::module_& m);       // capi.cpp: mpbind._core._abi, the function tables
+void register_torch(nanobind::module_& m);     // torch_ops.cpp: the collectives as torch operators
 void register_arrays(nanobind::module_& m);    // arrays.cpp: array_info, dtype_info, stream_handle
 #ifdef MPBIND_XLA_FFI
 void register_xla(nanobind::module_& m);       // xla_ffi.cpp: mpbind._core.xla (built with jaxlib's FFI headers)
