@@ -173,7 +173,39 @@ def test_eager_calls_skip_the_dispatcher_only_when_nothing_needs_it(comm: nccl.C
     with Seen():
         assert not _ops.direct_call(x)
         mpt.all_reduce(x, comm)
-    assert "mpbind.all_reduce.default" in seen  # the mode saw the operator
+    native = "mpbind.nccl_all_reduce.default" if mpt.CPP_OPERATORS else "mpbind.all_reduce.default"
+    assert native in seen  # the mode saw the operator
     # Both paths give the same result, and the gradient of the dispatcher's path is the adjoint.
     y = torch.arange(6.0, device="cuda")
     assert torch.equal(mpt.all_gather(y, comm), torch.ops.mpbind.all_gather(y, mpt.name_of(comm), 1))
+
+
+def test_the_cpp_operators_run_the_collectives_here(comm: nccl.Communicator) -> None:
+    # Where torch has CUDA the functions run the C++ operators (mpbind::nccl_all_reduce, ...), eagerly and
+    # in compiled code, which calls them with no Python kernel; they refuse what they cannot run.
+    from torch._inductor.utils import run_and_get_code
+
+    assert mpt.CPP_OPERATORS, mpt.CPP_OPERATORS_REASON
+    ops = torch.ops.mpbind
+    x = torch.randn(6, 4, device="cuda")
+    assert torch.equal(ops.nccl_all_reduce(x, comm.launch_id, 0), x)
+    torch.compiler.reset()
+    f = torch.compile(lambda t: mpt.reduce_scatter(mpt.all_gather(mpt.all_reduce(t * 2, comm), comm), comm),
+                      fullgraph=True)
+    out, code = run_and_get_code(f, x)
+    assert torch.equal(out, 2 * x)
+    assert all(f"torch.ops.mpbind.{n}.default" in "".join(code) for n in ("nccl_all_reduce", "nccl_all_gather",
+                                                                             "nccl_reduce_scatter"))
+    assert "torch.ops.mpbind.all_reduce" not in "".join(code)
+    with pytest.raises(RuntimeError, match="no communicator is registered under id 0"):
+        ops.nccl_all_reduce(x, 0, 0)
+    with pytest.raises(RuntimeError, match="mpbind::nccl_all_reduce takes CUDA tensors, not a cpu tensor"):
+        ops.nccl_all_reduce(x.cpu(), comm.launch_id, 0)
+    with pytest.raises(RuntimeError, match="takes a contiguous tensor"):
+        ops.nccl_all_reduce(x.t(), comm.launch_id, 0)
+    with pytest.raises(RuntimeError, match="only sum and avg are defined over complex tensors"):
+        ops.nccl_all_reduce(torch.ones(2, dtype=torch.complex64, device="cuda"), comm.launch_id, 2)
+    with pytest.raises(RuntimeError, match="do not fit this collective on 1 ranks"):
+        ops.nccl_all_gather(x, comm.launch_id, 2)  # traced for two ranks, run on one
+    with pytest.raises(RuntimeError, match="NCCL has no type"):
+        ops.nccl_all_reduce(torch.ones(2, dtype=torch.bool, device="cuda"), comm.launch_id, 0)

@@ -47,11 +47,18 @@ from mpbind.errors import UsageError
 from mpbind.fft import FORWARD, INVERSE, FFTPlan, ReshapePlan
 from mpbind.matmul import PlannedMatmul
 from mpbind.nccl import Communicator
-from mpbind.torch import _collective_ops, _matmul_ops, _ops, _plan_ops  # noqa: F401 - registers the operators
+from mpbind.torch import _collective_ops, _matmul_ops, _native, _ops, _plan_ops  # noqa: F401 - registers the operators
 from mpbind.torch._ops import REDUCTIONS
 from mpbind.torch._registry import forget, lookup, name_of, registered
 
+#: Whether the collectives run as C++ operators here (``torch.ops.mpbind.nccl_all_reduce``, ...: where
+#: torch has CUDA and its stable C shim has what they need); :data:`CPP_OPERATORS_REASON` says why not.
+CPP_OPERATORS: bool = _native.AVAILABLE
+CPP_OPERATORS_REASON: str = _native.REASON
+
 __all__ = [
+    "CPP_OPERATORS",
+    "CPP_OPERATORS_REASON",
     "REDUCTIONS",
     "all_gather",
     "all_gather_matmul",
@@ -121,6 +128,21 @@ def _resolve(comm: Any) -> tuple[str, int]:
     return name_of(c), c.size
 
 
+@torch.compiler.assume_constant_result
+def _launched(comm: Any) -> tuple[int, int]:
+    """(launch id, size) of a Communicator or of a registered name, for the C++ operators: constants
+    to the compiler, like :func:`_resolved`."""
+    c = _object(comm, Communicator, "comm")
+    return c.launch_id, c.size
+
+
+def _native_call(x: Any) -> bool:
+    """Whether the call goes to the C++ operators (:mod:`._native`): where they run, on a CUDA tensor
+    (a fake one while tracing). They are called as they are (eagerly, traced, under any mode: the
+    dispatcher's path is C++ throughout), through their autograd function where a gradient is wanted."""
+    return _native.AVAILABLE and isinstance(x, Tensor) and x.is_cuda
+
+
 #: :func:`_resolve` as the compiler sees it: constants.
 _resolved = torch.compiler.assume_constant_result(_resolve)
 
@@ -135,6 +157,12 @@ def _plan_name(plan: Any, kind: type) -> tuple[str, str]:
 
 def all_reduce(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
     """The reduction (`op`: sum, prod, max, min, avg) of `x` over the ranks, as a new tensor."""
+    if _native_call(x):
+        _ops.check_op(op, x)
+        launch = _launched(comm)[0]
+        if _native.wants_grad(x):
+            return _native.AllReduce.apply(x, launch, op)
+        return _native.ALL_REDUCE(x.contiguous(), launch, _native.REDUCTION_CODES[op])
     if _ops.direct_call(x):
         return _ops.all_reduce_on(x, _communicator(comm), op)
     return torch.ops.mpbind.all_reduce(_tensor(x), _resolved(comm)[0], op)
@@ -151,6 +179,11 @@ def all_reduce_(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
 
 def all_gather(x: Tensor, comm: Any) -> Tensor:
     """Every rank's `x` stacked along dim 0, rank order (``size * x.shape[0]`` rows)."""
+    if _native_call(x):
+        launch, size = _launched(comm)
+        if _native.wants_grad(x):
+            return _native.AllGather.apply(x, launch, size)
+        return _native.ALL_GATHER(x.contiguous(), launch, size)
     if _ops.direct_call(x):
         c = _communicator(comm)
         return _ops.all_gather_on(x, c, c.size)
@@ -160,6 +193,13 @@ def all_gather(x: Tensor, comm: Any) -> Tensor:
 
 def reduce_scatter(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
     """Block ``rank`` (of ``size`` equal blocks along dim 0) of the reduction of `x` over the ranks."""
+    if _native_call(x):
+        launch, size = _launched(comm)
+        _ops.check_op(op, x)
+        _ops.check_blocks(x, size, "mpbind.torch.reduce_scatter")
+        if _native.wants_grad(x):
+            return _native.ReduceScatter.apply(x, launch, op, size)
+        return _native.REDUCE_SCATTER(x.contiguous(), launch, _native.REDUCTION_CODES[op], size)
     if _ops.direct_call(x):
         c = _communicator(comm)
         return _ops.reduce_scatter_on(x, c, op, c.size)
@@ -169,6 +209,12 @@ def reduce_scatter(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
 
 def all_to_all(x: Tensor, comm: Any) -> Tensor:
     """Block j (of ``size`` equal blocks along dim 0) goes to rank j; block r of the result came from rank r."""
+    if _native_call(x):
+        launch, size = _launched(comm)
+        _ops.check_blocks(x, size, "mpbind.torch.all_to_all")
+        if _native.wants_grad(x):
+            return _native.AllToAll.apply(x, launch)
+        return _native.ALL_TO_ALL(x.contiguous(), launch)
     if _ops.direct_call(x):
         c = _communicator(comm)
         return _ops.all_to_all_on(x, c, c.size)
@@ -297,36 +343,20 @@ def gradient_plans(comm: Any, plan: Any, **options: Any) -> tuple[PlannedMatmul,
     return made[0], made[1]
 
 
-class _CopyToGroup(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, name: str) -> Tensor:
-        ctx.name = name
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-        return torch.ops.mpbind.all_reduce(grad, ctx.name, "sum"), None
-
-
-class _ReduceFromGroup(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, name: str) -> Tensor:
-        return torch.ops.mpbind.all_reduce(x, name, "sum")
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-        return grad, None
-
-
 def copy_to_group(x: Tensor, comm: Any) -> Tensor:
     """`x` itself forward, its gradient summed over the ranks backward: where a tensor-parallel block
     begins (Megatron's ``f``)."""
-    return _CopyToGroup.apply(_tensor(x), _resolved(comm)[0])
+    return _native.CopyToGroup.apply(_tensor(x), _launched(comm)[0] if _native_call(x) else _resolved(comm)[0])
 
 
 def reduce_from_group(x: Tensor, comm: Any) -> Tensor:
     """`x` summed over the ranks forward, the gradient passed through backward: where a tensor-parallel
     block ends (Megatron's ``g``)."""
+    if _native_call(x):
+        launch = _launched(comm)[0]
+        if _native.wants_grad(x):
+            return _native.ReduceFromGroup.apply(x, launch)
+        return _native.ALL_REDUCE(x.contiguous(), launch, 0)
     if _ops.direct_call(x):
         return _ops.all_reduce_on(x, _communicator(comm), "sum")
-    return _ReduceFromGroup.apply(_tensor(x), _resolved(comm)[0])
+    return _native.ReduceFromGroup.apply(_tensor(x), _resolved(comm)[0])

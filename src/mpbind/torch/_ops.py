@@ -29,7 +29,7 @@ from mpbind.torch._library import define, direct, save_arguments
 REDUCTIONS = ("sum", "prod", "max", "min", "avg")
 _LINEAR = ("sum", "avg")
 
-__all__ = ["REDUCTIONS", "direct_call", "on_cuda", "save_arguments", "stream_of"]
+__all__ = ["REDUCTIONS", "check_blocks", "check_op", "direct_call", "on_cuda", "save_arguments", "stream_of"]
 
 
 def direct_call(x: Any) -> bool:
@@ -54,7 +54,8 @@ def _group(c: Any, comm: str, group_size: int) -> Any:
     return c
 
 
-def _check_op(op: str, x: Tensor) -> None:
+def check_op(op: str, x: Tensor) -> None:
+    """`op` is a reduction the operators take, and defined on `x`'s dtype."""
     if op not in REDUCTIONS:
         raise UsageError(f"op must be one of {', '.join(REDUCTIONS)}, not {op!r}")
     if x.is_complex() and op not in _LINEAR:
@@ -68,7 +69,7 @@ def _check_group(group_size: int) -> None:
         raise UsageError(f"group_size must be in [1, {MAX_RANKS}] (MAX_RANKS), not {group_size}")
 
 
-def _blocks(x: Tensor, group_size: int, what: str) -> None:
+def check_blocks(x: Tensor, group_size: int, what: str) -> None:
     """`x` splits into `group_size` equal blocks along dim 0."""
     if x.dim() == 0 or x.shape[0] % group_size:
         raise UsageError(f"{what}: dim 0 of a {tuple(x.shape)} tensor does not split into {group_size} equal blocks")
@@ -100,7 +101,7 @@ def _by_name(on: Any, what: str) -> Any:
 
 def _reduced(x: Tensor, comm: str, op: str) -> Tensor:
     """The checks and the (empty) output of an all-reduce: the fake kernel, and the kernel's start."""
-    _check_op(op, x)
+    check_op(op, x)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
@@ -125,7 +126,7 @@ all_reduce = define("all_reduce(Tensor x, str comm, str op) -> Tensor",
 
 
 def all_reduce_in_place_on(x: Tensor, c: Any, op: str) -> None:
-    _check_op(op, x)
+    check_op(op, x)
     on_cuda(x, "mpbind::all_reduce_")
     if not x.is_contiguous():
         raise UsageError("mpbind::all_reduce_ works in place on a contiguous tensor")
@@ -142,7 +143,7 @@ all_reduce_ = torch.library.custom_op("mpbind::all_reduce_", _all_reduce_in_plac
 
 @all_reduce_.register_fake
 def _(x: Tensor, comm: str, op: str) -> None:
-    _check_op(op, x)
+    check_op(op, x)
 
 
 # --- all_gather and reduce_scatter (each other's adjoint) -----------------------------------------------
@@ -163,9 +164,9 @@ def all_gather_on(x: Tensor, c: Any, group_size: int, comm: str = "") -> Tensor:
 
 def _scattered(x: Tensor, comm: str, op: str, group_size: int) -> Tensor:
     """The checks and the (empty) output of a reduce-scatter: the fake kernel, and the kernel's start."""
-    _check_op(op, x)
+    check_op(op, x)
     _check_group(group_size)
-    _blocks(x, group_size, "mpbind::reduce_scatter")
+    check_blocks(x, group_size, "mpbind::reduce_scatter")
     return x.new_empty((x.shape[0] // group_size, *x.shape[1:]))
 
 
@@ -203,7 +204,7 @@ reduce_scatter = define("reduce_scatter(Tensor x, str comm, str op, int group_si
 def _exchanged(x: Tensor, comm: str, group_size: int) -> Tensor:
     """The checks and the (empty) output of an all-to-all: the fake kernel, and the kernel's start."""
     _check_group(group_size)
-    _blocks(x, group_size, "mpbind::all_to_all")
+    check_blocks(x, group_size, "mpbind::all_to_all")
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
