@@ -18,15 +18,18 @@ need).
 from __future__ import annotations
 
 import ctypes
+import threading
 import weakref
 from collections.abc import Mapping
 from typing import Any
 
 from mpbind import _core, cublasmp, nccl
 from mpbind._core import Composite
+from mpbind._infra import args as _args
 from mpbind._infra import cuda as _cuda
 from mpbind._infra import interop as _interop
 from mpbind._infra.owned import Owned, core_of
+from mpbind.bindings import cublasmp as _flat
 from mpbind.distributions import Distribution
 from mpbind.errors import CudaError, UsageError
 from mpbind.matmul._planner import EPILOGUES, ComputeCapabilityError, MatmulPlan, block_scale_elements
@@ -37,6 +40,10 @@ from mpbind.typing import Array, Stream
 __all__ = ["ComputeCapabilityError", "MatmulPlan", "PlannedMatmul", "plan"]
 
 _SCALE_DTYPES = {"tensor": ("float32",), "mxfp8": ("float8_e8m0fnu", "uint8"), "nvfp4": ("float8_e4m3fn", "uint8")}
+# The descriptor attribute holding each scale's pointer, as the int the flat call takes.
+_ATTRIBUTE = _flat.MatmulDescriptorAttribute
+_SCALE_POINTERS = {"a": int(_ATTRIBUTE.A_SCALE_POINTER), "b": int(_ATTRIBUTE.B_SCALE_POINTER),
+                   "d": int(_ATTRIBUTE.D_SCALE_POINTER), "amax_d": int(_ATTRIBUTE.AMAX_D_POINTER)}
 
 
 def plan(comm: nccl.Communicator, a: Array, b: Array, d: Array, *, a_dist: Distribution, b_dist: Distribution,
@@ -171,18 +178,32 @@ def _check_local(p: MatmulPlan, rank: int, device: int, arrays: dict[str, Array 
                              f"{info.nbytes} bytes on device {info.device}")
     elif aux is not None:
         raise UsageError(f"aux= is for an epilogue with an auxiliary matrix; the epilogue is {p.epilogue!r}")
+    _check_scales(p, rank, device, scales)
+
+
+def _scale_piece(p: MatmulPlan, rank: int, name: str) -> tuple[int, tuple[str, ...]]:
+    """(element count, dtypes) of the scale `name` at `rank`: one float32, or the block scales of
+    this rank's piece of A or B."""
+    if name in ("a", "b") and p.scaling in ("mxfp8", "nvfp4"):
+        op = p.a if name == "a" else p.b
+        k, outer = op.local_shape(rank)  # TN: K is the stored rows
+        return block_scale_elements(outer, k, p.scaling), _SCALE_DTYPES[p.scaling]
+    return 1, ("float32",)
+
+
+def _check_scales(p: MatmulPlan, rank: int, device: int, scales: Mapping[str, Array]) -> dict[str, int]:
+    """The scale arrays (named as planned) against the plan: types, element counts, device, amax_d
+    writable; name -> pointer."""
+    pointers: dict[str, int] = {}
     for name, array in scales.items():
-        if name in ("a", "b") and p.scaling in ("mxfp8", "nvfp4"):
-            op = p.a if name == "a" else p.b
-            k, outer = op.local_shape(rank)  # TN: K is the stored rows
-            count = block_scale_elements(outer, k, p.scaling)
-            _check_vector(array, f"scales[{name!r}]", _SCALE_DTYPES[p.scaling], count, device)
-        else:
-            _check_vector(array, f"scales[{name!r}]", ("float32",), 1, device, writable=name == "amax_d")
+        count, dtypes = _scale_piece(p, rank, name)
+        info = _check_vector(array, f"scales[{name!r}]", dtypes, count, device, writable=name == "amax_d")
+        pointers[name] = info.ptr
+    return pointers
 
 
 def _check_vector(array: Array | None, what: str, dtypes: str | tuple[str, ...], count: int, device: int,
-                  writable: bool = False) -> None:
+                  writable: bool = False) -> _interop.ArrayInfo:
     if array is None:
         raise UsageError(f"{what} is required")
     allowed = (dtypes,) if isinstance(dtypes, str) else dtypes
@@ -190,6 +211,7 @@ def _check_vector(array: Array | None, what: str, dtypes: str | tuple[str, ...],
     if info.dtype not in allowed or info.size != count or info.device != device:
         raise UsageError(f"{what} must be {count} contiguous {' or '.join(allowed)} on device {device}; got "
                          f"{info.size} {info.dtype} on device {info.device}")
+    return info
 
 
 def _shape(shape: tuple[int, ...]) -> str:
@@ -253,6 +275,12 @@ class PlannedMatmul(Owned):
         # pointers the descriptor holds (a launch cannot give new ones)
         self._fixed = [name for name, given in (("bias", bias), ("aux", aux)) if given is not None]
         self._fixed += [f"scales[{name!r}]" for name in scales]
+        # execute(scales=): the planned pointers, restored after each call with others, and the lock
+        # that keeps a call's repointing and launch from interleaving with another thread's
+        self._scales = frozenset(p.scales)
+        self._planned_scales = {name: _interop.array_info(array, name).ptr for name, array in scales.items()}
+        self._scales_lock = threading.Lock() if p.scales else None
+        self._slot = ctypes.c_uint64()  # the value a SetAttribute call reads (under the lock)
         own: list[Any] = []
         matrices: list[cublasmp.Matrix] = []
         m, n, k = p.gemm_shape(comm.rank)
@@ -339,11 +367,17 @@ class PlannedMatmul(Owned):
         return (0, 0) if self._matmul is None else self._matmul.workspace_size
 
     def execute(self, a: Array | None = None, b: Array | None = None, d: Array | None = None, c: Array | None = None,
-                *, stream: Stream = None) -> None:
+                *, stream: Stream = None, scales: Mapping[str, Array] | None = None) -> None:
         """Run the matmul on `stream` (default: the handle's), on the planned arrays or on new local
         arrays of the same shapes, types and leading dimensions (a replicated operand: the whole
-        array again). A captured plan replays what it recorded and refuses new arrays."""
+        array again). A captured plan replays what it recorded and refuses new arrays.
+
+        `scales`: FP8 scales for this call instead of the planned ones, named exactly as planned
+        (``a``, ``b``, ``d``, ``amax_d``) and checked as at planning (float32 scalars or block
+        scales, on the plan's device; ``amax_d`` writable). The plan's own stay in place for later
+        calls. A plan made without scales, and a captured plan, refuse them."""
         mm = self._matmul
+        repointed = None if scales is None else self._given_scales(scales)  # checked on every rank
         if mm is None:
             return
         if self._views:
@@ -357,9 +391,57 @@ class PlannedMatmul(Owned):
                                          f"not {shape}")
                     given[name] = _slice(x, view)
             a, b, c, d = given["a"], given["b"], given["c"], given["d"]
-        mm.execute(stream, a=a, b=b, c=c, d=d)
+        lock = self._scales_lock
+        if lock is None:  # no scales: nothing of the descriptor changes between calls
+            mm.execute(stream, a=a, b=b, c=c, d=d)
+            return
+        with lock:  # a plan's calls with and without scales of their own never interleave
+            if not repointed:
+                mm.execute(stream, a=a, b=b, c=c, d=d)
+                return
+            # cuBLASMp reads the descriptor on the host while cublasMpMatmul enqueues the work (the
+            # pointers go into the kernels' arguments then), so the planned pointers can go back as
+            # soon as the call returns: work already queued keeps this call's.
+            descriptor = mm.descriptor
+            try:
+                _repoint(descriptor, repointed, self._slot)
+                mm.execute(stream, a=a, b=b, c=c, d=d)
+            finally:
+                _repoint(descriptor, {name: self._planned_scales[name] for name in repointed}, self._slot)
 
     __call__ = execute
+
+    def _given_scales(self, scales: Mapping[str, Array]) -> dict[str, int]:
+        """The pointers of a call's scales, checked against the plan (name -> pointer; empty where
+        each is the planned one)."""
+        if not isinstance(scales, Mapping):
+            raise TypeError(f"scales must be a mapping of name -> array, not {type(scales).__name__}")
+        if scales.keys() != self._scales:
+            got = ", ".join(sorted(_args.shown(name) for name in scales)) or "none"
+            if not self._scales:
+                raise UsageError(f"the matmul ({self._described()}) was planned without scales, so a call takes none; "
+                                 f"given: {got}")
+            raise UsageError(f"scales must name exactly the planned ones ({', '.join(map(repr, self.plan.scales))}); "
+                             f"given: {got}")
+        if not scales:
+            return {}
+        if self.closed:
+            raise UsageError("PlannedMatmul is closed")
+        if self.captured:
+            raise UsageError("a captured matmul replays the scales it recorded; scales of a call need a plan that is "
+                             "not captured")
+        pointers = _check_scales(self.plan, self._rank, self._device, scales)
+        planned = self._planned_scales
+        return {name: ptr for name, ptr in pointers.items() if ptr != planned[name]}
+
+    def scale_pieces(self) -> dict[str, tuple[int, tuple[str, ...]]]:
+        """Scale name -> (element count, allowed dtypes) of the arrays ``execute(scales=)`` takes at this
+        rank: a float32 scalar, or the block scales of this rank's piece of A or B (``amax_d``, a
+        float32 scalar, is written). Empty for a plan without scales."""
+        pieces = self.__dict__.get("_scale_shapes")
+        if pieces is None:  # the plan and the rank never change: worked out once (the operators' hot path)
+            pieces = self._scale_shapes = {name: _scale_piece(self.plan, self._rank, name) for name in self.plan.scales}
+        return dict(pieces)
 
     def capture(self, stream: Stream = None) -> PlannedMatmul:
         """Record the call into a CUDA graph on `stream` (every rank captures; replayed by ``execute()``).
@@ -377,8 +459,13 @@ class PlannedMatmul(Owned):
         if self._matmul_plan is not None:
             # The plan knows its algorithm (the thin Matmul cannot, and refuses every multi-process
             # capture without NO_OVERLAP): the check above is the one that applies, so the core
-            # plan's capture is called, not the Matmul's.
-            self._matmul_plan.capture(stream)
+            # plan's capture is called, not the Matmul's. Under the scales' lock: the graph records
+            # the planned scales, never another thread's call's.
+            if self._scales_lock is None:
+                self._matmul_plan.capture(stream)
+            else:
+                with self._scales_lock:
+                    self._matmul_plan.capture(stream)
         return self
 
     @property
@@ -441,6 +528,11 @@ class PlannedMatmul(Owned):
     _launch: int | None
     _fixed: list[str]
     _pieces: dict[str, tuple[tuple[int, int], str]]
+    _scales: frozenset[str]
+    _planned_scales: dict[str, int]
+    _scales_lock: threading.Lock | None
+    _slot: ctypes.c_uint64
+    _scale_shapes: dict[str, tuple[int, tuple[str, ...]]]
     _algo_type: cublasmp.MatmulAlgoType | int | None
     _matmul: cublasmp.Matmul | None
     _matmul_plan: Any  # the core's MatmulPlan under _matmul, or None
@@ -481,6 +573,17 @@ def _device_bytes(handle: cublasmp.Handle, descriptor: cublasmp.MatmulDescriptor
     device, _ = flat.matmul_buffer_size(handle.ptr, descriptor.ptr, *mnk, at, *operand("a"), *operand("b"),
                                         at + len(alpha), *operand("c"), *operand("d"))
     return int(device)
+
+
+def _repoint(descriptor: cublasmp.MatmulDescriptor, pointers: Mapping[str, int], slot: ctypes.c_uint64) -> None:
+    """Point the descriptor's scale attributes at `pointers` (name -> address): one
+    ``cublasMpMatmulDescriptorSetAttribute`` each, which copies the value from `slot`. The caller
+    holds the plan's scales lock (the slot is the plan's)."""
+    handle = descriptor.ptr
+    at = ctypes.addressof(slot)
+    for name, ptr in pointers.items():
+        slot.value = ptr
+        _flat.matmul_descriptor_set_attribute(handle, _SCALE_POINTERS[name], at, 8)
 
 
 def _slice(array: Any, view: tuple[int, int, int, int]) -> Any:
