@@ -288,12 +288,29 @@ def reshape(x: Tensor, plan: Any, reverse: Any = None) -> Tensor:
 
 
 def matmul(a: Tensor, b: Tensor, plan: Any, c: Tensor | None = None, *, grad_a: Any = None,
-           grad_b: Any = None) -> Tensor:
+           grad_b: Any = None, scales: dict[str, Tensor] | None = None) -> Any:
     """This rank's piece of D from its pieces of A and B (and C, where planned with one) by `plan` (an
     :class:`mpbind.matmul.PlannedMatmul`, or its name), as a new tensor. Each tensor is the row-major
     ``(c, r)`` tensor of an ``r x c`` column-major piece (its transpose: ``plan.launch_pieces()``,
     transposed). Collective. Its gradient runs through `grad_a` and `grad_b`, the plans of dA and dB
-    (:func:`gradient_plans`)."""
+    (:func:`gradient_plans`).
+
+    `scales` (an FP8 plan made with ``scales=``): a dict ``{"a": ..., "b": ..., "d": ...}`` of the
+    scale tensors this call uses instead of the planned ones, named as planned (``amax_d`` aside:
+    float32 scalars, or block scales). It then returns ``(d, amax_d)`` where the plan has ``amax_d``
+    (a new float32 tensor of one element: the absolute maximum of D before D's scale), else ``d``
+    alone (``mpbind::matmul_scaled``; no gradient, so no `grad_a` or `grad_b`)."""
+    if scales is not None:
+        if grad_a is not None or grad_b is not None:
+            raise UsageError("an FP8 product with scales has no gradient here: grad_a and grad_b do not apply")
+        sa, sb, sd = _matmul_ops.scale_tensors(scales)
+        if _ops.direct_call(a) and all(t is None or (type(t) is Tensor and not t.requires_grad)
+                                       for t in (b, c, sa, sb, sd)):
+            d, amax = _matmul_ops.matmul_scaled_on(_object(plan, PlannedMatmul, "plan"), a, b, c, sa, sb, sd)
+        else:
+            d, amax = torch.ops.mpbind.matmul_scaled(_tensor(a), _tensor(b), c, sa, sb, sd,
+                                                     _plan_name(plan, PlannedMatmul)[0])
+        return (d, amax) if amax.shape[0] else d
     if _ops.direct_call(a) and all(t is None or (type(t) is Tensor and not t.requires_grad) for t in (b, c)):
         for g, what in ((grad_a, "grad_a"), (grad_b, "grad_b")):
             if g is not None:  # checked as the operator's path does, though no gradient is taken here

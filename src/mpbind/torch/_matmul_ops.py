@@ -18,6 +18,12 @@ planned on the matching distributions (:func:`gradient_plans` makes them):
 * dC is ``beta G``.
 
 G is the incoming gradient of D. Each is checked against the plan it serves before it runs.
+
+FP8 with scales of each call (``mpbind::matmul_scaled``): an FP8 plan made with ``scales=`` runs
+with the scale tensors given to the call (``scale_a``, ``scale_b``, ``scale_d``, as planned) instead
+of the planned ones, through :meth:`~mpbind.matmul.PlannedMatmul.execute`'s ``scales=``; where the
+plan has ``amax_d``, the operator returns it as a new float32 tensor of one element beside D (else
+an empty one), so that it mutates nothing. It has no gradient.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from mpbind.torch import _registry
 from mpbind.torch._library import define
 from mpbind.torch._ops import on_cuda, stream_of
 
-__all__ = ["gradient_operands", "matmul_on", "pieces"]
+__all__ = ["gradient_operands", "matmul_on", "matmul_scaled_on", "pieces", "scale_tensors"]
 
 _DIFFERENTIABLE = ("float16", "bfloat16", "float32", "float64")
 
@@ -44,17 +50,18 @@ def pieces(p: PlannedMatmul) -> dict[str, tuple[tuple[int, int], str]]:
     return {name: ((cols, rows), dtype) for name, ((rows, cols), dtype) in p.launch_pieces().items()}
 
 
-def _check(p: PlannedMatmul, plan: str, given: dict[str, Tensor | None]) -> tuple[tuple[int, int], str]:
+def _check(p: PlannedMatmul, plan: str, given: dict[str, Tensor | None],
+           op: str = "mpbind::matmul") -> tuple[tuple[int, int], str]:
     """The tensors against the plan's pieces; D's (shape, dtype)."""
     want = pieces(p)
     for name, t in given.items():
         if (t is None) != (name not in want):
-            raise UsageError(f"mpbind::matmul: {plan} was planned " + ("with " if t is None else "without ") + name)
+            raise UsageError(f"{op}: {plan} was planned " + ("with " if t is None else "without ") + name)
         if t is None:
             continue
         shape, dtype = want[name]
         if tuple(t.shape) != shape or t.dtype != getattr(torch, dtype):
-            raise UsageError(f"mpbind::matmul: {name} must be {dtype} of shape {shape} (the transpose of this rank's "
+            raise UsageError(f"{op}: {name} must be {dtype} of shape {shape} (the transpose of this rank's "
                              f"column-major piece), not {str(t.dtype)[6:]} of shape {tuple(t.shape)}")
     return want["d"]
 
@@ -134,3 +141,86 @@ def _backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Ten
 
 matmul = define("matmul(Tensor a, Tensor b, Tensor? c, str plan, str grad_a, str grad_b) -> Tensor", _kernel, _output,
                 _backward, _save)
+
+
+# --- FP8 with the scales of each call ------------------------------------------------------------------
+
+_SCALED = "mpbind::matmul_scaled"
+#: The scales the operator takes, in its schema's order (``amax_d``, where planned, is its output).
+_SCALE_INPUTS = ("a", "b", "d")
+
+
+def scale_tensors(scales: Any) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """The scale tensors (a, b, d) of :func:`mpbind.torch.matmul`'s `scales` (a dict of name ->
+    tensor), checked for their names."""
+    if not isinstance(scales, dict):
+        raise TypeError(f"scales must be a dict of name -> tensor, not {type(scales).__name__}")
+    if "amax_d" in scales:
+        raise UsageError("amax_d is not given: the operator returns it (a new tensor beside D)")
+    unknown = [name for name in scales if name not in _SCALE_INPUTS]
+    if unknown:
+        raise UsageError(f"scales are named 'a', 'b' and 'd'; got {', '.join(map(repr, unknown))}")
+    return scales.get("a"), scales.get("b"), scales.get("d")
+
+
+def _check_scales(p: PlannedMatmul, plan: str, given: dict[str, Tensor | None]) -> bool:
+    """The scale tensors against the plan's (named as planned, their dtypes and element counts);
+    whether the plan has ``amax_d``."""
+    want = p.scale_pieces()
+    if not want:
+        raise UsageError(f"{_SCALED}: {plan} was planned without scales (an FP8 plan made with scales= takes them); "
+                         "use mpbind::matmul")
+    if p.captured:
+        raise UsageError(f"{_SCALED}: {plan} is captured and replays the scales it recorded; scales of a call need a "
+                         "plan that is not captured")
+    for name, t in given.items():
+        if (t is None) != (name not in want):
+            raise UsageError(f"{_SCALED}: {plan} was planned with scales {', '.join(want)}: scale_{name} must be "
+                             + ("given" if t is None else "None"))
+        if t is None:
+            continue
+        count, dtypes = want[name]
+        dtype = str(t.dtype)[6:]
+        if t.numel() != count or dtype not in dtypes:
+            raise UsageError(f"{_SCALED}: scale_{name} must hold {count} {' or '.join(dtypes)}, not {t.numel()} "
+                             f"{dtype}")
+    return "amax_d" in want
+
+
+def _scaled_outputs(p: PlannedMatmul, a: Tensor, b: Tensor, c: Tensor | None, scale_a: Tensor | None,
+                    scale_b: Tensor | None, scale_d: Tensor | None, plan: str) -> tuple[Tensor, Tensor]:
+    """The checks and the outputs: D (empty) and amax_d (zero; no element where the plan has none)."""
+    shape, dtype = _check(p, plan, {"a": a, "b": b, "c": c}, _SCALED)
+    amax = _check_scales(p, plan, {"a": scale_a, "b": scale_b, "d": scale_d})
+    return a.new_empty(shape, dtype=getattr(torch, dtype)), a.new_zeros((1 if amax else 0,), dtype=torch.float32)
+
+
+def _scaled_fake(a: Tensor, b: Tensor, c: Tensor | None, scale_a: Tensor | None, scale_b: Tensor | None,
+                 scale_d: Tensor | None, plan: str) -> tuple[Tensor, Tensor]:
+    return _scaled_outputs(_registry.lookup(plan, PlannedMatmul), a, b, c, scale_a, scale_b, scale_d, plan)
+
+
+def matmul_scaled_on(p: PlannedMatmul, a: Tensor, b: Tensor, c: Tensor | None, scale_a: Tensor | None,
+                     scale_b: Tensor | None, scale_d: Tensor | None, plan: str = "plan") -> tuple[Tensor, Tensor]:
+    """The kernel on the plan itself: (D, amax_d) from A, B (and C) with these scales, new tensors."""
+    for t in (a, b, c, scale_a, scale_b, scale_d):
+        if t is not None:
+            on_cuda(t, _SCALED)
+    out, amax = _scaled_outputs(p, a, b, c, scale_a, scale_b, scale_d, plan)
+    # amax_d starts at zero: the absolute maximum cuBLASLt writes there is then right whether it sets
+    # the value or folds it in.
+    scales = {name: t.contiguous() for name, t in (("a", scale_a), ("b", scale_b), ("d", scale_d)) if t is not None}
+    if amax.numel():
+        scales["amax_d"] = amax
+    p.execute(a.contiguous().T, b.contiguous().T, out.T, None if c is None else c.contiguous().T, stream=stream_of(a),
+              scales=scales)
+    return out, amax
+
+
+def _scaled_kernel(a: Tensor, b: Tensor, c: Tensor | None, scale_a: Tensor | None, scale_b: Tensor | None,
+                   scale_d: Tensor | None, plan: str) -> tuple[Tensor, Tensor]:
+    return matmul_scaled_on(_registry.lookup(plan, PlannedMatmul), a, b, c, scale_a, scale_b, scale_d, plan)
+
+
+matmul_scaled = define("matmul_scaled(Tensor a, Tensor b, Tensor? c, Tensor? scale_a, Tensor? scale_b, "
+                       "Tensor? scale_d, str plan) -> (Tensor d, Tensor amax_d)", _scaled_kernel, _scaled_fake)
