@@ -61,12 +61,15 @@ RUNS: dict[str, Run] = {
         "python benchmarks/nvshmem_ring_exchange.py --impl $impl --out DIR; done"),
     "h200x1/torch_ops": Run(
         "The torch operators' host time",
-        "One float32 all-reduce through :mod:`mpbind.torch`'s operator (direct, in place, through the dispatcher), "
-        "the layer call, ``torch.distributed`` and torch's functional collective, eager and compiled: host µs "
-        "per call, one rank. Targets: the eager operator within 3 µs of the layer (met in place: ``op_inplace``; "
-        "the out-of-place ``op`` adds the output's allocation and, on one rank, NCCL's copy), the compiled "
-        "function at most 0.5x the one with the functional collective (missed: 0.78-0.94).",
-        "python benchmarks/torch_ops.py --out DIR"),
+        "One float32 all-reduce through :mod:`mpbind.torch` (``op``: the C++ operator ``mpbind::nccl_all_reduce``; "
+        "``op_inplace``; ``op_python``: the operator with a Python kernel), the layer call in place (``layer``) and "
+        "into a tensor made beforehand (``layer_out``), ``torch.distributed`` and torch's functional collective, "
+        "eager and compiled (``t * 2`` then the all-reduce): host µs per call, one rank, the variants interleaved. "
+        "Targets: the eager operator within 3 µs of the layer call (missed: ``op`` is 5.5-8.0 µs over ``layer_out``, "
+        "the output's allocation and torch's dispatcher; ``op_inplace`` is 2.0-4.2 µs over ``layer``), the compiled "
+        "function at most 0.5x the one with the functional collective (missed: 0.54-0.59, of which the compiled "
+        "function's own cost, ``compiled_floor``, is 0.31-0.39).",
+        "python benchmarks/torch_ops.py --calls 6000 --batches 15 --out DIR"),
     "h200x1/jax_fft_1pe": Run(
         "The distributed FFT inside jax.jit against the eager plan, one PE",
         "complex64 C2C of n^3: ms per transform in a stream of back-to-back calls (``jit``: a plan on the default "
