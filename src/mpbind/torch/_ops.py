@@ -8,8 +8,9 @@ with the exact output shape and dtype (FakeTensor, meta tensors, ``torch.compile
 where the math defines one. The functional ones are registered through :mod:`._library` (one Python
 kernel on the dispatcher's path: the reason is there); those without a gradient, a mutation or a
 tensor input (``all_reduce_``, ``broadcast``, ``send``, ``recv``) are ``torch.library.custom_op``.
-A C++ ``TORCH_LIBRARY`` would have to be built against each torch release's ABI. Eager calls that
-need nothing from the dispatcher (:func:`direct_call`) run the same kernel directly.
+Eager calls that need nothing from the dispatcher (:func:`direct_call`) run the same kernel
+directly. Where torch has CUDA, :mod:`mpbind.torch`'s functions run the collectives as the C++
+operators of :mod:`._native` instead; these serve elsewhere, and whoever calls them by name.
 """
 
 from __future__ import annotations
