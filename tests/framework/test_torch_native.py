@@ -120,3 +120,18 @@ def test_a_gradient_is_recorded_only_where_one_is_wanted() -> None:
     assert _native.wants_grad(leaf)
     with torch.no_grad():
         assert not _native.wants_grad(leaf)
+
+
+def test_the_shim_is_found_by_the_loaded_librarys_name_wherever_it_lies() -> None:
+    # A PyTorch whose libraries lie elsewhere than torch/lib (a distribution's own layout) is found by
+    # the loaded library's name; a library that is not loaded is never loaded a second time.
+    import subprocess
+    import sys
+
+    code = ("import torch\nfrom mpbind import _core\n"
+            "try:\n    _core.torch_ops_register('/nowhere/libnot_torch.so', '')\nexcept RuntimeError as e:\n"
+            "    print('refused:', e)\n"
+            "print(_core.torch_ops_register('/nowhere/libtorch_cpu.so', ''), _core.torch_ops_registered())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "refused: libtorch_cpu is not loaded from /nowhere/libnot_torch.so (import torch first)" in out, out
+    assert "['nccl_all_reduce', 'nccl_all_gather', 'nccl_reduce_scatter', 'nccl_all_to_all'] True" in out, out

@@ -81,8 +81,12 @@ void find(void* lib, const char* name, F& fn, bool required = true) {
 
 void* loaded(const std::string& path) {
     if (path.empty()) return nullptr;
-    // RTLD_NOLOAD: the library torch loaded, or nothing (never a second copy)
-    return dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+    // RTLD_NOLOAD: the library torch loaded, or nothing (never a second copy); by its file name too,
+    // which matches the loaded library's soname wherever the installation put it
+    void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+    size_t slash = path.rfind('/');
+    if (!lib && slash != std::string::npos) lib = dlopen(path.substr(slash + 1).c_str(), RTLD_NOW | RTLD_NOLOAD);
+    return lib;
 }
 
 void check(Error e, const char* what) {
