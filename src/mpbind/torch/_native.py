@@ -7,8 +7,9 @@ have Python kernels, which a compiled program pays for on every call (measured o
 PyTorch 2.11: a Python kernel that only allocates costs ~40 µs inside a compiled function, ~4 µs
 eagerly). These take the communicator's launch id (:attr:`~mpbind.nccl.Communicator.launch_id`) and
 the reduction as ints and run in C++, registered through torch's stable C shim, so one build of the
-core serves every PyTorch from 2.9 on. They have no autograd kernel of their own: the functions here
-(``autograd.Function``, which ``torch.compile`` traces) give each its adjoint. Used where torch has
+core serves every PyTorch whose shim has them (2.11 and 2.13 checked). They have no autograd kernel
+of their own: the functions here (``autograd.Function``, which ``torch.compile`` traces) give each
+its adjoint. Used where torch has
 CUDA; elsewhere (a CPU-only PyTorch, or one whose shim lacks a function) :mod:`mpbind.torch` keeps the
 Python operators, and :data:`REASON` says why. The tensor-parallel pair (:class:`CopyToGroup`,
 :class:`ReduceFromGroup`) serves both: given a launch id it sums by the C++ operator, given a
