@@ -2,8 +2,9 @@
 // nccl_reduce_scatter, nccl_all_to_all), registered into a process that imported torch.
 //
 // Why C++: a compiled torch program calls each operator through the dispatcher, and a Python kernel
-// there costs tens of microseconds (the kernel runs under the compiler's frame hook, and the call
-// into Python and back is paid on every step); these kernels cost what the collective's launch costs.
+// there costs tens of microseconds (the call into Python and back, paid on every step); these leave
+// the dispatcher's C++ path, the output's allocation and the launch (a compiled function with the
+// all-reduce: 0.77-0.84x the time it takes with the Python operator on one H200).
 // Why not a torch extension: one built against torch's C++ API must be rebuilt for every torch
 // release. The kernels here use only torch's stable C shim (torch/csrc/inductor/aoti_torch/c/shim.h:
 // C functions whose signatures torch keeps across releases), looked up in the libtorch the process
