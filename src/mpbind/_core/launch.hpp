@@ -39,6 +39,9 @@ struct Status {
 // number of ranks, reduce_scatter divides it.
 enum class Collective { kAllReduce = 0, kAllGather, kReduceScatter, kAllToAll };
 
+// The bytes of one element of each ncclDataType_t (ncclInt8 .. ncclFloat8e5m2).
+inline constexpr int kNcclTypeSizes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
+
 // `dtype` is an ncclDataType_t, `op` an ncclRedOp_t (sum .. avg; ignored by gathers and all-to-all).
 Status collective(uint64_t comm, Collective kind, uintptr_t stream, int device, const void* send,
                   size_t send_bytes, void* recv, size_t recv_bytes, int dtype, int op);

@@ -818,7 +818,7 @@ constexpr const char* kCollNames[] = {"all_reduce", "reduce",     "broadcast", "
 // ncclDataType_t: its name and size (ncclInt8 .. ncclFloat8e5m2).
 constexpr const char* kTypeNames[] = {"int8",    "uint8",   "int32",    "uint32",        "int64",      "uint64",
                                       "float16", "float32", "float64", "bfloat16", "float8_e4m3fn", "float8_e5m2"};
-constexpr int kTypeSizes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
+constexpr const int* kTypeSizes = launch::kNcclTypeSizes;
 
 // The layer's group (mpbind.nccl.group()) on this thread: what its end settles. Non-blocking
 // communicators launch a group's work on a thread NCCL starts at ncclGroupEnd, so the events of the

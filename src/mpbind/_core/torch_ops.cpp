@@ -144,8 +144,7 @@ Piece piece(Tensor t, const char* op) {
     check(shim.sizes(t, &sizes), "sizes query");
     check(shim.numel(t, &n), "numel query");
     p.sizes.assign(sizes, sizes + ndim);
-    static constexpr int kTypeSizes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};  // by ncclDataType_t
-    auto unit = static_cast<uint64_t>(kTypeSizes[p.nccl_type]) * static_cast<uint64_t>(p.per_element);
+    auto unit = static_cast<uint64_t>(launch::kNcclTypeSizes[p.nccl_type]) * static_cast<uint64_t>(p.per_element);
     if (n < 0 || static_cast<uint64_t>(n) > std::numeric_limits<size_t>::max() / unit) {
         throw std::runtime_error(std::string(op) + ": " + std::to_string(n) + " elements overflow a size");
     }
