@@ -26,10 +26,10 @@ from torch import Tensor
 
 from mpbind import _core
 from mpbind.errors import UsageError
+from mpbind.torch import _ops
 
-#: ncclRedOp_t of each reduction the operators take.
-REDUCTION_CODES = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
-_LINEAR = ("sum", "avg")
+#: ncclRedOp_t of each reduction the operators take (REDUCTIONS lists them in NCCL's order).
+REDUCTION_CODES = {op: code for code, op in enumerate(_ops.REDUCTIONS)}
 
 
 def _register() -> tuple[bool, str]:
@@ -51,19 +51,14 @@ def _fake_same(x: Tensor, comm: int, *rest: int) -> Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-def _fake_gather(x: Tensor, comm: int, group_size: int) -> Tensor:
-    return x.new_empty((group_size * x.shape[0], *x.shape[1:]) if x.dim() else (group_size,))
-
-
 def _fake_scatter(x: Tensor, comm: int, op: int, group_size: int) -> Tensor:
-    if x.dim() == 0 or x.shape[0] % group_size:
-        raise UsageError(f"mpbind::nccl_reduce_scatter: dim 0 of a {tuple(x.shape)} tensor does not split into "
-                         f"{group_size} equal blocks")
+    _ops.check_group(group_size)
+    _ops.check_blocks(x, group_size, "mpbind::nccl_reduce_scatter")
     return x.new_empty((x.shape[0] // group_size, *x.shape[1:]))
 
 
 if _core.torch_ops_registered():
-    for _name, _fake in (("nccl_all_reduce", _fake_same), ("nccl_all_gather", _fake_gather),
+    for _name, _fake in (("nccl_all_reduce", _fake_same), ("nccl_all_gather", _ops.gathered),
                          ("nccl_reduce_scatter", _fake_scatter), ("nccl_all_to_all", _fake_same)):
         torch.library.register_fake(f"mpbind::{_name}", _fake)
 
@@ -72,10 +67,6 @@ def wants_grad(x: Tensor) -> bool:
     """Whether a call on `x` records a gradient (the autograd function), else the operator itself
     runs (a compiled program guards on both, so each case is a graph of its own)."""
     return x.requires_grad and torch.is_grad_enabled()
-
-
-def _ops() -> Any:
-    return torch.ops.mpbind
 
 
 # The overloads themselves (an eager call skips the packet's lookup); None where not registered.
@@ -94,11 +85,11 @@ class AllReduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, comm: int, op: str) -> Tensor:
         ctx.comm, ctx.op = comm, op
-        return _ops().nccl_all_reduce(x.contiguous(), comm, REDUCTION_CODES[op])
+        return ALL_REDUCE(x.contiguous(), comm, REDUCTION_CODES[op])
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        if ctx.op not in _LINEAR:
+        if ctx.op not in _ops.LINEAR:
             raise UsageError(f"an all-reduce {ctx.op} has no gradient here (sum and avg have)")
         return AllReduce.apply(grad, ctx.comm, ctx.op), None, None
 
@@ -109,7 +100,7 @@ class AllGather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, comm: int, group_size: int) -> Tensor:
         ctx.comm, ctx.group_size = comm, group_size
-        return _ops().nccl_all_gather(x.contiguous(), comm, group_size)
+        return ALL_GATHER(x.contiguous(), comm, group_size)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
@@ -122,11 +113,11 @@ class ReduceScatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, comm: int, op: str, group_size: int) -> Tensor:
         ctx.comm, ctx.op, ctx.group_size = comm, op, group_size
-        return _ops().nccl_reduce_scatter(x.contiguous(), comm, REDUCTION_CODES[op], group_size)
+        return REDUCE_SCATTER(x.contiguous(), comm, REDUCTION_CODES[op], group_size)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
-        if ctx.op not in _LINEAR:
+        if ctx.op not in _ops.LINEAR:
             raise UsageError(f"a reduce-scatter {ctx.op} has no gradient here (sum and avg have)")
         g = AllGather.apply(grad, ctx.comm, ctx.group_size)
         return (g / ctx.group_size if ctx.op == "avg" else g), None, None, None
@@ -138,7 +129,7 @@ class AllToAll(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, comm: int) -> Tensor:
         ctx.comm = comm
-        return _ops().nccl_all_to_all(x.contiguous(), comm)
+        return ALL_TO_ALL(x.contiguous(), comm)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
@@ -150,7 +141,7 @@ def _summed(x: Tensor, comm: int | str) -> Tensor:
     the Python one (`comm` a registry name)."""
     if isinstance(comm, str):
         return torch.ops.mpbind.all_reduce(x, comm, "sum")
-    return _ops().nccl_all_reduce(x.contiguous(), comm, 0)
+    return ALL_REDUCE(x.contiguous(), comm, 0)
 
 
 class CopyToGroup(torch.autograd.Function):

@@ -27,10 +27,12 @@ from mpbind.torch import _registry
 from mpbind.torch._library import define, direct, save_arguments
 
 #: The reductions the operators take; sum and avg also over complex tensors (their real view).
-REDUCTIONS = ("sum", "prod", "max", "min", "avg")
-_LINEAR = ("sum", "avg")
+REDUCTIONS = ("sum", "prod", "max", "min", "avg")  # ncclRedOp_t's order
+#: The reductions with a gradient (linear ones).
+LINEAR = ("sum", "avg")
 
-__all__ = ["REDUCTIONS", "check_blocks", "check_op", "direct_call", "on_cuda", "save_arguments", "stream_of"]
+__all__ = ["LINEAR", "REDUCTIONS", "check_blocks", "check_group", "check_op", "direct_call", "gathered",
+           "on_cuda", "save_arguments", "stream_of"]
 
 
 def direct_call(x: Any) -> bool:
@@ -59,12 +61,13 @@ def check_op(op: str, x: Tensor) -> None:
     """`op` is a reduction the operators take, and defined on `x`'s dtype."""
     if op not in REDUCTIONS:
         raise UsageError(f"op must be one of {', '.join(REDUCTIONS)}, not {op!r}")
-    if x.is_complex() and op not in _LINEAR:
+    if x.is_complex() and op not in LINEAR:
         raise UsageError(f"a {op} of complex tensors is not defined (sum and avg are, over the real and imaginary "
                          "parts)")
 
 
-def _check_group(group_size: int) -> None:
+def check_group(group_size: int) -> None:
+    """`group_size` is a rank count mpbind takes."""
     # Capped like every rank count mpbind takes: a mistyped size is refused, never an output that large.
     if not 1 <= group_size <= MAX_RANKS:
         raise UsageError(f"group_size must be in [1, {MAX_RANKS}] (MAX_RANKS), not {group_size}")
@@ -116,7 +119,7 @@ def all_reduce_on(x: Tensor, c: Any, op: str, comm: str = "") -> Tensor:
 
 def _all_reduce_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None]:
     comm, op = ctx.args
-    if op not in _LINEAR:
+    if op not in LINEAR:
         raise UsageError(f"an all-reduce {op} has no gradient here (sum and avg have)")
     return torch.ops.mpbind.all_reduce(grad, comm, op), None, None
 
@@ -150,14 +153,15 @@ def _(x: Tensor, comm: str, op: str) -> None:
 # --- all_gather and reduce_scatter (each other's adjoint) -----------------------------------------------
 
 
-def _gathered(x: Tensor, comm: str, group_size: int) -> Tensor:
-    """The checks and the (empty) output of an all-gather: the fake kernel, and the kernel's start."""
-    _check_group(group_size)
+def gathered(x: Tensor, comm: str | int, group_size: int) -> Tensor:
+    """The checks and the (empty) output of an all-gather: the fake kernel (of the C++ operator too,
+    whose `comm` is a launch id), and the kernel's start."""
+    check_group(group_size)
     return x.new_empty((group_size * x.shape[0], *x.shape[1:]) if x.dim() else (group_size,))
 
 
 def all_gather_on(x: Tensor, c: Any, group_size: int, comm: str = "") -> Tensor:
-    out = _gathered(x, comm, group_size)
+    out = gathered(x, comm, group_size)
     on_cuda(x, "mpbind::all_gather")
     _group(c, comm, group_size).all_gather(_flat(x.contiguous()), _flat(out), stream=stream_of(x))
     return out
@@ -166,7 +170,7 @@ def all_gather_on(x: Tensor, c: Any, group_size: int, comm: str = "") -> Tensor:
 def _scattered(x: Tensor, comm: str, op: str, group_size: int) -> Tensor:
     """The checks and the (empty) output of a reduce-scatter: the fake kernel, and the kernel's start."""
     check_op(op, x)
-    _check_group(group_size)
+    check_group(group_size)
     check_blocks(x, group_size, "mpbind::reduce_scatter")
     return x.new_empty((x.shape[0] // group_size, *x.shape[1:]))
 
@@ -186,14 +190,14 @@ def _all_gather_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
 
 def _reduce_scatter_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
     comm, op, group_size = ctx.args
-    if op not in _LINEAR:
+    if op not in LINEAR:
         raise UsageError(f"a reduce-scatter {op} has no gradient here (sum and avg have)")
     g = torch.ops.mpbind.all_gather(grad, comm, group_size)
     return (g / group_size if op == "avg" else g), None, None, None
 
 
 all_gather = define("all_gather(Tensor x, str comm, int group_size) -> Tensor",
-                    _by_name(all_gather_on, "mpbind::all_gather"), _gathered,
+                    _by_name(all_gather_on, "mpbind::all_gather"), gathered,
                     _all_gather_backward)
 reduce_scatter = define("reduce_scatter(Tensor x, str comm, str op, int group_size) -> Tensor",
                         _by_name(reduce_scatter_on, "mpbind::reduce_scatter"), _scattered, _reduce_scatter_backward)
@@ -204,7 +208,7 @@ reduce_scatter = define("reduce_scatter(Tensor x, str comm, str op, int group_si
 
 def _exchanged(x: Tensor, comm: str, group_size: int) -> Tensor:
     """The checks and the (empty) output of an all-to-all: the fake kernel, and the kernel's start."""
-    _check_group(group_size)
+    check_group(group_size)
     check_blocks(x, group_size, "mpbind::all_to_all")
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
