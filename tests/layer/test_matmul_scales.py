@@ -8,7 +8,6 @@ plans without scales or captured plans refuse them."""
 
 from __future__ import annotations
 
-import ctypes
 import sys
 import threading
 from pathlib import Path
@@ -88,7 +87,7 @@ class Doubles:
                 if doubles.fail_execute:
                     raise RuntimeError("the library refused")
 
-        def repoint(descriptor: Any, pointers: dict[str, int], slot: Any) -> None:
+        def repoint(descriptor: Any, pointers: dict[str, int]) -> None:
             doubles.log.append(("repoint", dict(pointers)))
             for name, ptr in pointers.items():
                 descriptor.attributes[ATTRIBUTE[name]] = ptr
@@ -283,17 +282,16 @@ def test_two_threads_never_interleave_repointing_and_launch(doubles: Doubles, fp
 
 
 def test_repoint_sets_each_pointer_through_the_library(monkeypatch: pytest.MonkeyPatch) -> None:
-    from types import SimpleNamespace
-
     from mpbind.bindings import cublasmp as flat
 
-    seen: list[tuple[Any, int, int, int]] = []
+    seen: list[tuple[Any, int, int]] = []
+    monkeypatch.setattr(flat, "matmul_descriptor_set", lambda desc, attr, value: seen.append((desc, attr, value)))
 
-    def set_attribute(desc: Any, attr: int, buf: int, size: int) -> None:
-        seen.append((desc, attr, ctypes.c_uint64.from_address(buf).value, size))
+    class Descriptor:  # the layer's descriptor attributes, on a descriptor of address 0xD00
+        ptr = 0xD00
+        a_scale_pointer = cublasmp.MatmulDescriptor.a_scale_pointer
+        amax_d_pointer = cublasmp.MatmulDescriptor.amax_d_pointer
 
-    monkeypatch.setattr(flat, "matmul_descriptor_set_attribute", set_attribute)
-    slot = ctypes.c_uint64()
-    pm._repoint(SimpleNamespace(ptr=0xD00), {"a": 0x10, "amax_d": 0x20}, slot)  # type: ignore[arg-type]
+    pm._repoint(Descriptor(), {"a": 0x10, "amax_d": 0x20})  # type: ignore[arg-type]
     A = flat.MatmulDescriptorAttribute
-    assert seen == [(0xD00, A.A_SCALE_POINTER, 0x10, 8), (0xD00, A.AMAX_D_POINTER, 0x20, 8)]
+    assert seen == [(0xD00, A.A_SCALE_POINTER, 0x10), (0xD00, A.AMAX_D_POINTER, 0x20)]

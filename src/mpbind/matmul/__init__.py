@@ -29,7 +29,6 @@ from mpbind._infra import args as _args
 from mpbind._infra import cuda as _cuda
 from mpbind._infra import interop as _interop
 from mpbind._infra.owned import Owned, core_of
-from mpbind.bindings import cublasmp as _flat
 from mpbind.distributions import Distribution
 from mpbind.errors import CudaError, UsageError
 from mpbind.matmul._planner import EPILOGUES, ComputeCapabilityError, MatmulPlan, block_scale_elements
@@ -40,10 +39,8 @@ from mpbind.typing import Array, Stream
 __all__ = ["ComputeCapabilityError", "MatmulPlan", "PlannedMatmul", "plan"]
 
 _SCALE_DTYPES = {"tensor": ("float32",), "mxfp8": ("float8_e8m0fnu", "uint8"), "nvfp4": ("float8_e4m3fn", "uint8")}
-# The descriptor attribute holding each scale's pointer, as the int the flat call takes.
-_ATTRIBUTE = _flat.MatmulDescriptorAttribute
-_SCALE_POINTERS = {"a": int(_ATTRIBUTE.A_SCALE_POINTER), "b": int(_ATTRIBUTE.B_SCALE_POINTER),
-                   "d": int(_ATTRIBUTE.D_SCALE_POINTER), "amax_d": int(_ATTRIBUTE.AMAX_D_POINTER)}
+# The descriptor attribute holding each scale's pointer.
+_SCALE_POINTERS = {"a": "a_scale_pointer", "b": "b_scale_pointer", "d": "d_scale_pointer", "amax_d": "amax_d_pointer"}
 
 
 def plan(comm: nccl.Communicator, a: Array, b: Array, d: Array, *, a_dist: Distribution, b_dist: Distribution,
@@ -280,7 +277,6 @@ class PlannedMatmul(Owned):
         self._scales = frozenset(p.scales)
         self._planned_scales = {name: _interop.array_info(array, name).ptr for name, array in scales.items()}
         self._scales_lock = threading.Lock() if p.scales else None
-        self._slot = ctypes.c_uint64()  # the value a SetAttribute call reads (under the lock)
         own: list[Any] = []
         matrices: list[cublasmp.Matrix] = []
         m, n, k = p.gemm_shape(comm.rank)
@@ -404,10 +400,10 @@ class PlannedMatmul(Owned):
             # soon as the call returns: work already queued keeps this call's.
             descriptor = mm.descriptor
             try:
-                _repoint(descriptor, repointed, self._slot)
+                _repoint(descriptor, repointed)
                 mm.execute(stream, a=a, b=b, c=c, d=d)
             finally:
-                _repoint(descriptor, {name: self._planned_scales[name] for name in repointed}, self._slot)
+                _repoint(descriptor, {name: self._planned_scales[name] for name in repointed})
 
     __call__ = execute
 
@@ -531,7 +527,6 @@ class PlannedMatmul(Owned):
     _scales: frozenset[str]
     _planned_scales: dict[str, int]
     _scales_lock: threading.Lock | None
-    _slot: ctypes.c_uint64
     _scale_shapes: dict[str, tuple[int, tuple[str, ...]]]
     _algo_type: cublasmp.MatmulAlgoType | int | None
     _matmul: cublasmp.Matmul | None
@@ -575,15 +570,11 @@ def _device_bytes(handle: cublasmp.Handle, descriptor: cublasmp.MatmulDescriptor
     return int(device)
 
 
-def _repoint(descriptor: cublasmp.MatmulDescriptor, pointers: Mapping[str, int], slot: ctypes.c_uint64) -> None:
-    """Point the descriptor's scale attributes at `pointers` (name -> address): one
-    ``cublasMpMatmulDescriptorSetAttribute`` each, which copies the value from `slot`. The caller
-    holds the plan's scales lock (the slot is the plan's)."""
-    handle = descriptor.ptr
-    at = ctypes.addressof(slot)
+def _repoint(descriptor: cublasmp.MatmulDescriptor, pointers: Mapping[str, int]) -> None:
+    """Point the descriptor's scale attributes at `pointers` (name -> address). The caller holds the
+    plan's scales lock."""
     for name, ptr in pointers.items():
-        slot.value = ptr
-        _flat.matmul_descriptor_set_attribute(handle, _SCALE_POINTERS[name], at, 8)
+        setattr(descriptor, _SCALE_POINTERS[name], ptr)
 
 
 def _slice(array: Any, view: tuple[int, int, int, int]) -> Any:
@@ -617,11 +608,9 @@ def _descriptor(p: MatmulPlan, bias: Array | None, aux: Array | None, scales: Ma
             desc.epilogue_aux_data_type = types[p.aux_dtype]
     mode = p.scale_mode
     for name, array in scales.items():
-        ptr = _interop.array_info(array, name).ptr
+        setattr(desc, _SCALE_POINTERS[name], _interop.array_info(array, name).ptr)
         if name == "amax_d":
-            desc.amax_d_pointer = ptr
             continue
-        setattr(desc, f"{name}_scale_pointer", ptr)
         assert mode is not None
         setattr(desc, f"{name}_scale_mode", mode if name in ("a", "b") else cublasmp.MatmulMatrixScale.SCALAR_FP32)
     return desc
