@@ -487,11 +487,12 @@ struct ExchangeApiHeader {
 };
 struct ExchangeApi {
     ExchangeApiHeader header;
-    void* managed_tensor_allocator;
+    int (*managed_tensor_allocator)(nb::dlpack::dltensor* prototype, ManagedTensorVersioned** out, void* error_ctx,
+                                    void (*set_error)(void* error_ctx, const char* kind, const char* message));
     void* managed_tensor_from_py_object_no_sync;
-    void* managed_tensor_to_py_object_no_sync;
+    int (*managed_tensor_to_py_object_no_sync)(ManagedTensorVersioned* tensor, void** out_py_object);
     int (*dltensor_from_py_object_no_sync)(void* py_object, nb::dlpack::dltensor* out);
-    void* current_work_stream;
+    int (*current_work_stream)(int32_t device_type, int32_t device_id, void** out_stream);
 };
 constexpr int32_t kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLCUDAManaged = 13;
 
@@ -1014,6 +1015,70 @@ Array describe_via(nb::handle obj, const char* what, Source source) {
     p.source = source;
     run(obj, p, a, what);
     return a;
+}
+
+Producer Producer::of(nb::handle obj) {
+    Path scratch;
+    const ExchangeApi* api = path_of(Py_TYPE(obj.ptr()), scratch).exchange;
+    Producer p;
+    if (api && api->managed_tensor_allocator && api->managed_tensor_to_py_object_no_sync && api->current_work_stream) {
+        p.api_ = api;
+    }
+    return p;
+}
+
+nb::object Producer::empty(const Dims& shape, Dtype dtype, int device, uintptr_t& ptr, const char* what) const {
+    const auto* api = static_cast<const ExchangeApi*>(api_);
+    const DtypeInfo& d = info(dtype);
+    nb::dlpack::dltensor proto{};  // the allocator reads only the dtype, ndim, shape and device
+    proto.device = {kDLCUDA, device};
+    proto.ndim = static_cast<int32_t>(shape.size());
+    proto.dtype = {d.dl_code, d.dl_bits, 1};
+    proto.shape = const_cast<int64_t*>(shape.data());
+    std::string failure;
+    ManagedTensorVersioned* mt = nullptr;
+    int rc = api->managed_tensor_allocator(&proto, &mt, &failure, [](void* ctx, const char* kind, const char* message) {
+        *static_cast<std::string*>(ctx) = std::string(kind ? kind : "") + ": " + (message ? message : "");
+    });
+    if (rc != 0 || mt == nullptr) {
+        PyErr_Clear();  // the allocator reports through SetError; nothing of it stays pending
+        raise_mpbind(std::string(what) + ": the output's allocation (" + format_dims(shape) + ", " + d.name +
+                     ") failed" + (failure.empty() ? "" : " (" + failure + ")"));
+    }
+    // What came back is checked before it is written to: extents, dtype, device, compact layout.
+    const nb::dlpack::dltensor& t = mt->dl_tensor;
+    bool same = t.ndim == proto.ndim && t.device.device_type == kDLCUDA && t.device.device_id == device &&
+                t.dtype.code == proto.dtype.code && t.dtype.bits == proto.dtype.bits && t.dtype.lanes == 1 &&
+                (t.ndim == 0 || t.shape != nullptr);
+    bool empty = false;
+    int64_t stride = 1;  // the requested extents': their product is known to fit
+    for (int32_t i = t.ndim; same && i-- > 0;) {
+        int64_t n = shape[static_cast<size_t>(i)];
+        same = t.shape[i] == n && (t.strides == nullptr || n < 2 || t.strides[i] == stride);
+        stride *= n > 0 ? n : 1;
+        empty = empty || n == 0;
+    }
+    if (!same || (t.data == nullptr && !empty)) {
+        if (mt->deleter) mt->deleter(mt);
+        raise_mpbind(std::string(what) + ": the framework's allocator returned another tensor than the C-contiguous " +
+                     format_dims(shape) + " " + d.name + " on device " + std::to_string(device) + " asked for");
+    }
+    ptr = reinterpret_cast<uintptr_t>(t.data) + t.byte_offset;
+    void* obj = nullptr;
+    if (api->managed_tensor_to_py_object_no_sync(mt, &obj) != 0 || obj == nullptr) {  // it owns mt either way
+        if (PyErr_Occurred()) throw nb::python_error();
+        raise_mpbind(std::string(what) + ": the framework could not make a tensor of its allocation");
+    }
+    return nb::steal(static_cast<PyObject*>(obj));
+}
+
+uintptr_t Producer::stream(int device, const char* what) const {
+    void* s = nullptr;
+    if (static_cast<const ExchangeApi*>(api_)->current_work_stream(kDLCUDA, device, &s) != 0) {
+        if (PyErr_Occurred()) throw nb::python_error();
+        raise_mpbind(std::string(what) + ": the framework gave no current stream for device " + std::to_string(device));
+    }
+    return reinterpret_cast<uintptr_t>(s);
 }
 
 Array device_array(nb::handle obj, const Want& want) {

@@ -185,6 +185,26 @@ Array describe_via(nb::handle obj, const char* what, Source source);
 void check_export(uintptr_t ptr, const std::vector<size_t>& shape, uint8_t code, uint8_t bits, int device,
                   const char* what);
 
+// A framework whose tensor type has the DLPack C exchange API (__dlpack_c_exchange_api__): what a
+// kernel called from Python needs to make the framework's own tensor and run on the framework's
+// stream with no Python in between (mpbind.torch's eager calls).
+class Producer {
+public:
+    // The producer of `obj`'s type; valid() is false where the type has no exchange API, or one
+    // without an allocator, a way back to Python or a current stream.
+    static Producer of(nb::handle obj);
+    bool valid() const { return api_ != nullptr; }
+    // A new C-contiguous array of `shape` and `dtype` on CUDA device `device` from the producer's
+    // allocator, as the producer's Python object; its data pointer in `ptr`. An allocation that is
+    // not what was asked for (extents, dtype, device, layout) is refused, naming `what`.
+    nb::object empty(const Dims& shape, Dtype dtype, int device, uintptr_t& ptr, const char* what) const;
+    // The producer's current stream on CUDA device `device`.
+    uintptr_t stream(int device, const char* what) const;
+
+private:
+    const void* api_ = nullptr;
+};
+
 // Streams are read by mpbind::stream_handle (core.hpp), defined in arrays.cpp with the arrays.
 
 // For messages: repr_of(obj) and type(obj).__name__.

@@ -1084,7 +1084,8 @@ LaunchGuard::LaunchGuard(CommState& s, const char* op, uintptr_t stream, const s
     if (s.releasing() || w.gone.load()) {
         refused = (w.flags.load() & CommWatch::kFailed)
                       ? failure_status(w)
-                      : launch::Status::invalid((what.empty() ? w.label : what) + ": the communicator is closed");
+                      : launch::Status::invalid((what.empty() ? std::string(op) + " on " + w.label : what) +
+                                                ": the communicator is closed");
         return;
     }
     uint32_t f = w.flags.load(std::memory_order_seq_cst);
@@ -1120,6 +1121,20 @@ void LaunchGuard::done(bool ok) {
     }
 }
 
+int launch_size(uint64_t comm) {
+    std::shared_ptr<CommLaunch> entry = launch::registry<CommLaunch>().find(comm);
+    return entry ? entry->state->size : -1;
+}
+
+void raise_launch(uint64_t comm, const launch::Status& status, const char* what) {
+    if (status.code == launch::Status::kInvalid) raise_usage(std::string(what) + ": " + status.message);
+    if (status.code == launch::Status::kAborted || status.code == launch::Status::kTimeout) {
+        std::shared_ptr<CommLaunch> entry = launch::registry<CommLaunch>().find(comm);
+        if (entry) entry->state->refuse_if_failed();
+    }
+    raise_mpbind(std::string(what) + ": " + status.message);
+}
+
 }  // namespace mpbind::nccl
 
 namespace mpbind::launch {
@@ -1134,16 +1149,16 @@ Status collective(uint64_t id, Collective kind, uintptr_t stream, int device, co
     if (!entry) return unknown("communicator", id);
     CommState& s = *entry->state;
     CommWatch& w = *s.watch;
-    std::string where = std::string(name) + " on " + w.label;
-    if (dtype < 0 || dtype >= 12) return Status::invalid(where + ": ncclDataType_t " + std::to_string(dtype) + " is unknown");
-    if (op < 0 || op > 4) return Status::invalid(where + ": ncclRedOp_t " + std::to_string(op) + " is not sum .. avg");
+    auto where = [&] { return std::string(name) + " on " + w.label; };  // for messages only: not built per call
+    if (dtype < 0 || dtype >= 12) return Status::invalid(where() + ": ncclDataType_t " + std::to_string(dtype) + " is unknown");
+    if (op < 0 || op > 4) return Status::invalid(where() + ": ncclRedOp_t " + std::to_string(op) + " is not sum .. avg");
     if (device != s.device) {
-        return Status::invalid(where + ": the program runs on device " + std::to_string(device) +
+        return Status::invalid(where() + ": the program runs on device " + std::to_string(device) +
                                "; the communicator uses device " + std::to_string(s.device));
     }
     auto size = static_cast<size_t>(kTypeSizes[dtype]);
     if (send_bytes % size || recv_bytes % size) {
-        return Status::invalid(where + ": buffers of " + std::to_string(send_bytes) + " and " + std::to_string(recv_bytes) +
+        return Status::invalid(where() + ": buffers of " + std::to_string(send_bytes) + " and " + std::to_string(recv_bytes) +
                                " bytes are not whole " + kTypeNames[dtype] + " elements");
     }
     size_t n_send = send_bytes / size, n_recv = recv_bytes / size, ranks = static_cast<size_t>(s.size), count = n_recv;
@@ -1155,13 +1170,13 @@ Status collective(uint64_t id, Collective kind, uintptr_t stream, int device, co
         case Collective::kAllToAll: fits = n_send == n_recv && n_send % ranks == 0; count = n_send / ranks; break;
     }
     if (!fits) {
-        return Status::invalid(where + ": " + std::to_string(n_send) + " elements in and " + std::to_string(n_recv) +
+        return Status::invalid(where() + ": " + std::to_string(n_send) + " elements in and " + std::to_string(n_recv) +
                                " out do not fit this collective on " + std::to_string(ranks) + " ranks");
     }
     if (count == 0) return {};
     // the communicator held for the call (a release or the watchdog's abort waits for it), refused when
     // closed or failed, the call in its flight record when watched
-    LaunchGuard held(s, name, stream, where, count, static_cast<int64_t>(count * size), kTypeNames[dtype]);
+    LaunchGuard held(s, name, stream, {}, count, static_cast<int64_t>(count * size), kTypeNames[dtype]);
     if (!held.refused.ok()) return held.refused;
     ncclResult_t status = issue_launch(kind, s, send, recv, count, dtype, op, stream);
     held.returned();

@@ -115,6 +115,14 @@ private:
     uint64_t seq_ = 0;
 };
 
+// A failed launch::collective on the communicator registered as `comm`, raised as the layer raises
+// its calls' failures: UsageError for a refusal, the communicator's own error
+// (CommunicatorAbortedError, CollectiveTimeoutError) once it failed, MpbindError otherwise; `what`
+// names the caller.
+[[noreturn]] void raise_launch(uint64_t comm, const launch::Status& status, const char* what);
+// The number of ranks of the communicator registered as `comm`; -1 when none is.
+int launch_size(uint64_t comm);
+
 // A buffer from ncclMemAlloc, as arrays.cpp reads one passed as an array (bytes).
 struct BufferSpan {
     uintptr_t ptr;
