@@ -137,6 +137,86 @@ _api = DLPackExchangeAPI(1, 3, None, None, None, None, _fill_c, None)
 ExchangeTensor.__dlpack_c_exchange_api__ = _capsule_new(ctypes.addressof(_api), _EXCHANGE, None)  # type: ignore[attr-defined]
 
 
+_ALLOCATE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(DLTensor), ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
+                             ctypes.c_void_p)
+_SET_ERROR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p)
+_TO_OBJECT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p))
+_STREAM = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p))
+
+
+class Made:
+    """A tensor :class:`ProducingTensor`'s producer made: the description it handed out."""
+
+    def __init__(self, exported: Exported) -> None:
+        t = exported.tensor
+        self.exported = exported
+        self.shape = tuple(t.shape[i] for i in range(t.ndim))
+        self.dtype = (t.dtype.code, t.dtype.bits)
+        self.device = (t.device.device_type, t.device.device_id)
+        self.data = t.data
+
+
+class ProducingTensor(ExchangeTensor):
+    """An :class:`ExchangeTensor` whose type also makes tensors (an allocator, a way back to Python, a
+    current stream), as a framework does for a kernel called directly: ``asked`` records each
+    prototype, ``made`` what went back to Python. ``lie`` makes the allocator hand out another
+    tensor than asked for ("shape", "dtype", "device", "strides", "ndim", "null": no data) or fail
+    ("fail", through SetError)."""
+
+    lie = ""
+    requires_grad = False  # read as torch.Tensor's is
+    asked: list[tuple[tuple[int, ...], tuple[int, int], tuple[int, int]]] = []
+    made: list[Made] = []
+    _kept: list[Exported] = []
+
+
+def _allocate(proto: Any, out: Any, error_ctx: int, set_error: int) -> int:
+    p = proto[0]
+    shape = tuple(p.shape[i] for i in range(p.ndim))
+    ProducingTensor.asked.append((shape, (p.dtype.code, p.dtype.bits), (p.device.device_type, p.device.device_id)))
+    lie = ProducingTensor.lie
+    if lie == "fail":
+        _SET_ERROR(set_error)(error_ctx, b"MemoryError", b"out of device memory")
+        return -1
+    kw: dict[str, Any] = {"device": (p.device.device_type, p.device.device_id)}
+    if lie == "shape":
+        shape = (*shape[:-1], shape[-1] + 1) if shape else (2,)
+    if lie == "device":
+        kw["device"] = (KDL_CUDA, p.device.device_id + 1)
+    if lie == "strides" and shape:
+        kw["strides"] = (2,) * len(shape)
+    if lie == "ndim":
+        kw["ndim"] = p.ndim + 1
+    if lie == "null":
+        kw["data"] = 0
+    made = Exported(shape, p.dtype.code, 16 if lie == "dtype" else p.dtype.bits, **kw)
+    ProducingTensor._kept.append(made)
+    out[0] = ctypes.addressof(made.managed)
+    return 0
+
+
+def _to_object(managed: int, out: Any) -> int:
+    exported = next(e for e in ProducingTensor._kept if ctypes.addressof(e.managed) == managed)
+    obj = Made(exported)
+    ProducingTensor.made.append(obj)
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))  # a new reference, as the exchange hands one back
+    out[0] = id(obj)
+    return 0
+
+
+def _stream(device_type: int, device_id: int, out: Any) -> int:
+    out[0] = STREAMS[device_id % len(STREAMS)]
+    return 0
+
+
+_producer_c = (_ALLOCATE(_allocate), _TO_OBJECT(_to_object), _STREAM(_stream))
+_producer_api = DLPackExchangeAPI(1, 3, None, ctypes.cast(_producer_c[0], ctypes.c_void_p), None,
+                                  ctypes.cast(_producer_c[1], ctypes.c_void_p), _fill_c,
+                                  ctypes.cast(_producer_c[2], ctypes.c_void_p))
+ProducingTensor.__dlpack_c_exchange_api__ = _capsule_new(  # type: ignore[attr-defined]
+    ctypes.addressof(_producer_api), _EXCHANGE, None)
+
+
 class InterfaceArray:
     """An array described by ``__cuda_array_interface__`` (v3 unless ``version`` says otherwise)."""
 

@@ -203,9 +203,61 @@ def test_the_cpp_operators_run_the_collectives_here(comm: nccl.Communicator) -> 
         ops.nccl_all_reduce(x.cpu(), comm.launch_id, 0)
     with pytest.raises(RuntimeError, match="takes a contiguous tensor"):
         ops.nccl_all_reduce(x.t(), comm.launch_id, 0)
-    with pytest.raises(RuntimeError, match="only sum and avg are defined over complex tensors"):
+    with pytest.raises(RuntimeError, match="a max of complex tensors is not defined"):
         ops.nccl_all_reduce(torch.ones(2, dtype=torch.complex64, device="cuda"), comm.launch_id, 2)
     with pytest.raises(RuntimeError, match="do not fit this collective on 1 ranks"):
         ops.nccl_all_gather(x, comm.launch_id, 2)  # traced for two ranks, run on one
     with pytest.raises(RuntimeError, match="NCCL has no type"):
         ops.nccl_all_reduce(torch.ones(2, dtype=torch.bool, device="cuda"), comm.launch_id, 0)
+
+
+def test_eager_calls_run_the_kernels_without_the_dispatcher(comm: nccl.Communicator, monkeypatch: Any) -> None:
+    # Eagerly, on a plain contiguous CUDA tensor, the functions run the C++ kernels directly (through
+    # _native.GATE): torch's tensors made by torch's allocator, on torch's current stream.
+    from mpbind.torch import _native
+
+    assert _native.GATE is not None
+    kinds: list[int] = []
+    ran: list[bool] = []
+
+    def counted(kind: int, *args: Any) -> Any:
+        kinds.append(kind)
+        out = _native.GATE(kind, *args)
+        ran.append(out is not None)
+        return out
+
+    monkeypatch.setattr(mpt, "_gate", counted)
+    x = torch.randn(8, 3, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # the work goes on the current stream, whichever it is
+        outs = [mpt.all_reduce(x, comm), mpt.all_gather(x, comm), mpt.reduce_scatter(x, comm), mpt.all_to_all(x, comm),
+                mpt.all_reduce(x, comm, "max")]
+        same = mpt.all_reduce_(x, comm)
+    side.synchronize()
+    assert kinds == [0, 1, 2, 3, 0, 0] and all(ran)
+    for y in outs:
+        assert type(y) is torch.Tensor and y.is_contiguous() and y.device == x.device and y.shape == x.shape
+        assert torch.equal(y, x) and y.data_ptr() != x.data_ptr()
+    assert same is x
+    z = torch.randn(4, dtype=torch.complex128, device="cuda")
+    assert torch.equal(mpt.all_reduce(z, comm, "avg"), z)
+    with pytest.raises(UsageError, match="max of complex tensors"):
+        mpt.all_reduce(z, comm, "max")
+    with pytest.raises(UsageError, match="does not split into 1 equal blocks"):
+        mpt.reduce_scatter(torch.ones((), device="cuda"), comm)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    for _ in range(200):  # each output is torch's and freed with its last reference
+        mpt.all_gather(x, comm)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+    assert kinds.count(1) == 201 and all(ran)
+    # What something else is to see goes through the dispatcher: a gradient, a mode, compilation.
+    ran.clear()
+    leaf = torch.ones(4, device="cuda", requires_grad=True)
+    mpt.all_reduce(leaf, comm).sum().backward()
+    with torch.device("cuda"):  # a torch-function mode
+        mpt.all_gather(x, comm)
+    assert ran == [False, False]
+    assert torch.equal(leaf.grad, torch.ones(4, device="cuda"))

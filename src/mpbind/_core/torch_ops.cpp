@@ -18,6 +18,11 @@
 // program. A refusal throws std::runtime_error (a RuntimeError in Python) naming what was wrong;
 // the Python operators check their arguments before tracing, so that a refusal comes before the
 // first collective step on every rank.
+//
+// Eagerly the same kernels run without the dispatcher (torch_eager, and the Gate mpbind.torch asks
+// first): its entry and the output's way through it were most of an eager call's cost. Such a call
+// reads the tensor, makes its output and finds torch's stream through the DLPack C exchange API of
+// the tensor's type, and raises mpbind's errors.
 
 #include <dlfcn.h>
 
@@ -32,7 +37,9 @@
 #include <string>
 #include <vector>
 
+#include "arrays.hpp"
 #include "launch.hpp"
+#include "nccl.hpp"
 #include "register.hpp"
 
 namespace nb = nanobind;
@@ -110,6 +117,10 @@ struct Owned {
     }
 };
 
+// The operators' names, in launch::Collective's order.
+constexpr const char* kOpNames[] = {"mpbind::nccl_all_reduce", "mpbind::nccl_all_gather", "mpbind::nccl_reduce_scatter",
+                                    "mpbind::nccl_all_to_all"};
+
 // This rank's tensor as a collective sees it.
 struct Piece {
     void* ptr = nullptr;
@@ -170,28 +181,74 @@ Tensor empty(const std::vector<int64_t>& sizes, const Piece& like) {
 
 int64_t as_int(StableIValue v) { return static_cast<int64_t>(v); }
 
+// What the kernels refuse (a RuntimeError through torch's dispatcher, a UsageError called eagerly).
+struct Refused : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
 // The group size an operator was traced with, the same bound as the Python operators' (MAX_RANKS).
-int64_t group(StableIValue v, const char* op) {
-    int64_t g = as_int(v);
+int64_t group(int64_t g, const char* op) {
     if (g < 1 || g > (int64_t{1} << 20)) {
-        throw std::runtime_error(std::string(op) + ": group_size must be in [1, 1048576], not " + std::to_string(g));
+        throw Refused(std::string(op) + ": group_size must be in [1, 1048576], not " + std::to_string(g));
     }
     return g;
 }
 
-int reduction(StableIValue v, const Piece& p, const char* op) {
-    int64_t r = as_int(v);
-    if (r < 0 || r > 4) throw std::runtime_error(std::string(op) + ": ncclRedOp_t " + std::to_string(r) + " is not sum .. avg");
-    if (p.per_element == 2 && r != 0 && r != 4) {
-        throw std::runtime_error(std::string(op) + ": only sum and avg are defined over complex tensors");
+// ncclRedOp_t's names (sum .. avg), as mpbind.torch names the reductions.
+constexpr const char* kReductionNames[] = {"sum", "prod", "max", "min", "avg"};
+
+int reduction(int64_t r, int per_element, const char* op) {
+    if (r < 0 || r > 4) throw Refused(std::string(op) + ": ncclRedOp_t " + std::to_string(r) + " is not sum .. avg");
+    if (per_element == 2 && r != 0 && r != 4) {
+        throw Refused(std::string(op) + ": a " + kReductionNames[r] + " of complex tensors is not defined (sum and "
+                      "avg are, over the real and imaginary parts)");
     }
     return static_cast<int>(r);
 }
 
+size_t times(size_t bytes, int64_t k, const char* op) {
+    if (bytes > std::numeric_limits<size_t>::max() / static_cast<size_t>(k)) {
+        throw Refused(std::string(op) + ": the output's size overflows");
+    }
+    return bytes * static_cast<size_t>(k);
+}
+
+// A collective's output from this rank's `sizes` and `bytes` on a group of `g`: all_gather stacks
+// the ranks' pieces along dim 0 ([g] of a 0-d tensor), reduce_scatter keeps block `rank` of `g`
+// equal blocks along dim 0, all_to_all (whose blocks must be equal too; g is 0 where its operator
+// does not know the group, and the launch checks the elements) and all_reduce keep the input's shape.
+struct Output {
+    std::vector<int64_t> sizes;
+    size_t bytes;
+};
+
+Output output_of(launch::Collective kind, const std::vector<int64_t>& sizes, size_t bytes, int64_t g, const char* op) {
+    Output o{sizes, bytes};
+    if (kind == launch::Collective::kAllGather) {
+        if (o.sizes.empty()) {
+            o.sizes.push_back(g);
+        } else if (o.sizes[0] > std::numeric_limits<int64_t>::max() / g) {
+            throw Refused(std::string(op) + ": the output's size overflows");
+        } else {
+            o.sizes[0] *= g;
+        }
+        o.bytes = times(bytes, g, op);
+    } else if (kind == launch::Collective::kReduceScatter || (kind == launch::Collective::kAllToAll && g > 0)) {
+        if (o.sizes.empty() || o.sizes[0] % g) {
+            throw Refused(std::string(op) + ": dim 0 does not split into " + std::to_string(g) + " equal blocks");
+        }
+        if (kind == launch::Collective::kReduceScatter) {
+            o.sizes[0] /= g;
+            o.bytes = bytes / static_cast<size_t>(g);
+        }
+    }
+    return o;
+}
+
 // Queue the collective on torch's current stream; the output's handle goes on the stack.
 void run(StableIValue* stack, const char* op, launch::Collective kind, uint64_t comm, const Piece& in,
-         const std::vector<int64_t>& out_sizes, size_t out_bytes, int red) {
-    Owned out(empty(out_sizes, in));
+         const Output& o, int red) {
+    Owned out(empty(o.sizes, in));
     void* out_ptr = nullptr;
     check(shim.data_ptr(out.h, &out_ptr), "data pointer query");
     void* stream = nullptr;
@@ -203,68 +260,172 @@ void run(StableIValue* stack, const char* op, launch::Collective kind, uint64_t 
         std::optional<nb::gil_scoped_release> unlocked;
         if (PyGILState_Check()) unlocked.emplace();
         st = launch::collective(comm, kind, reinterpret_cast<uintptr_t>(stream), in.device, in.ptr, in.bytes, out_ptr,
-                                out_bytes, in.nccl_type, red);
+                                o.bytes, in.nccl_type, red);
     }
     if (!st.ok()) throw std::runtime_error(std::string(op) + ": " + st.message);
     stack[0] = reinterpret_cast<StableIValue>(out.release());
 }
 
-size_t times(size_t bytes, int64_t k, const char* op) {
-    if (bytes > std::numeric_limits<size_t>::max() / static_cast<size_t>(k)) {
-        throw std::runtime_error(std::string(op) + ": the output's size overflows");
+// The four kernels: (x, comm, [op], [group_size]) on the stack, the output put in x's place.
+template <launch::Collective kind>
+void kernel(StableIValue* stack, uint64_t, uint64_t) {
+    constexpr bool reduces = kind == launch::Collective::kAllReduce || kind == launch::Collective::kReduceScatter;
+    constexpr bool grouped = kind == launch::Collective::kAllGather || kind == launch::Collective::kReduceScatter;
+    const char* op = kOpNames[static_cast<int>(kind)];
+    Owned x(reinterpret_cast<Tensor>(stack[0]));
+    Piece p = piece(x.h, op);
+    int red = reduces ? reduction(as_int(stack[2]), p.per_element, op) : 0;
+    int64_t g = grouped ? group(as_int(stack[reduces ? 3 : 2]), op) : kind == launch::Collective::kAllToAll ? 0 : 1;
+    run(stack, op, kind, static_cast<uint64_t>(stack[1]), p, output_of(kind, p.sizes, p.bytes, g, op), red);
+}
+
+// --- eager calls ---------------------------------------------------------------------------------
+
+// The kernels called from Python without torch's dispatcher, by mpbind.torch's functions where nothing
+// else is to see the call (a plain CUDA tensor, eager, no mode or transform, no gradient wanted): the
+// dispatcher's entry and the output's way through it are most of an eager operator's cost. The
+// tensor is read, and its output made and handed back, through the DLPack C exchange API of its type
+// (torch's allocator, torch's current stream, a torch.Tensor); the rules and the launch are the
+// kernels'. Refusals are UsageError, a failed communicator raises its own error.
+
+constexpr const char* kEagerNames[] = {"mpbind.torch.all_reduce", "mpbind.torch.all_gather",
+                                       "mpbind.torch.reduce_scatter", "mpbind.torch.all_to_all"};
+
+// (ncclDataType_t, NCCL elements per element) of a dtype NCCL moves (a complex one as two reals).
+std::pair<int, int> nccl_type_of(arrays::Dtype d) {
+    if (d == arrays::Dtype::kComplex64) return {7, 2};
+    if (d == arrays::Dtype::kComplex128) return {8, 2};
+    return {arrays::info(d).nccl, 1};
+}
+
+// The kernel on `x`, read as `a`, of the framework `producer`.
+nb::object run_eager(launch::Collective kind, nb::handle x, const arrays::Array& a, const arrays::Producer& producer,
+                     uint64_t comm, int64_t red_code, int64_t group_size, bool in_place) {
+    const char* op = in_place ? "mpbind.torch.all_reduce_" : kEagerNames[static_cast<int>(kind)];
+    if (a.device < 0) raise_usage(std::string(op) + " takes CUDA tensors; x is in host memory");
+    if (!a.contiguous) raise_usage(std::string(op) + " takes a contiguous tensor");
+    auto [type, per_element] = nccl_type_of(a.dtype);
+    if (type < 0) raise_usage(std::string(op) + ": NCCL has no type for " + arrays::name(a.dtype));
+    bool reduces = kind == launch::Collective::kAllReduce || kind == launch::Collective::kReduceScatter;
+    bool grouped = kind != launch::Collective::kAllReduce;  // all_to_all's blocks too (its operator has no size)
+    Output o;
+    int red = 0;
+    try {
+        red = reduces ? reduction(red_code, per_element, op) : 0;
+        int64_t g = grouped ? group(group_size, op) : 1;
+        o = output_of(kind, std::vector<int64_t>(a.shape.data(), a.shape.data() + a.shape.size()),
+                      static_cast<size_t>(a.nbytes()), g, op);
+    } catch (const Refused& e) {
+        raise_usage(e.what());
     }
-    return bytes * static_cast<size_t>(k);
-}
-
-// nccl_all_reduce(Tensor x, int comm, int op) -> Tensor
-void all_reduce(StableIValue* stack, uint64_t, uint64_t) {
-    const char* op = "mpbind::nccl_all_reduce";
-    Owned x(reinterpret_cast<Tensor>(stack[0]));
-    Piece p = piece(x.h, op);
-    int red = reduction(stack[2], p, op);
-    run(stack, op, launch::Collective::kAllReduce, static_cast<uint64_t>(stack[1]), p, p.sizes, p.bytes, red);
-}
-
-// nccl_all_gather(Tensor x, int comm, int group_size) -> Tensor: [g * d0, ...] ([g] of a 0-d tensor)
-void all_gather(StableIValue* stack, uint64_t, uint64_t) {
-    const char* op = "mpbind::nccl_all_gather";
-    Owned x(reinterpret_cast<Tensor>(stack[0]));
-    Piece p = piece(x.h, op);
-    int64_t g = group(stack[2], op);
-    std::vector<int64_t> sizes = p.sizes;
-    if (sizes.empty()) {
-        sizes.push_back(g);
-    } else if (sizes[0] > std::numeric_limits<int64_t>::max() / g) {
-        throw std::runtime_error(std::string(op) + ": the output's size overflows");
-    } else {
-        sizes[0] *= g;
+    nb::object out = nb::borrow(x);
+    uintptr_t out_ptr = a.ptr;
+    if (!in_place) {
+        arrays::Dims dims;
+        dims.resize_for_overwrite(o.sizes.size());
+        for (size_t i = 0; i < o.sizes.size(); ++i) dims[i] = o.sizes[i];
+        out = producer.empty(dims, a.dtype, a.device, out_ptr, op);
     }
-    run(stack, op, launch::Collective::kAllGather, static_cast<uint64_t>(stack[1]), p, sizes, times(p.bytes, g, op), 0);
-}
-
-// nccl_reduce_scatter(Tensor x, int comm, int op, int group_size) -> Tensor: [d0 / g, ...]
-void reduce_scatter(StableIValue* stack, uint64_t, uint64_t) {
-    const char* op = "mpbind::nccl_reduce_scatter";
-    Owned x(reinterpret_cast<Tensor>(stack[0]));
-    Piece p = piece(x.h, op);
-    int red = reduction(stack[2], p, op);
-    int64_t g = group(stack[3], op);
-    if (p.sizes.empty() || p.sizes[0] % g) {
-        throw std::runtime_error(std::string(op) + ": dim 0 does not split into " + std::to_string(g) + " equal blocks");
+    uintptr_t stream = producer.stream(a.device, op);
+    launch::Status st;
+    {
+        nb::gil_scoped_release unlocked;  // a launch may wait (bounded) for the communicator
+        st = launch::collective(comm, kind, stream, a.device, reinterpret_cast<const void*>(a.ptr),
+                                static_cast<size_t>(a.nbytes()), reinterpret_cast<void*>(out_ptr), o.bytes, type, red);
     }
-    std::vector<int64_t> sizes = p.sizes;
-    sizes[0] /= g;
-    run(stack, op, launch::Collective::kReduceScatter, static_cast<uint64_t>(stack[1]), p, sizes,
-        p.bytes / static_cast<size_t>(g), red);
+    if (!st.ok()) nccl::raise_launch(comm, st, op);
+    return out;
 }
 
-// nccl_all_to_all(Tensor x, int comm) -> Tensor
-void all_to_all(StableIValue* stack, uint64_t, uint64_t) {
-    const char* op = "mpbind::nccl_all_to_all";
-    Owned x(reinterpret_cast<Tensor>(stack[0]));
-    Piece p = piece(x.h, op);
-    run(stack, op, launch::Collective::kAllToAll, static_cast<uint64_t>(stack[1]), p, p.sizes, p.bytes, 0);
+launch::Collective kind_of(int code, bool in_place) {
+    if (code < 0 || code > 3) raise_usage("unknown collective " + std::to_string(code));
+    if (in_place && code != 0) raise_usage(std::string(kEagerNames[code]) + ": only an all-reduce works in place");
+    return static_cast<launch::Collective>(code);
 }
+
+// The kernel on any tensor of a framework with the exchange API, a communicator's launch id, an
+// ncclRedOp_t and the group size: what the gate calls, and tests call with made-up tensors.
+nb::object eager(int kind_code, nb::handle x, uint64_t comm, int64_t red_code, int64_t group_size, bool in_place) {
+    launch::Collective kind = kind_of(kind_code, in_place);
+    arrays::Producer producer = arrays::Producer::of(x);
+    if (!producer.valid()) {
+        raise_type(std::string(kEagerNames[kind_code]) + ": x must be a tensor whose type makes tensors through "
+                   "the DLPack C exchange API (torch.Tensor's since PyTorch 2.10), not a " + arrays::typename_of(x));
+    }
+    return run_eager(kind, x, arrays::describe(x, "x", false), producer, comm, red_code, group_size, in_place);
+}
+
+// Which calls go to the kernels directly: mpbind.torch's functions ask it first, and go on through the
+// dispatcher where it returns None. It takes a call when x is exactly the tensor type, contiguous and
+// on a CUDA device, the communicator exactly the communicator type (its launch id: `_launch`, else the
+// `launch_id` property, which registers it), the reduction one of ncclRedOp_t's names, nothing asks for a gradient (x.requires_grad while grad mode is
+// on) and each of `seen_by` (what would see the call: compilation, a mode, a transform) returns false.
+class Gate {
+public:
+    Gate(nb::handle tensor_type, nb::handle comm_type, nb::tuple seen_by, nb::object grad_enabled)
+        : tensor_type_(nb::borrow(tensor_type)), comm_type_(nb::borrow(comm_type)),
+          grad_enabled_(std::move(grad_enabled)), launch_(nb::str("_launch")), launch_id_(nb::str("launch_id")),
+          requires_grad_(nb::str("requires_grad")) {
+        for (nb::handle f : seen_by) seen_by_.push_back(nb::borrow(f));
+        for (const char* name : kReductionNames) names_.push_back(nb::str(name));
+    }
+
+    nb::object call(int kind_code, nb::handle x, nb::handle comm, nb::handle op, bool in_place) const {
+        launch::Collective kind = kind_of(kind_code, in_place);
+        if (!Py_IS_TYPE(x.ptr(), reinterpret_cast<PyTypeObject*>(tensor_type_.ptr())) ||
+            !Py_IS_TYPE(comm.ptr(), reinterpret_cast<PyTypeObject*>(comm_type_.ptr()))) {
+            return nb::none();
+        }
+        nb::object launch = nb::steal(PyObject_GetAttr(comm.ptr(), launch_.ptr()));
+        if (launch.is_valid() && launch.is_none()) {  // not registered yet: the property registers it, once
+            launch = nb::steal(PyObject_GetAttr(comm.ptr(), launch_id_.ptr()));
+        }
+        if (!launch.is_valid()) throw nb::python_error();
+        if (!PyLong_CheckExact(launch.ptr())) return nb::none();
+        uint64_t id = PyLong_AsUnsignedLongLong(launch.ptr());
+        if (PyErr_Occurred()) throw nb::python_error();
+        int64_t red = 0;
+        if (kind == launch::Collective::kAllReduce || kind == launch::Collective::kReduceScatter) {
+            red = reduction_code(op);
+            if (red < 0) return nb::none();  // the Python path names what is wrong with it
+        }
+        for (const nb::object& f : seen_by_) {
+            if (truthy(f)) return nb::none();
+        }
+        nb::object wants = nb::steal(PyObject_GetAttr(x.ptr(), requires_grad_.ptr()));
+        if (!wants.is_valid()) throw nb::python_error();
+        if (wants.ptr() == Py_True && truthy(grad_enabled_)) return nb::none();
+        arrays::Producer producer = arrays::Producer::of(x);
+        if (!producer.valid()) return nb::none();
+        arrays::Array a = arrays::describe(x, "x", false);
+        if (a.device < 0 || !a.contiguous) return nb::none();
+        int64_t g = kind == launch::Collective::kAllReduce ? 1 : nccl::launch_size(id);
+        return run_eager(kind, x, a, producer, id, red, g > 0 ? g : 1, in_place);  // an unknown id: refused there
+    }
+
+private:
+    static bool truthy(const nb::object& f) {
+        nb::object r = nb::steal(PyObject_CallNoArgs(f.ptr()));
+        if (!r.is_valid()) throw nb::python_error();
+        int t = PyObject_IsTrue(r.ptr());
+        if (t < 0) throw nb::python_error();
+        return t != 0;
+    }
+    int64_t reduction_code(nb::handle op) const {
+        if (!PyUnicode_Check(op.ptr())) return -1;
+        for (size_t i = 0; i < names_.size(); ++i) {
+            if (op.ptr() == names_[i].ptr() || PyUnicode_Compare(op.ptr(), names_[i].ptr()) == 0) {
+                return static_cast<int64_t>(i);
+            }
+        }
+        return -1;
+    }
+
+    nb::object tensor_type_, comm_type_, grad_enabled_;
+    nb::str launch_, launch_id_, requires_grad_;
+    std::vector<nb::object> seen_by_;
+    std::vector<nb::str> names_;
+};
 
 struct Op {
     const char* name;
@@ -272,11 +433,13 @@ struct Op {
     Boxed kernel;
 };
 
+using launch::Collective;
 constexpr Op kOps[] = {
-    {"nccl_all_reduce", "nccl_all_reduce(Tensor x, int comm, int op) -> Tensor", &all_reduce},
-    {"nccl_all_gather", "nccl_all_gather(Tensor x, int comm, int group_size) -> Tensor", &all_gather},
-    {"nccl_reduce_scatter", "nccl_reduce_scatter(Tensor x, int comm, int op, int group_size) -> Tensor", &reduce_scatter},
-    {"nccl_all_to_all", "nccl_all_to_all(Tensor x, int comm) -> Tensor", &all_to_all},
+    {"nccl_all_reduce", "nccl_all_reduce(Tensor x, int comm, int op) -> Tensor", &kernel<Collective::kAllReduce>},
+    {"nccl_all_gather", "nccl_all_gather(Tensor x, int comm, int group_size) -> Tensor", &kernel<Collective::kAllGather>},
+    {"nccl_reduce_scatter", "nccl_reduce_scatter(Tensor x, int comm, int op, int group_size) -> Tensor",
+     &kernel<Collective::kReduceScatter>},
+    {"nccl_all_to_all", "nccl_all_to_all(Tensor x, int comm) -> Tensor", &kernel<Collective::kAllToAll>},
 };
 
 // The shim's dtype codes of the types NCCL reduces, paired with their ncclDataType_t.
@@ -360,6 +523,23 @@ void register_torch(nb::module_& m) {
           "libtorch_cuda, '' when torch has no CUDA); returns their names. Once per process.");
     m.def("torch_ops_registered", [] { return torch_ops::registered; },
           "Whether torch_ops_register has registered the operators.");
+    m.def("torch_eager", &torch_ops::eager, nb::arg("kind"), nb::arg("x"), nb::arg("comm"), nb::arg("op"),
+          nb::arg("group_size"), nb::arg("in_place") = false,
+          "The collective `kind` (0 all_reduce, 1 all_gather, 2 reduce_scatter, 3 all_to_all) of the CUDA tensor `x` "
+          "over the communicator registered as `comm` (its launch_id), with the ncclRedOp_t `op` and the group size "
+          "the output's shape assumes, queued on the current stream of x's framework: what the operators' kernels "
+          "do, without torch's dispatcher. Returns the output, a new tensor of x's framework (x itself in place).");
+    nb::class_<torch_ops::Gate>(m, "TorchEagerGate",
+                                "Which eager calls of mpbind.torch's collectives run their C++ kernel directly (see "
+                                "torch_ops.cpp); calling it runs such a call, or returns None for the dispatcher's "
+                                "path.")
+        .def(nb::init<nb::handle, nb::handle, nb::tuple, nb::object>(), nb::arg("tensor_type"), nb::arg("comm_type"),
+             nb::arg("seen_by"), nb::arg("grad_enabled"))
+        .def("__call__", &torch_ops::Gate::call, nb::arg("kind"), nb::arg("x"), nb::arg("comm"),
+             nb::arg("op").none() = nb::none(), nb::arg("in_place") = false);
+    m.def("torch_eager_ready", [](nb::handle x) { return arrays::Producer::of(x).valid(); }, nb::arg("x"),
+          "Whether torch_eager can make tensors of x's type (its DLPack C exchange API has an allocator, a way "
+          "back to Python and a current stream).");
 }
 
 }  // namespace mpbind

@@ -143,6 +143,14 @@ def _native_call(x: Any) -> bool:
     return _native.AVAILABLE and isinstance(x, Tensor) and x.is_cuda
 
 
+#: The eager calls that run the C++ kernels without the dispatcher (``_native.GATE``), or None; asked
+#: only when not compiling (the compiler takes the check as a constant, and traces the operators).
+_gate = _native.GATE
+_compiling = torch.compiler.is_compiling
+_ALL_REDUCE, _ALL_GATHER, _REDUCE_SCATTER, _ALL_TO_ALL = (_native.K_ALL_REDUCE, _native.K_ALL_GATHER,
+                                                          _native.K_REDUCE_SCATTER, _native.K_ALL_TO_ALL)
+
+
 #: :func:`_resolve` as the compiler sees it: constants.
 _resolved = torch.compiler.assume_constant_result(_resolve)
 
@@ -157,6 +165,8 @@ def _plan_name(plan: Any, kind: type) -> tuple[str, str]:
 
 def all_reduce(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
     """The reduction (`op`: sum, prod, max, min, avg) of `x` over the ranks, as a new tensor."""
+    if _gate is not None and not _compiling() and (y := _gate(_ALL_REDUCE, x, comm, op)) is not None:
+        return y
     if _native_call(x):
         _ops.check_op(op, x)
         launch = _launched(comm)[0]
@@ -170,6 +180,8 @@ def all_reduce(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
 
 def all_reduce_(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
     """:func:`all_reduce` into `x` itself (contiguous); returns `x`."""
+    if _gate is not None and not _compiling() and _gate(_ALL_REDUCE, x, comm, op, True) is not None:
+        return x
     if _ops.direct_call(x):
         _ops.all_reduce_in_place_on(x, _communicator(comm), op)
         return x
@@ -179,6 +191,8 @@ def all_reduce_(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
 
 def all_gather(x: Tensor, comm: Any) -> Tensor:
     """Every rank's `x` stacked along dim 0, rank order (``size * x.shape[0]`` rows)."""
+    if _gate is not None and not _compiling() and (y := _gate(_ALL_GATHER, x, comm)) is not None:
+        return y
     if _native_call(x):
         launch, size = _launched(comm)
         if _native.wants_grad(x):
@@ -193,6 +207,8 @@ def all_gather(x: Tensor, comm: Any) -> Tensor:
 
 def reduce_scatter(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
     """Block ``rank`` (of ``size`` equal blocks along dim 0) of the reduction of `x` over the ranks."""
+    if _gate is not None and not _compiling() and (y := _gate(_REDUCE_SCATTER, x, comm, op)) is not None:
+        return y
     if _native_call(x):
         launch, size = _launched(comm)
         _ops.check_op(op, x)
@@ -209,6 +225,8 @@ def reduce_scatter(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
 
 def all_to_all(x: Tensor, comm: Any) -> Tensor:
     """Block j (of ``size`` equal blocks along dim 0) goes to rank j; block r of the result came from rank r."""
+    if _gate is not None and not _compiling() and (y := _gate(_ALL_TO_ALL, x, comm)) is not None:
+        return y
     if _native_call(x):
         launch, size = _launched(comm)
         _ops.check_blocks(x, size, "mpbind.torch.all_to_all")

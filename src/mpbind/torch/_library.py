@@ -26,14 +26,20 @@ from mpbind.errors import UsageError
 LIB = torch.library.Library("mpbind", "FRAGMENT")
 
 
+#: What would see a call that skips the dispatcher, each true when it would: compilation, a torch-function
+#: mode, a dispatch mode, a functorch transform (the C++ kernels' gate asks the same).
+SEEN_BY = (torch.compiler.is_compiling, torch._C._is_torch_function_mode_enabled, torch._C._len_torch_dispatch_stack,
+           torch._C._are_functorch_transforms_active)
+_compiling, _function_mode, _dispatch_modes, _transforms = SEEN_BY
+
+
 def direct(x: Any) -> bool:
     """Whether a call may run its kernel directly, without the dispatcher's other keys: eager
     (torch.compile traces the operator), a plain CUDA tensor (no subclass: FakeTensor, DTensor,
-    FunctionalTensor), and no torch-function mode, dispatch mode or functorch transform that is to
-    see the call. Gradients are the caller's to rule out. The kernel is the same either way."""
-    return (type(x) is Tensor and x.is_cuda and not torch.compiler.is_compiling()
-            and not torch._C._is_torch_function_mode_enabled() and torch._C._len_torch_dispatch_stack() == 0
-            and not torch._C._are_functorch_transforms_active())
+    FunctionalTensor), and nothing of :data:`SEEN_BY` to see the call. Gradients are the caller's to
+    rule out. The kernel is the same either way."""
+    return (type(x) is Tensor and x.is_cuda
+            and not (_compiling() or _function_mode() or _dispatch_modes() or _transforms()))
 
 
 def save_arguments(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mpbind import _core
+from mpbind import _core, nccl
 from mpbind.errors import UsageError
-from mpbind.torch import _ops
+from mpbind.torch import _library, _ops
 
 #: ncclRedOp_t of each reduction the operators take (REDUCTIONS lists them in NCCL's order).
 REDUCTION_CODES = {op: code for code, op in enumerate(_ops.REDUCTIONS)}
@@ -61,6 +61,17 @@ if _core.torch_ops_registered():
     for _name, _fake in (("nccl_all_reduce", _fake_same), ("nccl_all_gather", _ops.gathered),
                          ("nccl_reduce_scatter", _fake_scatter), ("nccl_all_to_all", _fake_same)):
         torch.library.register_fake(f"mpbind::{_name}", _fake)
+
+
+#: Eager calls that run the C++ kernels directly, without the dispatcher (``_core.TorchEagerGate``:
+#: called with a collective's code, the tensor, the communicator and the reduction, it runs the call, or
+#: returns None where the dispatcher is to see it); None where the C++ operators do not run or
+#: torch's tensors lack the DLPack C exchange API that makes their outputs. Its callers rule out
+#: compilation first (the compiler is not to trace into it).
+GATE: Any = (_core.TorchEagerGate(Tensor, nccl.Communicator, _library.SEEN_BY[1:], torch.is_grad_enabled)
+             if AVAILABLE and _core.torch_eager_ready(torch.empty(0)) else None)
+#: The collectives' codes as the gate takes them (launch::Collective).
+K_ALL_REDUCE, K_ALL_GATHER, K_REDUCE_SCATTER, K_ALL_TO_ALL = range(4)
 
 
 def wants_grad(x: Tensor) -> bool:
