@@ -11,9 +11,12 @@ median over every call; the variants interleaved batch by batch) of a float32 su
 
 * ``layer``: ``comm.all_reduce(t, t)``, the direct call in place; ``layer_out``: ``comm.all_reduce(t,
   out)`` into a tensor made beforehand (what an out-of-place operator is measured against);
-* ``op``: ``mpbind.torch.all_reduce(t, comm)`` (a new tensor: the C++ operator ``mpbind::nccl_all_reduce``
-  where torch has CUDA), ``op_inplace``: ``all_reduce_``, ``op_python``: ``torch.ops.mpbind.all_reduce``
-  (the operator with a Python kernel, through the dispatcher);
+* ``op``: ``mpbind.torch.all_reduce(t, comm)`` (a new tensor: eagerly, the C++ operator's kernel called
+  without the dispatcher), ``op_inplace``: ``all_reduce_``, ``op_dispatch``: the C++ operator
+  ``mpbind::nccl_all_reduce`` through the dispatcher (what compiled code calls), ``op_python``:
+  ``torch.ops.mpbind.all_reduce`` (the operator with a Python kernel, through the dispatcher);
+* ``empty_like``: ``torch.empty_like(t)`` alone (what torch takes to make, hand back and later free a
+  new CUDA tensor: the part of an out-of-place operator that ``layer_out`` does not pay);
 * ``torch``: ``torch.distributed.all_reduce(t)`` (in place);
 * ``funcol``: ``wait_tensor(all_reduce(t, "sum", group))`` of ``torch.distributed._functional_collectives``;
 * ``compiled_op`` and ``compiled_funcol``: the same function, ``t * 2`` then the all-reduce, compiled
@@ -52,8 +55,8 @@ from _torch_gpu import mapped_nccl, start_process_group  # noqa: E402
 import mpbind.torch as mpt  # noqa: E402
 from mpbind import nccl  # noqa: E402
 
-VARIANTS = ("layer", "layer_out", "op", "op_inplace", "op_python", "torch", "funcol", "eager_op", "compiled_op",
-            "compiled_python_op", "compiled_funcol", "compiled_floor")
+VARIANTS = ("layer", "layer_out", "op", "op_inplace", "op_dispatch", "op_python", "empty_like", "torch", "funcol",
+            "eager_op", "compiled_op", "compiled_python_op", "compiled_funcol", "compiled_floor")
 
 
 def launched() -> tuple[int, int]:
@@ -66,6 +69,7 @@ def variants(comm: nccl.Communicator, t: Any) -> dict[str, Callable[[], Any]]:
     group = dist.group.WORLD
     out = torch.empty_like(t)
     name = mpt.name_of(comm)
+    dispatched, launch = torch.ops.mpbind.nccl_all_reduce.default, comm.launch_id
 
     def with_op(x: Any) -> Any:
         return mpt.all_reduce(x * 2, comm)
@@ -82,7 +86,9 @@ def variants(comm: nccl.Communicator, t: Any) -> dict[str, Callable[[], Any]]:
         "layer_out": lambda: (comm.all_reduce(t, out), out)[1],  # the output returned to be checked
         "op": lambda: mpt.all_reduce(t, comm),
         "op_inplace": lambda: mpt.all_reduce_(t, comm),
+        "op_dispatch": lambda: dispatched(t, launch, 0),
         "op_python": lambda: torch.ops.mpbind.all_reduce(t, name, "sum"),
+        "empty_like": lambda: torch.empty_like(t),
         "torch": lambda: dist.all_reduce(t),
         "funcol": lambda: funcol.wait_tensor(funcol.all_reduce(t, "sum", group)),
         "eager_op": lambda: with_op(t),
@@ -101,6 +107,8 @@ def measure(comm: nccl.Communicator, nbytes: int, calls: int, batches: int) -> d
         t.fill_(1.0)
         out = fn()
         torch.cuda.synchronize()
+        if name == "empty_like":
+            continue
         got = t if out is None or name in ("layer", "op_inplace", "torch") else out
         want = float(2 * size if name.startswith(("eager", "compiled")) else size)
         if not bool(torch.all(got == want)):

@@ -61,14 +61,16 @@ RUNS: dict[str, Run] = {
         "python benchmarks/nvshmem_ring_exchange.py --impl $impl --out DIR; done"),
     "h200x1/torch_ops": Run(
         "The torch operators' host time",
-        "One float32 all-reduce through :mod:`mpbind.torch` (``op``: the C++ operator ``mpbind::nccl_all_reduce``; "
-        "``op_inplace``; ``op_python``: the operator with a Python kernel), the layer call in place (``layer``) and "
-        "into a tensor made beforehand (``layer_out``), ``torch.distributed`` and torch's functional collective, "
-        "eager and compiled (``t * 2`` then the all-reduce): host µs per call, one rank, the variants interleaved. "
-        "Targets: the eager operator within 3 µs of the layer call (missed: ``op`` is 5.5-8.0 µs over ``layer_out``, "
-        "the output's allocation and torch's dispatcher; ``op_inplace`` is 2.0-4.2 µs over ``layer``), the compiled "
-        "function at most 0.5x the one with the functional collective (missed: 0.54-0.59, of which the compiled "
-        "function's own cost, ``compiled_floor``, is 0.31-0.39).",
+        "One float32 all-reduce through :mod:`mpbind.torch` (``op``: the function, which eagerly runs the C++ "
+        "kernel without the dispatcher; ``op_inplace``; ``op_dispatch``: the C++ operator ``mpbind::nccl_all_reduce`` "
+        "through the dispatcher; ``op_python``: the operator with a Python kernel), the layer call in place "
+        "(``layer``) and into a tensor made beforehand (``layer_out``), ``torch.empty_like`` alone, "
+        "``torch.distributed`` and torch's functional collective, eager and compiled (``t * 2`` then the "
+        "all-reduce): host µs per call, one rank, the variants interleaved. Targets: the eager operator within "
+        "3 µs of the layer call (``op`` is 2.8-3.2 µs over ``layer_out``: met at 8 B, 0.1-0.2 µs over at 4 KiB "
+        "and 1 MiB; 1.8-1.9 µs of it is what ``empty_like`` takes; ``op_inplace`` is 0.4-0.6 µs over ``layer``), "
+        "the compiled function at most 0.5x the one with the functional collective (missed: 0.60-0.65, of which "
+        "the compiled function's own cost, ``compiled_floor``, is 0.37-0.40).",
         "python benchmarks/torch_ops.py --calls 6000 --batches 15 --out DIR"),
     "h200x1/jax_fft_1pe": Run(
         "The distributed FFT inside jax.jit against the eager plan, one PE",
