@@ -135,3 +135,22 @@ def test_the_shim_is_found_by_the_loaded_librarys_name_wherever_it_lies() -> Non
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
     assert "refused: libtorch_cpu is not loaded from /nowhere/libnot_torch.so (import torch first)" in out, out
     assert "['nccl_all_reduce', 'nccl_all_gather', 'nccl_reduce_scatter', 'nccl_all_to_all'] True" in out, out
+
+
+def test_the_eager_gate_reads_torchs_tensors_and_leaves_what_it_cannot_run() -> None:
+    # torch.Tensor's DLPack C exchange API has what the eager kernels need (an allocator, a way back to
+    # Python, the current stream); the gate runs where the C++ operators do.
+    from mpbind.torch import _library
+
+    assert _core.torch_eager_ready(torch.empty(0))
+    assert (_native.GATE is not None) == _native.AVAILABLE
+
+    class Comm:
+        _launch = LAUNCH
+
+    gate = _core.TorchEagerGate(torch.Tensor, Comm, _library.SEEN_BY[1:], torch.is_grad_enabled)
+    x = torch.ones(4)
+    assert gate(_native.K_ALL_REDUCE, x, Comm(), "sum") is None  # host memory: the dispatcher's, which refuses it
+    assert gate(_native.K_ALL_REDUCE, torch.nn.Parameter(x), Comm(), "sum") is None  # a subclass
+    with pytest.raises(UsageError, match="only an all-reduce works in place"):
+        gate(_native.K_ALL_GATHER, x, Comm(), None, True)

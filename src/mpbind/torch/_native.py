@@ -13,7 +13,8 @@ its adjoint. Used where torch has
 CUDA; elsewhere (a CPU-only PyTorch, or one whose shim lacks a function) :mod:`mpbind.torch` keeps the
 Python operators, and :data:`REASON` says why. The tensor-parallel pair (:class:`CopyToGroup`,
 :class:`ReduceFromGroup`) serves both: given a launch id it sums by the C++ operator, given a
-registry name by the Python one.
+registry name by the Python one. Eagerly, :data:`GATE` runs the same kernels without the dispatcher
+where nothing else is to see the call.
 """
 
 from __future__ import annotations
