@@ -136,7 +136,7 @@ class Watchers:
 
     def __init__(self) -> None:
         self.on: set[str] = set()
-        self.seen_by = tuple(self._asker(n) for n in ("compiling", "function mode", "dispatch modes", "transforms"))
+        self.seen_by = tuple(self._asker(n) for n in ("function mode", "dispatch modes", "transforms", "tracing"))
 
     def _asker(self, name: str) -> Any:
         return lambda: int(name in self.on) if name == "dispatch modes" else name in self.on  # a count, or a bool
@@ -172,7 +172,7 @@ def test_the_gate_leaves_to_the_dispatcher(gate: Any, case: str, call: Any) -> N
     assert ProducingTensor.asked == []
 
 
-@pytest.mark.parametrize("watcher", ["compiling", "function mode", "dispatch modes", "transforms"])
+@pytest.mark.parametrize("watcher", ["function mode", "dispatch modes", "transforms", "tracing"])
 def test_the_gate_leaves_what_something_is_to_see(gate: Any, watcher: str) -> None:
     g, w = gate
     w.on.add(watcher)

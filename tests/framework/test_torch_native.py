@@ -148,7 +148,7 @@ def test_the_eager_gate_reads_torchs_tensors_and_leaves_what_it_cannot_run() -> 
     class Comm:
         _launch = LAUNCH
 
-    gate = _core.TorchEagerGate(torch.Tensor, Comm, _library.SEEN_BY[1:], torch.is_grad_enabled)
+    gate = _core.TorchEagerGate(torch.Tensor, Comm, _library.SEEN_BY, torch.is_grad_enabled)
     x = torch.ones(4)
     assert gate(_native.K_ALL_REDUCE, x, Comm(), "sum") is None  # host memory: the dispatcher's, which refuses it
     assert gate(_native.K_ALL_REDUCE, torch.nn.Parameter(x), Comm(), "sum") is None  # a subclass

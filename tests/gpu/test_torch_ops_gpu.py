@@ -259,5 +259,8 @@ def test_eager_calls_run_the_kernels_without_the_dispatcher(comm: nccl.Communica
     mpt.all_reduce(leaf, comm).sum().backward()
     with torch.device("cuda"):  # a torch-function mode
         mpt.all_gather(x, comm)
-    assert ran == [False, False]
+    traced = torch.jit.trace(lambda t: mpt.all_reduce(t, comm), (x,), check_trace=False)
+    assert ran == [False, False, False]
+    assert "mpbind::nccl_all_reduce" in str(traced.graph)  # the tracer saw the operator
+    assert torch.equal(traced(x), x)
     assert torch.equal(leaf.grad, torch.ones(4, device="cuda"))

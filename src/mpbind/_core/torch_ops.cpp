@@ -358,8 +358,9 @@ nb::object eager(int kind_code, nb::handle x, uint64_t comm, int64_t red_code, i
 // Which calls go to the kernels directly: mpbind.torch's functions ask it first, and go on through the
 // dispatcher where it returns None. It takes a call when x is exactly the tensor type, contiguous and
 // on a CUDA device, the communicator exactly the communicator type (its launch id: `_launch`, else the
-// `launch_id` property, which registers it), the reduction one of ncclRedOp_t's names, nothing asks for a gradient (x.requires_grad while grad mode is
-// on) and each of `seen_by` (what would see the call: compilation, a mode, a transform) returns false.
+// `launch_id` property, which registers it), the reduction one of ncclRedOp_t's names, nothing asks
+// for a gradient (x.requires_grad while grad mode is on) and each of `seen_by` (what else would see the
+// call: a mode, a transform, a tracer) returns false.
 class Gate {
 public:
     Gate(nb::handle tensor_type, nb::handle comm_type, nb::tuple seen_by, nb::object grad_enabled)

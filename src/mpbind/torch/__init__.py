@@ -144,9 +144,9 @@ def _native_call(x: Any) -> bool:
 
 
 #: The eager calls that run the C++ kernels without the dispatcher (``_native.GATE``), or None; asked
-#: only when not compiling (the compiler takes the check as a constant, and traces the operators).
+#: only outside Dynamo (which takes the check as a constant, and traces the operators).
 _gate = _native.GATE
-_compiling = torch.compiler.is_compiling
+_compiling = torch.compiler.is_dynamo_compiling
 _ALL_REDUCE, _ALL_GATHER, _REDUCE_SCATTER, _ALL_TO_ALL = (_native.K_ALL_REDUCE, _native.K_ALL_GATHER,
                                                           _native.K_REDUCE_SCATTER, _native.K_ALL_TO_ALL)
 

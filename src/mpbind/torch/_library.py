@@ -26,11 +26,11 @@ from mpbind.errors import UsageError
 LIB = torch.library.Library("mpbind", "FRAGMENT")
 
 
-#: What would see a call that skips the dispatcher, each true when it would: compilation, a torch-function
-#: mode, a dispatch mode, a functorch transform (the C++ kernels' gate asks the same).
-SEEN_BY = (torch.compiler.is_compiling, torch._C._is_torch_function_mode_enabled, torch._C._len_torch_dispatch_stack,
-           torch._C._are_functorch_transforms_active)
-_compiling, _function_mode, _dispatch_modes, _transforms = SEEN_BY
+#: What else would see a call that skips the dispatcher, each true when it would: a torch-function mode,
+#: a dispatch mode, a functorch transform, ``torch.jit.trace`` (the C++ kernels' gate asks the same).
+SEEN_BY = (torch._C._is_torch_function_mode_enabled, torch._C._len_torch_dispatch_stack,
+           torch._C._are_functorch_transforms_active, torch._C._is_tracing)
+_function_mode, _dispatch_modes, _transforms, _jit_tracing = SEEN_BY
 
 
 def direct(x: Any) -> bool:
@@ -38,8 +38,8 @@ def direct(x: Any) -> bool:
     (torch.compile traces the operator), a plain CUDA tensor (no subclass: FakeTensor, DTensor,
     FunctionalTensor), and nothing of :data:`SEEN_BY` to see the call. Gradients are the caller's to
     rule out. The kernel is the same either way."""
-    return (type(x) is Tensor and x.is_cuda
-            and not (_compiling() or _function_mode() or _dispatch_modes() or _transforms()))
+    return (type(x) is Tensor and x.is_cuda and not (torch.compiler.is_compiling() or _function_mode()
+                                                     or _dispatch_modes() or _transforms() or _jit_tracing()))
 
 
 def save_arguments(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
