@@ -67,11 +67,11 @@ RUNS: dict[str, Run] = {
         "(``layer``) and into a tensor made beforehand (``layer_out``), ``torch.empty_like`` alone, "
         "``torch.distributed`` and torch's functional collective, eager and compiled (``t * 2`` then the "
         "all-reduce): host µs per call, one rank, the variants interleaved. Targets: the eager operator within "
-        "3 µs of the layer call (``op`` is 2.8-3.2 µs over ``layer_out``: met at 8 B, 0.1-0.2 µs over at 4 KiB "
-        "and 1 MiB; 1.8-1.9 µs of it is what ``empty_like`` takes; ``op_inplace`` is 0.4-0.6 µs over ``layer``), "
-        "the compiled function at most 0.5x the one with the functional collective (missed: 0.60-0.65, of which "
-        "the compiled function's own cost, ``compiled_floor``, is 0.37-0.40).",
-        "python benchmarks/torch_ops.py --calls 6000 --batches 15 --out DIR"),
+        "3 µs of the layer call (``op`` is 3.0-3.5 µs over ``layer_out`` here, 2.7-4.2 over three runs: missed; "
+        "``empty_like`` alone takes 1.7-3.0 of it; ``op_inplace`` is 0.3-1.2 µs over ``layer``), the compiled "
+        "function at most 0.5x the one with the functional collective (missed: 0.61-0.82 here, 0.55-0.82 over "
+        "three runs, of which the compiled function's own cost, ``compiled_floor``, is 0.39-0.42).",
+        "python benchmarks/torch_ops.py --calls 9000 --batches 21 --out DIR"),
     "h200x1/jax_fft_1pe": Run(
         "The distributed FFT inside jax.jit against the eager plan, one PE",
         "complex64 C2C of n^3: ms per transform in a stream of back-to-back calls (``jit``: a plan on the default "
