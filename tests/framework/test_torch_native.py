@@ -1,6 +1,6 @@
 """The collectives' C++ operators (``mpbind::nccl_all_reduce``, ``nccl_all_gather``, ``nccl_reduce_scatter``,
-``nccl_all_to_all``) without a GPU: registered into this PyTorch through its stable C shim, checked by
-``torch.library.opcheck`` on meta tensors, refusing a CPU tensor by name, and the autograd functions
+``nccl_all_to_all``, ``nccl_all_reduce_``) without a GPU: registered into this PyTorch through its stable C
+shim, checked by ``torch.library.opcheck`` on meta tensors, refusing a CPU tensor by name, and the autograd functions
 that give each its adjoint, traced whole by ``torch.compile``. Their CUDA kernels run in the GPU suite."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def meta(*shape: int, grad: bool = False) -> Any:
 
 def test_the_operators_are_registered_through_the_shim() -> None:
     assert _core.torch_ops_registered()
-    for name in ("nccl_all_reduce", "nccl_all_gather", "nccl_reduce_scatter", "nccl_all_to_all"):
+    for name in ("nccl_all_reduce", "nccl_all_gather", "nccl_reduce_scatter", "nccl_all_to_all", "nccl_all_reduce_"):
         assert hasattr(OPS, name)
     assert str(OPS.nccl_all_reduce.default._schema) == "mpbind::nccl_all_reduce(Tensor x, int comm, int op) -> Tensor"
     # the C++ operators run where torch has CUDA; this PyTorch says why not otherwise
@@ -40,7 +40,8 @@ def test_the_operators_are_registered_through_the_shim() -> None:
     (lambda: OPS.nccl_all_gather.default, lambda: (meta(4, 3), LAUNCH, 2)),
     (lambda: OPS.nccl_reduce_scatter.default, lambda: (meta(4, 3), LAUNCH, 4, 2)),
     (lambda: OPS.nccl_all_to_all.default, lambda: (meta(4, 3), LAUNCH)),
-], ids=["all_reduce", "all_gather", "reduce_scatter", "all_to_all"])
+    (lambda: OPS.nccl_all_reduce_.default, lambda: (meta(4, 3), LAUNCH, 0)),
+], ids=["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_reduce_in_place"])
 def test_opcheck(op: Callable[[], Any], args: Callable[[], tuple[Any, ...]]) -> None:
     result = torch.library.opcheck(op(), args())
     assert set(result.values()) == {"SUCCESS"}, result
@@ -134,7 +135,8 @@ def test_the_shim_is_found_by_the_loaded_librarys_name_wherever_it_lies() -> Non
             "print(_core.torch_ops_register('/nowhere/libtorch_cpu.so', ''), _core.torch_ops_registered())\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
     assert "refused: libtorch_cpu is not loaded from /nowhere/libnot_torch.so (import torch first)" in out, out
-    assert "['nccl_all_reduce', 'nccl_all_gather', 'nccl_reduce_scatter', 'nccl_all_to_all'] True" in out, out
+    names = ["nccl_all_reduce", "nccl_all_gather", "nccl_reduce_scatter", "nccl_all_to_all", "nccl_all_reduce_"]
+    assert f"{names} True" in out, out
 
 
 def test_the_eager_gate_reads_torchs_tensors_and_leaves_what_it_cannot_run() -> None:

@@ -194,7 +194,7 @@ def test_the_cpp_operators_run_the_collectives_here(comm: nccl.Communicator) -> 
                       fullgraph=True)
     out, code = run_and_get_code(f, x)
     assert torch.equal(out, 2 * x)
-    assert all(f"torch.ops.mpbind.{n}.default" in "".join(code) for n in ("nccl_all_reduce", "nccl_all_gather",
+    assert all(f"torch.ops.mpbind.{n}.default" in "".join(code) for n in ("nccl_all_reduce_", "nccl_all_gather",
                                                                              "nccl_reduce_scatter"))
     assert "torch.ops.mpbind.all_reduce" not in "".join(code)
     with pytest.raises(RuntimeError, match="no communicator is registered under id 0"):
@@ -264,3 +264,35 @@ def test_eager_calls_run_the_kernels_without_the_dispatcher(comm: nccl.Communica
     assert "mpbind::nccl_all_reduce" in str(traced.graph)  # the tracer saw the operator
     assert torch.equal(traced(x), x)
     assert torch.equal(leaf.grad, torch.ones(4, device="cuda"))
+
+
+def test_compiled_all_reduce_works_in_place_where_nothing_else_reads_its_input(comm: nccl.Communicator) -> None:
+    # Traced, the all-reduce is the in-place operator on a copy of its input, as torch's functional
+    # collective is: inductor drops the copy and reduces in place where nothing reads the input later,
+    # and copies first where something does (the caller's own tensor, a value used again).
+    from torch._inductor.utils import run_and_get_code
+
+    torch.compiler.reset()
+    x = torch.randn(64, 8, device="cuda")
+    kept = x.clone()
+    cases = {
+        "intermediate": (lambda t: mpt.all_reduce(t * 2, comm), lambda t: 2 * t),
+        "input": (lambda t: mpt.all_reduce(t, comm), lambda t: t),
+        "used_again": (lambda t: mpt.all_reduce(t * 2, comm) + t * 2, lambda t: 4 * t),
+        "transposed": (lambda t: mpt.all_reduce((t * 2).t(), comm), lambda t: (2 * t).t()),
+    }
+    for name, (fn, want) in cases.items():
+        out, code = run_and_get_code(torch.compile(fn, fullgraph=True), x)
+        torch.cuda.synchronize()
+        assert torch.equal(out, want(kept)), name
+        assert torch.equal(x, kept), name  # the caller's tensor is never written
+        text = "".join(code)
+        assert "torch.ops.mpbind.nccl_all_reduce_.default" in text, name
+        assert "torch.ops.mpbind.nccl_all_reduce.default" not in text, name
+        if name == "intermediate":  # one kernel (t * 2) and the reduction into its buffer: no copy
+            assert text.count(".run(") == 1, text
+    # Under reduce-overhead (CUDA graphs) as well, replayed on new data.
+    f = torch.compile(cases["used_again"][0], mode="reduce-overhead", fullgraph=True)
+    for seed in range(3):
+        y = torch.randn(64, 8, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed))
+        assert torch.equal(f(y), 4 * y)

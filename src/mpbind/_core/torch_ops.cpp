@@ -1,5 +1,6 @@
 // NCCL collectives as PyTorch operators with C++ kernels (mpbind::nccl_all_reduce, nccl_all_gather,
-// nccl_reduce_scatter, nccl_all_to_all), registered into a process that imported torch.
+// nccl_reduce_scatter, nccl_all_to_all, and nccl_all_reduce_ in place), registered into a process that
+// imported torch.
 //
 // Why C++: a compiled torch program calls each operator through the dispatcher, and a Python kernel
 // there costs tens of microseconds (the call into Python and back, paid on every step); these leave
@@ -245,12 +246,9 @@ Output output_of(launch::Collective kind, const std::vector<int64_t>& sizes, siz
     return o;
 }
 
-// Queue the collective on torch's current stream; the output's handle goes on the stack.
-void run(StableIValue* stack, const char* op, launch::Collective kind, uint64_t comm, const Piece& in,
-         const Output& o, int red) {
-    Owned out(empty(o.sizes, in));
-    void* out_ptr = nullptr;
-    check(shim.data_ptr(out.h, &out_ptr), "data pointer query");
+// Queue the collective from `in` into `out_ptr` on torch's current stream.
+void queue(const char* op, launch::Collective kind, uint64_t comm, const Piece& in, void* out_ptr, size_t out_bytes,
+           int red) {
     void* stream = nullptr;
     if (!shim.current_cuda_stream) throw std::runtime_error(std::string(op) + ": this PyTorch has no CUDA streams");
     check(shim.current_cuda_stream(in.device, &stream), "current CUDA stream query");
@@ -260,10 +258,9 @@ void run(StableIValue* stack, const char* op, launch::Collective kind, uint64_t 
         std::optional<nb::gil_scoped_release> unlocked;
         if (PyGILState_Check()) unlocked.emplace();
         st = launch::collective(comm, kind, reinterpret_cast<uintptr_t>(stream), in.device, in.ptr, in.bytes, out_ptr,
-                                o.bytes, in.nccl_type, red);
+                                out_bytes, in.nccl_type, red);
     }
     if (!st.ok()) throw std::runtime_error(std::string(op) + ": " + st.message);
-    stack[0] = reinterpret_cast<StableIValue>(out.release());
 }
 
 // The four kernels: (x, comm, [op], [group_size]) on the stack, the output put in x's place.
@@ -276,7 +273,23 @@ void kernel(StableIValue* stack, uint64_t, uint64_t) {
     Piece p = piece(x.h, op);
     int red = reduces ? reduction(as_int(stack[2]), p.per_element, op) : 0;
     int64_t g = grouped ? group(as_int(stack[reduces ? 3 : 2]), op) : kind == launch::Collective::kAllToAll ? 0 : 1;
-    run(stack, op, kind, static_cast<uint64_t>(stack[1]), p, output_of(kind, p.sizes, p.bytes, g, op), red);
+    Output o = output_of(kind, p.sizes, p.bytes, g, op);
+    Owned out(empty(o.sizes, p));
+    void* out_ptr = nullptr;
+    check(shim.data_ptr(out.h, &out_ptr), "data pointer query");
+    queue(op, kind, static_cast<uint64_t>(stack[1]), p, out_ptr, o.bytes, red);
+    stack[0] = reinterpret_cast<StableIValue>(out.release());
+}
+
+// nccl_all_reduce_(Tensor(a!) x, int comm, int op) -> (): the all-reduce into x itself. Compiled
+// programs get it where mpbind.torch.all_reduce is traced: its functional form on a copy of the
+// input, which inductor puts back in place on a buffer nothing else reads (no allocation, no copy).
+void all_reduce_in_place(StableIValue* stack, uint64_t, uint64_t) {
+    const char* op = "mpbind::nccl_all_reduce_";
+    Owned x(reinterpret_cast<Tensor>(stack[0]));
+    Piece p = piece(x.h, op);
+    int red = reduction(as_int(stack[2]), p.per_element, op);
+    queue(op, launch::Collective::kAllReduce, static_cast<uint64_t>(stack[1]), p, p.ptr, p.bytes, red);
 }
 
 // --- eager calls ---------------------------------------------------------------------------------
@@ -441,6 +454,7 @@ constexpr Op kOps[] = {
     {"nccl_reduce_scatter", "nccl_reduce_scatter(Tensor x, int comm, int op, int group_size) -> Tensor",
      &kernel<Collective::kReduceScatter>},
     {"nccl_all_to_all", "nccl_all_to_all(Tensor x, int comm) -> Tensor", &kernel<Collective::kAllToAll>},
+    {"nccl_all_reduce_", "nccl_all_reduce_(Tensor(a!) x, int comm, int op) -> ()", &all_reduce_in_place},
 };
 
 // The shim's dtype codes of the types NCCL reduces, paired with their ncclDataType_t.
@@ -520,7 +534,7 @@ namespace mpbind {
 void register_torch(nb::module_& m) {
     m.def("torch_ops_register", &torch_ops::register_ops, nb::arg("cpu_library"), nb::arg("cuda_library"),
           "Register mpbind's C++ collective operators (mpbind::nccl_all_reduce, nccl_all_gather, nccl_reduce_scatter, "
-          "nccl_all_to_all; CUDA kernels) with the PyTorch this process loaded from these libraries (libtorch_cpu and "
+          "nccl_all_to_all, nccl_all_reduce_; CUDA kernels) with the PyTorch this process loaded from these libraries (libtorch_cpu and "
           "libtorch_cuda, '' when torch has no CUDA); returns their names. Once per process.");
     m.def("torch_ops_registered", [] { return torch_ops::registered; },
           "Whether torch_ops_register has registered the operators.");

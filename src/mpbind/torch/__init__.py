@@ -172,7 +172,7 @@ def all_reduce(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
         launch = _launched(comm)[0]
         if _native.wants_grad(x):
             return _native.AllReduce.apply(x, launch, op)
-        return _native.ALL_REDUCE(x.contiguous(), launch, _native.REDUCTION_CODES[op])
+        return _native.reduced(x, launch, op)
     if _ops.direct_call(x):
         return _ops.all_reduce_on(x, _communicator(comm), op)
     return torch.ops.mpbind.all_reduce(_tensor(x), _resolved(comm)[0], op)

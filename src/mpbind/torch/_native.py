@@ -58,9 +58,14 @@ def _fake_scatter(x: Tensor, comm: int, op: int, group_size: int) -> Tensor:
     return x.new_empty((x.shape[0] // group_size, *x.shape[1:]))
 
 
+def _fake_in_place(x: Tensor, comm: int, op: int) -> None:
+    return None
+
+
 if _core.torch_ops_registered():
     for _name, _fake in (("nccl_all_reduce", _fake_same), ("nccl_all_gather", _ops.gathered),
-                         ("nccl_reduce_scatter", _fake_scatter), ("nccl_all_to_all", _fake_same)):
+                         ("nccl_reduce_scatter", _fake_scatter), ("nccl_all_to_all", _fake_same),
+                         ("nccl_all_reduce_", _fake_in_place)):
         torch.library.register_fake(f"mpbind::{_name}", _fake)
 
 
@@ -84,12 +89,27 @@ def wants_grad(x: Tensor) -> bool:
 
 # The overloads themselves (an eager call skips the packet's lookup); None where not registered.
 ALL_REDUCE: Any = None
+ALL_REDUCE_IN_PLACE: Any = None
 ALL_GATHER: Any = None
 REDUCE_SCATTER: Any = None
 ALL_TO_ALL: Any = None
 if _core.torch_ops_registered():
     ALL_REDUCE, ALL_GATHER = torch.ops.mpbind.nccl_all_reduce.default, torch.ops.mpbind.nccl_all_gather.default
     REDUCE_SCATTER, ALL_TO_ALL = torch.ops.mpbind.nccl_reduce_scatter.default, torch.ops.mpbind.nccl_all_to_all.default
+    ALL_REDUCE_IN_PLACE = torch.ops.mpbind.nccl_all_reduce_.default
+
+
+def reduced(x: Tensor, comm: int, op: str) -> Tensor:
+    """The all-reduce of `x` as a new tensor. Traced by Dynamo it is the in-place operator on a copy of
+    `x`, as torch's functional collective is: inductor drops the copy where it changes nothing and puts
+    the operator back in place on `x`'s buffer where nothing reads it afterwards (no allocation, no
+    copy; otherwise it copies first). Eagerly it is the functional operator."""
+    code = REDUCTION_CODES[op]
+    if torch.compiler.is_dynamo_compiling():
+        y = x.clone(memory_format=torch.contiguous_format)
+        ALL_REDUCE_IN_PLACE(y, comm, code)
+        return y
+    return ALL_REDUCE(x.contiguous(), comm, code)
 
 
 class AllReduce(torch.autograd.Function):
@@ -98,7 +118,7 @@ class AllReduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, comm: int, op: str) -> Tensor:
         ctx.comm, ctx.op = comm, op
-        return ALL_REDUCE(x.contiguous(), comm, REDUCTION_CODES[op])
+        return reduced(x, comm, op)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
@@ -154,7 +174,7 @@ def _summed(x: Tensor, comm: int | str) -> Tensor:
     the Python one (`comm` a registry name)."""
     if isinstance(comm, str):
         return torch.ops.mpbind.all_reduce(x, comm, "sum")
-    return ALL_REDUCE(x.contiguous(), comm, 0)
+    return reduced(x, comm, "sum")
 
 
 class CopyToGroup(torch.autograd.Function):
