@@ -211,3 +211,7 @@ def test_the_gate_registers_the_launch_id_once(gate: Any) -> None:
     with pytest.raises(UsageError, match=UNLAUNCHED):
         g(ALL_REDUCE, tensor((4,)), c, "sum")
     assert c._launch == NOBODY
+    del c._launch  # never set: the property, too
+    with pytest.raises(UsageError, match=UNLAUNCHED):
+        g(ALL_REDUCE, tensor((4,)), c, "sum")
+    assert c._launch == NOBODY

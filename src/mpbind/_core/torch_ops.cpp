@@ -391,7 +391,11 @@ public:
             return nb::none();
         }
         nb::object launch = nb::steal(PyObject_GetAttr(comm.ptr(), launch_.ptr()));
-        if (launch.is_valid() && launch.is_none()) {  // not registered yet: the property registers it, once
+        if (!launch.is_valid()) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) throw nb::python_error();
+            PyErr_Clear();
+        }
+        if (!launch.is_valid() || launch.is_none()) {  // not registered yet: the property registers it, once
             launch = nb::steal(PyObject_GetAttr(comm.ptr(), launch_id_.ptr()));
         }
         if (!launch.is_valid()) throw nb::python_error();
