@@ -296,3 +296,20 @@ def test_compiled_all_reduce_works_in_place_where_nothing_else_reads_its_input(c
     for seed in range(3):
         y = torch.randn(64, 8, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed))
         assert torch.equal(f(y), 4 * y)
+
+
+def test_eager_calls_on_a_non_blocking_communicator() -> None:
+    # A non-blocking communicator's launch may come back in progress: the eager kernels wait for it
+    # (bounded, Ctrl-C honoured) before returning.
+    from mpbind.bindings import nccl as flat
+
+    c = nccl.Communicator.init(1, 0, nccl.get_unique_id(), config=flat.Config(blocking=0))
+    try:
+        x = torch.randn(1024, device="cuda")
+        for _ in range(5):
+            y, z = mpt.all_reduce(x, c), mpt.all_gather(x, c)
+            assert mpt.all_reduce_(x, c) is x
+        torch.cuda.synchronize()
+        assert torch.equal(y, x) and torch.equal(z, x)
+    finally:
+        c.close()

@@ -25,7 +25,9 @@ namespace mpbind::launch {
 
 // What a launch returns: kOk, or why not (the framework's error class follows the code).
 struct Status {
-    enum Code { kOk = 0, kInvalid, kAborted, kTimeout, kFailed };
+    // kInterrupted: a signal handler raised (Ctrl-C) while an interruptible launch waited; the
+    // exception is pending on the calling thread.
+    enum Code { kOk = 0, kInvalid, kAborted, kTimeout, kFailed, kInterrupted };
     Code code = kOk;
     std::string message;
 
@@ -43,8 +45,11 @@ enum class Collective { kAllReduce = 0, kAllGather, kReduceScatter, kAllToAll };
 inline constexpr int kNcclTypeSizes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
 
 // `dtype` is an ncclDataType_t, `op` an ncclRedOp_t (sum .. avg; ignored by gathers and all-to-all).
+// `interruptible`: called from a Python thread that released the GIL, which a wait for a
+// non-blocking communicator's launch takes back now and then to run the signal handlers (Ctrl-C ends
+// it as its deadline would: the communicator is aborted).
 Status collective(uint64_t comm, Collective kind, uintptr_t stream, int device, const void* send,
-                  size_t send_bytes, void* recv, size_t recv_bytes, int dtype, int op);
+                  size_t send_bytes, void* recv, size_t recv_bytes, int dtype, int op, bool interruptible = false);
 // `in` (this rank's input piece of `direction`, packed) transformed into `out` (its output piece,
 // packed): one copy into the plan's buffer, the transform, one copy out.
 Status fft(uint64_t plan, uintptr_t stream, int device, const void* in, size_t in_bytes, void* out,

@@ -1032,11 +1032,13 @@ launch::Status failure_status(const CommWatch& w) {
 }
 
 // A non-blocking communicator's ncclInProgress, polled until launched within its deadline (a spin
-// backing off to 1 ms); past it the communicator is aborted and marked failed. comm_mu held.
-launch::Status settle_launch(CommState& s, const char* name) {
+// backing off to 1 ms); past it, or on a signal whose handler raises (`interruptible`: the caller is a
+// Python thread without the GIL), the communicator is aborted and marked failed. comm_mu held.
+launch::Status settle_launch(CommState& s, const char* name, bool interruptible) {
     CommWatch& w = *s.watch;
     auto poll = api().ncclCommGetAsyncError.ptr;
     auto start = std::chrono::steady_clock::now();
+    auto signals = start;
     auto pause = std::chrono::microseconds(0);
     for (;;) {
         ncclResult_t state = in_progress;
@@ -1046,11 +1048,21 @@ launch::Status settle_launch(CommState& s, const char* name) {
         }
         if (state == success) return {};
         if (state != in_progress) return launch::Status::failed(std::string(name) + " failed with " + result_name(state));
-        if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > s.timeout) {
-            w.mark_failed({true, name, 0, given_up(name, true, s.timeout) + " (NCCL had not launched it); "
-                                                                            "the communicator was aborted"});
+        auto now = std::chrono::steady_clock::now();
+        bool timed_out = std::chrono::duration<double>(now - start).count() > s.timeout;
+        bool interrupted = false;
+        if (interruptible && std::chrono::duration<double>(now - signals).count() > kSignalSlice) {
+            signals = now;
+            PyGILState_STATE gil = PyGILState_Ensure();
+            interrupted = PyErr_CheckSignals() != 0;  // the exception stays pending on this thread
+            PyGILState_Release(gil);
+        }
+        if (timed_out || interrupted) {
+            w.mark_failed({timed_out, name, 0, given_up(name, timed_out, s.timeout) + " (NCCL had not launched it); "
+                                                                                   "the communicator was aborted"});
             api().ncclCommAbort.ptr(s.comm);
             w.gone.store(true);
+            if (interrupted) return {launch::Status::kInterrupted, given_up(name, false, s.timeout)};
             return failure_status(w);
         }
         std::this_thread::sleep_for(pause);
@@ -1127,6 +1139,7 @@ int launch_size(uint64_t comm) {
 }
 
 void raise_launch(uint64_t comm, const launch::Status& status, const char* what) {
+    if (status.code == launch::Status::kInterrupted && PyErr_Occurred()) throw nb::python_error();
     if (status.code == launch::Status::kInvalid) raise_usage(std::string(what) + ": " + status.message);
     if (status.code == launch::Status::kAborted || status.code == launch::Status::kTimeout) {
         std::shared_ptr<CommLaunch> entry = launch::registry<CommLaunch>().find(comm);
@@ -1140,7 +1153,7 @@ void raise_launch(uint64_t comm, const launch::Status& status, const char* what)
 namespace mpbind::launch {
 
 Status collective(uint64_t id, Collective kind, uintptr_t stream, int device, const void* send, size_t send_bytes,
-                  void* recv, size_t recv_bytes, int dtype, int op) {
+                  void* recv, size_t recv_bytes, int dtype, int op, bool interruptible) {
     using namespace nccl;
     int k = static_cast<int>(kind);
     if (k < 0 || k > 3) return Status::invalid("unknown collective " + std::to_string(k));
@@ -1182,7 +1195,7 @@ Status collective(uint64_t id, Collective kind, uintptr_t stream, int device, co
     held.returned();
     Status out;
     if (status == in_progress) {
-        out = settle_launch(s, name);
+        out = settle_launch(s, name, interruptible);
     } else if (status != success) {
         out = Status::failed(std::string("nccl") + name + " failed with " + result_name(status));
     }

@@ -344,7 +344,8 @@ nb::object run_eager(launch::Collective kind, nb::handle x, const arrays::Array&
     {
         nb::gil_scoped_release unlocked;  // a launch may wait (bounded) for the communicator
         st = launch::collective(comm, kind, stream, a.device, reinterpret_cast<const void*>(a.ptr),
-                                static_cast<size_t>(a.nbytes()), reinterpret_cast<void*>(out_ptr), o.bytes, type, red);
+                                static_cast<size_t>(a.nbytes()), reinterpret_cast<void*>(out_ptr), o.bytes, type, red,
+                                /*interruptible=*/true);
     }
     if (!st.ok()) nccl::raise_launch(comm, st, op);
     return out;

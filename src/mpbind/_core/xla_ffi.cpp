@@ -32,7 +32,8 @@ ffi::Error to_error(const launch::Status& st) {
         case launch::Status::kInvalid: return ffi::Error(ffi::ErrorCode::kInvalidArgument, st.message);
         case launch::Status::kAborted: return ffi::Error(ffi::ErrorCode::kAborted, st.message);
         case launch::Status::kTimeout: return ffi::Error(ffi::ErrorCode::kDeadlineExceeded, st.message);
-        case launch::Status::kFailed: break;
+        case launch::Status::kFailed:
+        case launch::Status::kInterrupted: break;  // (a handler's launch is never interruptible)
     }
     return ffi::Error(ffi::ErrorCode::kInternal, st.message);
 }
