@@ -291,6 +291,16 @@ def test_compiled_all_reduce_works_in_place_where_nothing_else_reads_its_input(c
         assert "torch.ops.mpbind.nccl_all_reduce.default" not in text, name
         if name == "intermediate":  # one kernel (t * 2) and the reduction into its buffer: no copy
             assert text.count(".run(") == 1, text
+    # all_reduce_ is the same operator, in place on what it is given.
+    def in_place(t: Any) -> Any:
+        y = t * 3
+        mpt.all_reduce_(y, comm)
+        return y
+
+    out, code = run_and_get_code(torch.compile(in_place, fullgraph=True), x)
+    assert torch.equal(out, 3 * kept) and torch.equal(x, kept)
+    assert "torch.ops.mpbind.nccl_all_reduce_.default" in "".join(code)
+    assert "torch.ops.mpbind.all_reduce_" not in "".join(code)  # not the Python operator
     # Under reduce-overhead (CUDA graphs) as well, replayed on new data.
     f = torch.compile(cases["used_again"][0], mode="reduce-overhead", fullgraph=True)
     for seed in range(3):

@@ -182,6 +182,12 @@ def all_reduce_(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
     """:func:`all_reduce` into `x` itself (contiguous); returns `x`."""
     if _gate is not None and not _compiling() and _gate(_ALL_REDUCE, x, comm, op, True) is not None:
         return x
+    if _native_call(x) and not _native.wants_grad(x):  # the C++ operator (compiled code calls no Python)
+        _ops.check_op(op, x)
+        if not x.is_contiguous():
+            raise UsageError("mpbind.torch.all_reduce_ works in place on a contiguous tensor")
+        _native.ALL_REDUCE_IN_PLACE(x, _launched(comm)[0], _native.REDUCTION_CODES[op])
+        return x
     if _ops.direct_call(x):
         _ops.all_reduce_in_place_on(x, _communicator(comm), op)
         return x
