@@ -67,10 +67,10 @@ RUNS: dict[str, Run] = {
         "(``layer``) and into a tensor made beforehand (``layer_out``), ``torch.empty_like`` alone, "
         "``torch.distributed`` and torch's functional collective, eager and compiled (``t * 2`` then the "
         "all-reduce): host µs per call, one rank, the variants interleaved. Targets: the eager operator within "
-        "3 µs of the layer call (``op`` is 2.7-4.0 µs over ``layer_out`` here, 2.7-4.7 over two runs: met once; "
-        "``empty_like`` alone takes 1.8-2.9 of it; ``op_inplace`` is 0.5-0.9 µs over ``layer``), the compiled "
-        "function at most 0.5x the one with the functional collective (0.50-0.53 here, 0.47-0.53 over two runs: "
-        "met in 3 of 6; the compiled function's own cost, ``compiled_floor``, is 0.37-0.44).",
+        "3 µs of the layer call (``op`` is 3.05-3.24 µs over ``layer_out`` here, 2.7-4.7 over three runs: met once "
+        "in 9; ``empty_like`` alone takes 1.74 of it; ``op_inplace`` is 0.6-0.7 µs over ``layer``), the compiled "
+        "function at most 0.5x the one with the functional collective (0.49-0.52 here, 0.47-0.53 over three runs: "
+        "met in 4 of 9; the compiled function's own cost, ``compiled_floor``, is 0.38-0.40).",
         "python benchmarks/torch_ops.py --calls 9000 --batches 21 --out DIR"),
     "h200x1/jax_fft_1pe": Run(
         "The distributed FFT inside jax.jit against the eager plan, one PE",
