@@ -462,26 +462,24 @@ constexpr Op kOps[] = {
     {"nccl_all_reduce_", "nccl_all_reduce_(Tensor(a!) x, int comm, int op) -> ()", &all_reduce_in_place},
 };
 
-// The shim's dtype codes of the types NCCL reduces, paired with their ncclDataType_t.
+// The shim's dtype codes of the types NCCL reduces, paired with their ncclDataType_t (nccl_type_of).
 void dtypes(void* lib) {
-    struct Pair {
-        const char* getter;
-        int nccl;
-        int per_element;
+    using arrays::Dtype;
+    static constexpr std::pair<const char*, Dtype> kGetters[] = {
+        {"aoti_torch_dtype_int8", Dtype::kInt8},           {"aoti_torch_dtype_uint8", Dtype::kUInt8},
+        {"aoti_torch_dtype_int32", Dtype::kInt32},         {"aoti_torch_dtype_int64", Dtype::kInt64},
+        {"aoti_torch_dtype_float16", Dtype::kFloat16},     {"aoti_torch_dtype_float32", Dtype::kFloat32},
+        {"aoti_torch_dtype_float64", Dtype::kFloat64},     {"aoti_torch_dtype_bfloat16", Dtype::kBFloat16},
+        {"aoti_torch_dtype_float8_e4m3fn", Dtype::kFloat8E4M3FN}, {"aoti_torch_dtype_float8_e5m2", Dtype::kFloat8E5M2},
+        {"aoti_torch_dtype_complex64", Dtype::kComplex64}, {"aoti_torch_dtype_complex128", Dtype::kComplex128},
     };
-    static constexpr Pair kPairs[] = {
-        {"aoti_torch_dtype_int8", 0, 1},    {"aoti_torch_dtype_uint8", 1, 1},         {"aoti_torch_dtype_int32", 2, 1},
-        {"aoti_torch_dtype_int64", 4, 1},   {"aoti_torch_dtype_float16", 6, 1},       {"aoti_torch_dtype_float32", 7, 1},
-        {"aoti_torch_dtype_float64", 8, 1}, {"aoti_torch_dtype_bfloat16", 9, 1},      {"aoti_torch_dtype_float8_e4m3fn", 10, 1},
-        {"aoti_torch_dtype_float8_e5m2", 11, 1}, {"aoti_torch_dtype_complex64", 7, 2}, {"aoti_torch_dtype_complex128", 8, 2},
-    };
-    for (const Pair& pair : kPairs) {
+    for (const auto& [name, dtype] : kGetters) {
         int32_t (*getter)() = nullptr;
-        find(lib, pair.getter, getter);
+        find(lib, name, getter);
         int32_t code = getter();
-        if (code < 0 || code > 1024) throw std::runtime_error(std::string(pair.getter) + " gave " + std::to_string(code));
+        if (code < 0 || code > 1024) throw std::runtime_error(std::string(name) + " gave " + std::to_string(code));
         if (shim.nccl_types.size() <= static_cast<size_t>(code)) shim.nccl_types.resize(static_cast<size_t>(code) + 1, {-1, 1});
-        shim.nccl_types[static_cast<size_t>(code)] = {pair.nccl, pair.per_element};
+        shim.nccl_types[static_cast<size_t>(code)] = nccl_type_of(dtype);
     }
 }
 

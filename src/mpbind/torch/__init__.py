@@ -184,8 +184,7 @@ def all_reduce_(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
         return x
     if _native_call(x) and not _native.wants_grad(x):  # the C++ operator (compiled code calls no Python)
         _ops.check_op(op, x)
-        if not x.is_contiguous():
-            raise UsageError("mpbind.torch.all_reduce_ works in place on a contiguous tensor")
+        _ops.check_in_place(x, "mpbind.torch.all_reduce_")
         _native.ALL_REDUCE_IN_PLACE(x, _launched(comm)[0], _native.REDUCTION_CODES[op])
         return x
     if _ops.direct_call(x):

@@ -31,8 +31,8 @@ REDUCTIONS = ("sum", "prod", "max", "min", "avg")  # ncclRedOp_t's order
 #: The reductions with a gradient (linear ones).
 LINEAR = ("sum", "avg")
 
-__all__ = ["LINEAR", "REDUCTIONS", "check_blocks", "check_group", "check_op", "direct_call", "gathered",
-           "on_cuda", "save_arguments", "stream_of"]
+__all__ = ["LINEAR", "REDUCTIONS", "check_blocks", "check_group", "check_in_place", "check_op", "direct_call",
+           "gathered", "on_cuda", "save_arguments", "stream_of"]
 
 
 def direct_call(x: Any) -> bool:
@@ -129,11 +129,16 @@ all_reduce = define("all_reduce(Tensor x, str comm, str op) -> Tensor",
                     _all_reduce_backward)
 
 
+def check_in_place(x: Tensor, what: str) -> None:
+    """`x` is contiguous: what `what`, working in place, takes."""
+    if not x.is_contiguous():
+        raise UsageError(f"{what} works in place on a contiguous tensor")
+
+
 def all_reduce_in_place_on(x: Tensor, c: Any, op: str) -> None:
     check_op(op, x)
     on_cuda(x, "mpbind::all_reduce_")
-    if not x.is_contiguous():
-        raise UsageError("mpbind::all_reduce_ works in place on a contiguous tensor")
+    check_in_place(x, "mpbind::all_reduce_")
     c.all_reduce(_flat(x), _flat(x), op, stream=stream_of(x))
 
 
