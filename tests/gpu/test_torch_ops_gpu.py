@@ -214,7 +214,7 @@ def test_the_cpp_operators_run_the_collectives_here(comm: nccl.Communicator) -> 
 def test_eager_calls_run_the_kernels_without_the_dispatcher(comm: nccl.Communicator, monkeypatch: Any) -> None:
     # Eagerly, on a plain contiguous CUDA tensor, the functions run the C++ kernels directly (through
     # _native.GATE): torch's tensors made by torch's allocator, on torch's current stream.
-    from mpbind.torch import _native
+    from mpbind.torch import _native, _nccl
 
     assert _native.GATE is not None
     kinds: list[int] = []
@@ -226,16 +226,16 @@ def test_eager_calls_run_the_kernels_without_the_dispatcher(comm: nccl.Communica
         ran.append(out is not None)
         return out
 
-    monkeypatch.setattr(mpt, "_gate", counted)
+    monkeypatch.setattr(_nccl, "_gate", counted)
     x = torch.randn(8, 3, device="cuda")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # the work goes on the current stream, whichever it is
         outs = [mpt.all_reduce(x, comm), mpt.all_gather(x, comm), mpt.reduce_scatter(x, comm), mpt.all_to_all(x, comm),
-                mpt.all_reduce(x, comm, "max")]
+                mpt.all_reduce(x, comm, "max"), mpt.reduce_from_group(x, comm)]
         same = mpt.all_reduce_(x, comm)
     side.synchronize()
-    assert kinds == [0, 1, 2, 3, 0, 0] and all(ran)
+    assert kinds == [0, 1, 2, 3, 0, 0, 0] and all(ran)
     for y in outs:
         assert type(y) is torch.Tensor and y.is_contiguous() and y.device == x.device and y.shape == x.shape
         assert torch.equal(y, x) and y.data_ptr() != x.data_ptr()
@@ -280,6 +280,7 @@ def test_compiled_all_reduce_works_in_place_where_nothing_else_reads_its_input(c
         "input": (lambda t: mpt.all_reduce(t, comm), lambda t: t),
         "used_again": (lambda t: mpt.all_reduce(t * 2, comm) + t * 2, lambda t: 4 * t),
         "transposed": (lambda t: mpt.all_reduce((t * 2).t(), comm), lambda t: (2 * t).t()),
+        "reduce_from_group": (lambda t: mpt.reduce_from_group(t * 2, comm), lambda t: 2 * t),  # no gradient
     }
     for name, (fn, want) in cases.items():
         out, code = run_and_get_code(torch.compile(fn, fullgraph=True), x)
@@ -289,7 +290,7 @@ def test_compiled_all_reduce_works_in_place_where_nothing_else_reads_its_input(c
         text = "".join(code)
         assert "torch.ops.mpbind.nccl_all_reduce_.default" in text, name
         assert "torch.ops.mpbind.nccl_all_reduce.default" not in text, name
-        if name == "intermediate":  # one kernel (t * 2) and the reduction into its buffer: no copy
+        if name in ("intermediate", "reduce_from_group"):  # one kernel (t * 2), reduced in its buffer: no copy
             assert text.count(".run(") == 1, text
     # all_reduce_ is the same operator, in place on what it is given.
     def in_place(t: Any) -> Any:

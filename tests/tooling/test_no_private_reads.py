@@ -98,6 +98,7 @@ READER_PRIVATE_MODULES: dict[str, tuple[tuple[str, ...], str]] = {
     "mpbind._infra.placement": (("tests/gpu/*.py",), "GPU checks of the placement check itself"),
     "mpbind.torch._ops": (("tests/gpu/*.py",), "GPU checks of when an eager call may skip the dispatcher"),
     "mpbind.torch._native": (("tests/gpu/*.py",), "GPU checks of the gate that runs the C++ kernels eagerly"),
+    "mpbind.torch._nccl": (("tests/gpu/*.py",), "GPU checks that the collectives' functions ask that gate"),
     "mpbind._infra.families": (("tests/gpu/*.py",), "GPU checks of the wheel-family check itself"),
     "mpbind.bindings._coverage": (("tests/gpu/*.py",), "the coverage table the NCCL GPU test walks"),
     "mpbind.kernels._build": (("benchmarks/*.py",), "the NVRTC/nvJitLink toolchain a kernel benchmark reports"),

@@ -31,6 +31,9 @@ from mpbind.torch import _library, _ops
 
 #: ncclRedOp_t of each reduction the operators take (REDUCTIONS lists them in NCCL's order).
 REDUCTION_CODES = {op: code for code, op in enumerate(_ops.REDUCTIONS)}
+# Read by compiled programs' tracing as names of this module, not through torch's (fewer guards).
+_compiling, _grad_enabled = torch.compiler.is_dynamo_compiling, torch.is_grad_enabled
+_CONTIGUOUS = torch.contiguous_format
 
 
 def _register() -> tuple[bool, str]:
@@ -84,7 +87,7 @@ K_ALL_REDUCE, K_ALL_GATHER, K_REDUCE_SCATTER, K_ALL_TO_ALL = range(4)
 def wants_grad(x: Tensor) -> bool:
     """Whether a call on `x` records a gradient (the autograd function), else the operator itself
     runs (a compiled program guards on both, so each case is a graph of its own)."""
-    return x.requires_grad and torch.is_grad_enabled()
+    return x.requires_grad and _grad_enabled()
 
 
 # The overloads themselves (an eager call skips the packet's lookup); None where not registered.
@@ -105,8 +108,8 @@ def reduced(x: Tensor, comm: int, op: str) -> Tensor:
     the operator back in place on `x`'s buffer where nothing reads it afterwards (no allocation, no
     copy; otherwise it copies first). Eagerly it is the functional operator."""
     code = REDUCTION_CODES[op]
-    if torch.compiler.is_dynamo_compiling():
-        y = x.clone(memory_format=torch.contiguous_format)
+    if _compiling():
+        y = x.clone(memory_format=_CONTIGUOUS)
         ALL_REDUCE_IN_PLACE(y, comm, code)
         return y
     return ALL_REDUCE(x.contiguous(), comm, code)

@@ -32,7 +32,14 @@ REDUCTIONS = ("sum", "prod", "max", "min", "avg")  # ncclRedOp_t's order
 LINEAR = ("sum", "avg")
 
 __all__ = ["LINEAR", "REDUCTIONS", "check_blocks", "check_group", "check_in_place", "check_op", "direct_call",
-           "gathered", "on_cuda", "save_arguments", "stream_of"]
+           "gathered", "on_cuda", "save_arguments", "stream_of", "tensor_arg"]
+
+
+def tensor_arg(x: Any) -> Tensor:
+    """`x`, which must be a torch.Tensor."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor, not {type(x).__name__}")
+    return x
 
 
 def direct_call(x: Any) -> bool:

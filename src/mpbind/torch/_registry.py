@@ -13,7 +13,10 @@ from __future__ import annotations
 import threading
 from typing import Any, TypeVar
 
+import torch
+
 from mpbind.errors import UsageError
+from mpbind.nccl import Communicator
 
 _T = TypeVar("_T")
 
@@ -70,3 +73,42 @@ def registered() -> list[str]:
     """The names registered now, in registration order."""
     with _lock:
         return list(_by_name)
+
+
+def object_of(obj: Any, kind: type, what: str) -> Any:
+    """`obj` itself, or the registered object it names, which must be a `kind` (`what` names it)."""
+    found = lookup(obj, kind) if isinstance(obj, str) else obj
+    if not isinstance(found, kind):
+        raise TypeError(f"{what} must be an {kind.__module__}.{kind.__name__} or its registered name, not "
+                        f"{type(obj).__name__}")
+    return found
+
+
+def communicator_of(comm: Any) -> Communicator:
+    """The Communicator `comm` is, or names (the layer refuses a closed one)."""
+    return object_of(comm, Communicator, "comm")
+
+
+# What a traced program takes from an object, as constants to the compiler (an object is guarded by
+# identity: another one recompiles).
+
+
+@torch.compiler.assume_constant_result
+def resolved(comm: Any) -> tuple[str, int]:
+    """(registry name, size) of a Communicator or of a registered name, for the Python operators."""
+    c = communicator_of(comm)
+    return name_of(c), c.size
+
+
+@torch.compiler.assume_constant_result
+def launched(comm: Any) -> tuple[int, int]:
+    """(launch id, size) of a Communicator or of a registered name, for the C++ operators."""
+    c = communicator_of(comm)
+    return c.launch_id, c.size
+
+
+@torch.compiler.assume_constant_result
+def plan_name(plan: Any, kind: type) -> tuple[str, str]:
+    """(registry name, kind of transform or "") of a plan of class `kind`, or of its name."""
+    p = object_of(plan, kind, "plan")
+    return name_of(p), getattr(p, "kind", "")
