@@ -266,6 +266,28 @@ def test_eager_calls_run_the_kernels_without_the_dispatcher(comm: nccl.Communica
     assert torch.equal(leaf.grad, torch.ones(4, device="cuda"))
 
 
+def test_an_in_place_all_reduce_is_a_write_autograd_sees(comm: nccl.Communicator) -> None:
+    # Like torch's in-place operators, all_reduce_ bumps the tensor's version, whichever way it runs (the
+    # gate; the dispatcher, under a mode): a backward that needs the tensor as it was refuses instead of
+    # using what the reduction wrote.
+    w = torch.ones(4, device="cuda", requires_grad=True)
+    unseen = []
+    for mode in (False, True):
+        x = torch.full((4,), 2.0, device="cuda")
+        y = (w * x).sum()  # saves x for the backward
+        if mode:
+            with torch.device("cuda"):  # a torch-function mode: the gate leaves the call to the dispatcher
+                mpt.all_reduce_(x, comm)
+        else:
+            mpt.all_reduce_(x, comm)
+        try:
+            y.backward()
+            unseen.append(mode)
+        except RuntimeError as exc:
+            assert "modified by an inplace operation" in str(exc)
+    assert unseen == []
+
+
 def test_compiled_all_reduce_works_in_place_where_nothing_else_reads_its_input(comm: nccl.Communicator) -> None:
     # Traced, the all-reduce is the in-place operator on a copy of its input, as torch's functional
     # collective is: inductor drops the copy and reduces in place where nothing reads the input later,

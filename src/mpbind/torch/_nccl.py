@@ -51,6 +51,7 @@ def _native_call(x: Any) -> bool:
 #: only outside Dynamo (which takes the check as a constant, and traces the operators).
 _gate = _native.GATE
 _compiling = torch.compiler.is_dynamo_compiling
+_increment_version = torch.autograd.graph.increment_version
 _K_ALL_REDUCE, _K_ALL_GATHER, _K_REDUCE_SCATTER, _K_ALL_TO_ALL = (_native.K_ALL_REDUCE, _native.K_ALL_GATHER,
                                                                   _native.K_REDUCE_SCATTER, _native.K_ALL_TO_ALL)
 
@@ -73,14 +74,18 @@ def all_reduce(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
 def all_reduce_(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
     """:func:`all_reduce` into `x` itself (contiguous); returns `x`."""
     if not _compiling() and _gate is not None and _gate(_K_ALL_REDUCE, x, comm, op, True) is not None:
+        _increment_version(x)  # as the dispatcher does for an in-place operator: autograd sees the write
         return x
     if _native_call(x) and not _wants_grad(x):  # the C++ operator (compiled code calls no Python)
         _check_op(op, x)
         _check_in_place(x, "mpbind.torch.all_reduce_")
         _ALL_REDUCE_IN_PLACE(x, launched(comm)[0], _REDUCTION_CODES[op])
+        if not _compiling():  # (traced, functionalization accounts for the write)
+            _increment_version(x)  # the dispatcher does not: the operator has no ADInplaceOrView kernel
         return x
     if _ops.direct_call(x):
         _ops.all_reduce_in_place_on(x, communicator_of(comm), op)
+        _increment_version(x)
         return x
     torch.ops.mpbind.all_reduce_(tensor_arg(x), resolved(comm)[0], op)
     return x
