@@ -6,6 +6,10 @@ process). :func:`name_of` registers an object on first use and returns its name;
 kernels call :func:`lookup` at run time. The registry holds each object until it is closed (closed
 ones are dropped as new ones register) or :func:`forget` drops it, as ``torch.distributed`` holds a
 process group under its name until it is destroyed.
+
+The functions of :mod:`mpbind.torch` take an object or its name: :func:`object_of` resolves either, and
+:func:`resolved`, :func:`launched` and :func:`plan_name` give what a traced program keeps of it, as
+constants to the compiler.
 """
 
 from __future__ import annotations
