@@ -43,6 +43,9 @@ enum class Collective { kAllReduce = 0, kAllGather, kReduceScatter, kAllToAll };
 
 // The bytes of one element of each ncclDataType_t (ncclInt8 .. ncclFloat8e5m2).
 inline constexpr int kNcclTypeSizes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
+// The name of each ncclRedOp_t mpbind takes by name (ncclSum .. ncclAvg), as the layer and the torch
+// functions spell them.
+inline constexpr const char* kNcclRedOpNames[] = {"sum", "prod", "max", "min", "avg"};
 
 // `dtype` is an ncclDataType_t, `op` an ncclRedOp_t (sum .. avg; ignored by gathers and all-to-all).
 // `interruptible`: called from a Python thread that released the GIL, which a wait for a

@@ -733,7 +733,7 @@ int rank_arg(nb::handle v, const char* what, const CommView& c) {
     return static_cast<int>(r);
 }
 
-constexpr const char* kOpNames[] = {"sum", "prod", "max", "min", "avg"};  // ncclSum .. ncclAvg
+constexpr const auto& kOpNames = launch::kNcclRedOpNames;
 
 int op_arg(nb::handle v) {
     if (PyUnicode_Check(v.ptr())) {

@@ -195,14 +195,11 @@ int64_t group(int64_t g, const char* op) {
     return g;
 }
 
-// ncclRedOp_t's names (sum .. avg), as mpbind.torch names the reductions.
-constexpr const char* kReductionNames[] = {"sum", "prod", "max", "min", "avg"};
-
 int reduction(int64_t r, int per_element, const char* op) {
     if (r < 0 || r > 4) throw Refused(std::string(op) + ": ncclRedOp_t " + std::to_string(r) + " is not sum .. avg");
     if (per_element == 2 && r != 0 && r != 4) {
-        throw Refused(std::string(op) + ": a " + kReductionNames[r] + " of complex tensors is not defined (sum and "
-                      "avg are, over the real and imaginary parts)");
+        throw Refused(std::string(op) + ": a " + launch::kNcclRedOpNames[r] +
+                      " of complex tensors is not defined (sum and avg are, over the real and imaginary parts)");
     }
     return static_cast<int>(r);
 }
@@ -223,8 +220,8 @@ struct Output {
     size_t bytes;
 };
 
-Output output_of(launch::Collective kind, const std::vector<int64_t>& sizes, size_t bytes, int64_t g, const char* op) {
-    Output o{sizes, bytes};
+Output output_of(launch::Collective kind, std::vector<int64_t> sizes, size_t bytes, int64_t g, const char* op) {
+    Output o{std::move(sizes), bytes};
     if (kind == launch::Collective::kAllGather) {
         if (o.sizes.empty()) {
             o.sizes.push_back(g);
@@ -273,7 +270,7 @@ void kernel(StableIValue* stack, uint64_t, uint64_t) {
     Piece p = piece(x.h, op);
     int red = reduces ? reduction(as_int(stack[2]), p.per_element, op) : 0;
     int64_t g = grouped ? group(as_int(stack[reduces ? 3 : 2]), op) : kind == launch::Collective::kAllToAll ? 0 : 1;
-    Output o = output_of(kind, p.sizes, p.bytes, g, op);
+    Output o = output_of(kind, std::move(p.sizes), p.bytes, g, op);  // (p's extents are not read again)
     Owned out(empty(o.sizes, p));
     void* out_ptr = nullptr;
     check(shim.data_ptr(out.h, &out_ptr), "data pointer query");
@@ -306,8 +303,8 @@ constexpr const char* kEagerNames[] = {"mpbind.torch.all_reduce", "mpbind.torch.
 
 // (ncclDataType_t, NCCL elements per element) of a dtype NCCL moves (a complex one as two reals).
 std::pair<int, int> nccl_type_of(arrays::Dtype d) {
-    if (d == arrays::Dtype::kComplex64) return {7, 2};
-    if (d == arrays::Dtype::kComplex128) return {8, 2};
+    if (d == arrays::Dtype::kComplex64) return {arrays::info(arrays::Dtype::kFloat32).nccl, 2};
+    if (d == arrays::Dtype::kComplex128) return {arrays::info(arrays::Dtype::kFloat64).nccl, 2};
     return {arrays::info(d).nccl, 1};
 }
 
@@ -382,7 +379,7 @@ public:
           grad_enabled_(std::move(grad_enabled)), launch_(nb::str("_launch")), launch_id_(nb::str("launch_id")),
           requires_grad_(nb::str("requires_grad")) {
         for (nb::handle f : seen_by) seen_by_.push_back(nb::borrow(f));
-        for (const char* name : kReductionNames) names_.push_back(nb::str(name));
+        for (const char* name : launch::kNcclRedOpNames) names_.push_back(nb::str(name));
     }
 
     nb::object call(int kind_code, nb::handle x, nb::handle comm, nb::handle op, bool in_place) const {

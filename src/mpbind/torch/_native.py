@@ -78,7 +78,7 @@ if _core.torch_ops_registered():
 #: torch's tensors lack the DLPack C exchange API that makes their outputs. Its callers rule out
 #: Dynamo's tracing first (which is not to trace into it; other tracers hand it fake tensors or run a
 #: mode, which it leaves to the dispatcher).
-GATE: Any = (_core.TorchEagerGate(Tensor, nccl.Communicator, _library.SEEN_BY, torch.is_grad_enabled)
+GATE: Any = (_core.TorchEagerGate(Tensor, nccl.Communicator, _library.SEEN_BY, _grad_enabled)
              if AVAILABLE and _core.torch_eager_ready(torch.empty(0)) else None)
 #: The collectives' codes as the gate takes them (launch::Collective).
 K_ALL_REDUCE, K_ALL_GATHER, K_REDUCE_SCATTER, K_ALL_TO_ALL = range(4)
