@@ -2,7 +2,7 @@
 without torch's dispatcher) over a framework of the test's making (``ProducingTensor``: DLPack's C
 exchange API with an allocator): the output each collective asks the framework for, what is refused
 before anything is allocated or launched, an allocator whose tensor is not what was asked for, and
-which calls the gate in front of them (``_core.TorchEagerGate``) lets through. No communicator is
+which calls the gate in front of them (``_core.torch_eager_gate``) lets through. No communicator is
 registered under the id the calls name, so a call that gets as far as the launch is refused there,
 after its output was made and before NCCL is called."""
 
@@ -148,7 +148,7 @@ class Watchers:
 @pytest.fixture
 def gate() -> Any:
     w = Watchers()
-    g = _core.TorchEagerGate(ProducingTensor, Comm, w.seen_by, w.grad_enabled)
+    g = _core.torch_eager_gate(ProducingTensor, Comm, w.seen_by, w.grad_enabled)
     return g, w
 
 
@@ -165,6 +165,9 @@ class Derived(ProducingTensor):
     ("a reduction not named", lambda g, w: g(REDUCE_SCATTER, tensor((4,)), Comm(), SUM)),
     ("host memory", lambda g, w: g(ALL_REDUCE, tensor((4,), device=(KDL_CPU, 0)), Comm(), "sum")),
     ("not contiguous", lambda g, w: g(ALL_GATHER, tensor((4, 3), strides=(1, 4)), Comm())),
+    ("no tensor", lambda g, w: g(ALL_REDUCE, None, Comm(), "sum")),
+    ("no communicator", lambda g, w: g(ALL_REDUCE, tensor((4,)), None, "sum")),
+    ("no reduction", lambda g, w: g(ALL_REDUCE, tensor((4,)), Comm(), None)),
 ])
 def test_the_gate_leaves_to_the_dispatcher(gate: Any, case: str, call: Any) -> None:
     g, w = gate

@@ -145,12 +145,13 @@ def test_the_eager_gate_reads_torchs_tensors_and_leaves_what_it_cannot_run() -> 
     from mpbind.torch import _library
 
     assert _core.torch_eager_ready(torch.empty(0))
+    assert _core.torch_ops_wraps()  # its outputs made as the kernels make theirs, handed over by libtorch_python
     assert (_native.GATE is not None) == _native.AVAILABLE
 
     class Comm:
         _launch = LAUNCH
 
-    gate = _core.TorchEagerGate(torch.Tensor, Comm, _library.SEEN_BY, torch.is_grad_enabled)
+    gate = _core.torch_eager_gate(torch.Tensor, Comm, _library.SEEN_BY, torch.is_grad_enabled)
     x = torch.ones(4)
     assert gate(_native.K_ALL_REDUCE, x, Comm(), "sum") is None  # host memory: the dispatcher's, which refuses it
     assert gate(_native.K_ALL_REDUCE, torch.nn.Parameter(x), Comm(), "sum") is None  # a subclass

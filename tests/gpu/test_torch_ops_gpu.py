@@ -242,6 +242,11 @@ def test_eager_calls_run_the_kernels_without_the_dispatcher(comm: nccl.Communica
     assert same is x
     z = torch.randn(4, dtype=torch.complex128, device="cuda")
     assert torch.equal(mpt.all_reduce(z, comm, "avg"), z)
+    for dtype in (torch.bfloat16, torch.float16, torch.float64, torch.int8, torch.uint8, torch.int32, torch.int64,
+                  torch.float8_e4m3fn, torch.complex64):  # each output of the input's dtype
+        v = torch.arange(6, device="cuda").reshape(2, 3).to(dtype)
+        y = mpt.all_gather(v, comm)
+        assert y.dtype == dtype and y.shape == (2, 3) and torch.equal(y.view(torch.uint8), v.view(torch.uint8))
     with pytest.raises(UsageError, match="max of complex tensors"):
         mpt.all_reduce(z, comm, "max")
     with pytest.raises(UsageError, match="does not split into 1 equal blocks"):
@@ -252,7 +257,7 @@ def test_eager_calls_run_the_kernels_without_the_dispatcher(comm: nccl.Communica
         mpt.all_gather(x, comm)
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == before
-    assert kinds.count(1) == 201 and all(ran)
+    assert kinds.count(1) == 210 and all(ran)
     # What something else is to see goes through the dispatcher: a gradient, a mode, compilation.
     ran.clear()
     leaf = torch.ones(4, device="cuda", requires_grad=True)

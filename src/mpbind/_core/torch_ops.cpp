@@ -10,7 +10,8 @@
 // release. The kernels here use only torch's stable C shim (torch/csrc/inductor/aoti_torch/c/shim.h:
 // C functions whose signatures torch keeps across releases), looked up in the libtorch the process
 // has already loaded, when mpbind.torch asks (torch_ops_register): the core builds and imports
-// without torch, and one build serves every torch whose shim has these functions.
+// without torch, and one build serves every torch whose shim has these functions. (One C++ function
+// is looked up besides, optionally: libtorch_python's THPVariable_Wrap, for eager calls' outputs.)
 //
 // Each kernel takes this rank's contiguous CUDA tensor and the communicator's launch id (what
 // Communicator.launch_id registers), allocates its output with torch's allocator, and queues the
@@ -20,10 +21,11 @@
 // the Python operators check their arguments before tracing, so that a refusal comes before the
 // first collective step on every rank.
 //
-// Eagerly the same kernels run without the dispatcher (torch_eager, and the Gate mpbind.torch asks
+// Eagerly the same kernels run without the dispatcher (torch_eager, and the gate mpbind.torch asks
 // first): its entry and the output's way through it were most of an eager call's cost. Such a call
-// reads the tensor, makes its output and finds torch's stream through the DLPack C exchange API of
-// the tensor's type, and raises mpbind's errors.
+// reads the tensor and finds torch's stream through the DLPack C exchange API of the tensor's type,
+// makes its output as the kernels do (wrapped for Python by libtorch_python; through the exchange
+// API's allocator where that cannot be), and raises mpbind's errors.
 
 #include <dlfcn.h>
 
@@ -31,8 +33,10 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <array>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -74,6 +78,12 @@ struct Shim {
     int32_t cuda = -1;                                         // the CUDA device type's code
     // torch's dtype codes -> (ncclDataType_t, how many of them one element is); -1 where NCCL has none
     std::vector<std::pair<int, int>> nccl_types;
+    // arrays::Dtype -> torch's dtype code, of the types NCCL moves; -1 for the others
+    std::array<int32_t, static_cast<size_t>(arrays::Dtype::kFloat8E5M2) + 1> torch_dtypes{};
+    // libtorch_python's THPVariable_Wrap(const at::TensorBase&) and THPVariableClass (torch.Tensor), or
+    // null: how an eager call hands its output to Python (see torch_tensor)
+    PyObject* (*wrap)(const void*) = nullptr;
+    PyObject** tensor_class = nullptr;
 };
 
 Shim shim;
@@ -291,6 +301,40 @@ void all_reduce_in_place(StableIValue* stack, uint64_t, uint64_t) {
 
 // --- eager calls ---------------------------------------------------------------------------------
 
+// A new contiguous torch.Tensor of `sizes`, torch dtype code `dtype`, on CUDA device `device` (its
+// data pointer in `ptr`), made as the kernels make their outputs and handed to Python by
+// libtorch_python's THPVariable_Wrap. Why not the exchange API's allocator: that one wraps torch's
+// allocation in a DLPack tensor and back into a second torch tensor, ~0.45 µs of an eager call
+// measured on one H200. A shim handle is an at::Tensor* (the shim's own convention), which is the
+// reference THPVariable_Wrap takes; found by its C++ name, it is absent where torch's C++ ABI
+// differs, and the exchange API serves (torch_made).
+nb::object torch_tensor(const std::vector<int64_t>& sizes, int32_t dtype, int device, uintptr_t& ptr, const char* op) {
+    Piece like;
+    like.dtype = dtype;
+    like.device = device;
+    Tensor handle = nullptr;
+    try {
+        handle = empty(sizes, like);
+    } catch (const std::runtime_error&) {  // torch has logged why (out of memory, most likely)
+        std::string shape;
+        for (int64_t n : sizes) shape += (shape.empty() ? "" : ", ") + std::to_string(n);
+        raise_mpbind(std::string(op) + ": torch could not allocate the output (" + shape + ")");
+    }
+    Owned t(handle);  // THPVariable_Wrap takes its own reference to the tensor
+    void* data = nullptr;
+    check(shim.data_ptr(t.h, &data), "data pointer query");
+    PyObject* obj = shim.wrap(t.h);
+    if (obj == nullptr) throw nb::python_error();
+    ptr = reinterpret_cast<uintptr_t>(data);
+    return nb::steal(obj);
+}
+
+// Whether an eager call's output is made by torch_tensor: x's type is torch.Tensor itself, and
+// libtorch_python's functions were found.
+bool torch_made(nb::handle tensor_type) {
+    return shim.wrap != nullptr && shim.tensor_class != nullptr && *shim.tensor_class == tensor_type.ptr();
+}
+
 // The kernels called from Python without torch's dispatcher, by mpbind.torch's functions where nothing
 // else is to see the call (a plain CUDA tensor, eager, no mode or transform, no gradient wanted): the
 // dispatcher's entry and the output's way through it are most of an eager operator's cost. The
@@ -308,9 +352,10 @@ std::pair<int, int> nccl_type_of(arrays::Dtype d) {
     return {arrays::info(d).nccl, 1};
 }
 
-// The kernel on `x`, read as `a`, of the framework `producer`.
+// The kernel on `x`, read as `a`, of the framework `producer` (torch's, `as_torch`: its output made
+// by torch_tensor).
 nb::object run_eager(launch::Collective kind, nb::handle x, const arrays::Array& a, const arrays::Producer& producer,
-                     uint64_t comm, int64_t red_code, int64_t group_size, bool in_place) {
+                     uint64_t comm, int64_t red_code, int64_t group_size, bool in_place, bool as_torch) {
     const char* op = in_place ? "mpbind.torch.all_reduce_" : kEagerNames[static_cast<int>(kind)];
     if (a.device < 0) raise_usage(std::string(op) + " takes CUDA tensors; x is in host memory");
     if (!a.contiguous) raise_usage(std::string(op) + " takes a contiguous tensor");
@@ -330,7 +375,10 @@ nb::object run_eager(launch::Collective kind, nb::handle x, const arrays::Array&
     }
     nb::object out = nb::borrow(x);
     uintptr_t out_ptr = a.ptr;
-    if (!in_place) {
+    int32_t torch_dtype = as_torch ? shim.torch_dtypes[static_cast<size_t>(a.dtype)] : -1;
+    if (!in_place && torch_dtype >= 0) {
+        out = torch_tensor(o.sizes, torch_dtype, a.device, out_ptr, op);
+    } else if (!in_place) {
         arrays::Dims dims;
         dims.resize_for_overwrite(o.sizes.size());
         for (size_t i = 0; i < o.sizes.size(); ++i) dims[i] = o.sizes[i];
@@ -363,7 +411,8 @@ nb::object eager(int kind_code, nb::handle x, uint64_t comm, int64_t red_code, i
         raise_type(std::string(kEagerNames[kind_code]) + ": x must be a tensor whose type makes tensors through "
                    "the DLPack C exchange API (torch.Tensor's since PyTorch 2.10), not a " + arrays::typename_of(x));
     }
-    return run_eager(kind, x, arrays::describe(x, "x", false), producer, comm, red_code, group_size, in_place);
+    return run_eager(kind, x, arrays::describe(x, "x", false), producer, comm, red_code, group_size, in_place,
+                     torch_made(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(x.ptr())))));
 }
 
 // Which calls go to the kernels directly: mpbind.torch's functions ask it first, and go on through the
@@ -371,7 +420,7 @@ nb::object eager(int kind_code, nb::handle x, uint64_t comm, int64_t red_code, i
 // on a CUDA device, the communicator exactly the communicator type (its launch id: `_launch`, else the
 // `launch_id` property, which registers it), the reduction one of ncclRedOp_t's names, nothing asks
 // for a gradient (x.requires_grad while grad mode is on) and each of `seen_by` (what else would see the
-// call: a mode, a transform, a tracer) returns false.
+// call: a mode, a transform, a tracer) returns false. Python calls it as a plain function (eager_gate).
 class Gate {
 public:
     Gate(nb::handle tensor_type, nb::handle comm_type, nb::tuple seen_by, nb::object grad_enabled)
@@ -416,7 +465,8 @@ public:
         arrays::Array a = arrays::describe(x, "x", false);
         if (a.device < 0 || !a.contiguous) return nb::none();
         int64_t g = kind == launch::Collective::kAllReduce ? 1 : nccl::launch_size(id);
-        return run_eager(kind, x, a, producer, id, red, g > 0 ? g : 1, in_place);  // an unknown id: refused there
+        return run_eager(kind, x, a, producer, id, red, g > 0 ? g : 1, in_place,  // an unknown id: refused there
+                         torch_made(tensor_type_));
     }
 
 private:
@@ -442,6 +492,21 @@ private:
     std::vector<nb::object> seen_by_;
     std::vector<nb::str> names_;
 };
+
+// The gate as a function of (kind, x, comm, op, in_place), passed positionally: a function's
+// vectorcall (a bound class's __call__ goes through type slots and an argument tuple: ~0.3 µs of an
+// eager call on one H200). x, comm and op may be anything, None included: what the gate does not
+// take, the Python path names.
+nb::object eager_gate(nb::handle tensor_type, nb::handle comm_type, nb::tuple seen_by, nb::object grad_enabled) {
+    auto gate = std::make_shared<const Gate>(tensor_type, comm_type, seen_by, std::move(grad_enabled));
+    return nb::cpp_function(
+        [gate](int kind, nb::handle x, nb::handle comm, nb::handle op, bool in_place) {
+            return gate->call(kind, x, comm, op, in_place);
+        },
+        nb::arg("kind"), nb::arg("x").none(), nb::arg("comm").none(), nb::arg("op").none() = nb::none(),
+        nb::arg("in_place") = false,
+        nb::name("torch_eager_gate"), "Run the eager call, or return None where the dispatcher is to see it.");
+}
 
 struct Op {
     const char* name;
@@ -477,10 +542,12 @@ void dtypes(void* lib) {
         if (code < 0 || code > 1024) throw std::runtime_error(std::string(name) + " gave " + std::to_string(code));
         if (shim.nccl_types.size() <= static_cast<size_t>(code)) shim.nccl_types.resize(static_cast<size_t>(code) + 1, {-1, 1});
         shim.nccl_types[static_cast<size_t>(code)] = nccl_type_of(dtype);
+        shim.torch_dtypes[static_cast<size_t>(dtype)] = code;
     }
 }
 
-std::vector<std::string> register_ops(const std::string& cpu_library, const std::string& cuda_library) {
+std::vector<std::string> register_ops(const std::string& cpu_library, const std::string& cuda_library,
+                                      const std::string& python_library) {
     std::vector<std::string> names;
     for (const Op& op : kOps) names.emplace_back(op.name);
     if (registered) return names;
@@ -507,6 +574,12 @@ std::vector<std::string> register_ops(const std::string& cpu_library, const std:
     if (void* cuda_lib = loaded(cuda_library)) {
         find(cuda_lib, "aoti_torch_get_current_cuda_stream", s.current_cuda_stream, false);
     }
+    if (void* python = loaded(python_library)) {  // both or neither
+        find(python, "_Z16THPVariable_WrapRKN2at10TensorBaseE", s.wrap, false);
+        find(python, "THPVariableClass", s.tensor_class, false);
+        if (!s.wrap || !s.tensor_class) s.wrap = nullptr, s.tensor_class = nullptr;
+    }
+    s.torch_dtypes.fill(-1);
     shim = s;
     dtypes(cpu);
     // The libraries live as long as the process (torch's registrations refer to them).
@@ -533,9 +606,14 @@ namespace mpbind {
 
 void register_torch(nb::module_& m) {
     m.def("torch_ops_register", &torch_ops::register_ops, nb::arg("cpu_library"), nb::arg("cuda_library"),
+          nb::arg("python_library") = "",
           "Register mpbind's C++ collective operators (mpbind::nccl_all_reduce, nccl_all_gather, nccl_reduce_scatter, "
           "nccl_all_to_all, nccl_all_reduce_; CUDA kernels) with the PyTorch this process loaded from these libraries (libtorch_cpu and "
-          "libtorch_cuda, '' when torch has no CUDA); returns their names. Once per process.");
+          "libtorch_cuda, '' when torch has no CUDA; libtorch_python, where eager calls make their outputs' Python "
+          "objects, '' for none); returns their names. Once per process.");
+    m.def("torch_ops_wraps", [] { return torch_ops::shim.wrap != nullptr; },
+          "Whether eager calls hand their torch outputs to Python through libtorch_python (found at registration), "
+          "not through the DLPack C exchange API.");
     m.def("torch_ops_registered", [] { return torch_ops::registered; },
           "Whether torch_ops_register has registered the operators.");
     m.def("torch_eager", &torch_ops::eager, nb::arg("kind"), nb::arg("x"), nb::arg("comm"), nb::arg("op"),
@@ -544,14 +622,10 @@ void register_torch(nb::module_& m) {
           "over the communicator registered as `comm` (its launch_id), with the ncclRedOp_t `op` and the group size "
           "the output's shape assumes, queued on the current stream of x's framework: what the operators' kernels "
           "do, without torch's dispatcher. Returns the output, a new tensor of x's framework (x itself in place).");
-    nb::class_<torch_ops::Gate>(m, "TorchEagerGate",
-                                "Which eager calls of mpbind.torch's collectives run their C++ kernel directly (see "
-                                "torch_ops.cpp); calling it runs such a call, or returns None for the dispatcher's "
-                                "path.")
-        .def(nb::init<nb::handle, nb::handle, nb::tuple, nb::object>(), nb::arg("tensor_type"), nb::arg("comm_type"),
-             nb::arg("seen_by"), nb::arg("grad_enabled"))
-        .def("__call__", &torch_ops::Gate::call, nb::arg("kind"), nb::arg("x"), nb::arg("comm"),
-             nb::arg("op").none() = nb::none(), nb::arg("in_place") = false);
+    m.def("torch_eager_gate", &torch_ops::eager_gate, nb::arg("tensor_type"), nb::arg("comm_type"), nb::arg("seen_by"),
+          nb::arg("grad_enabled"),
+          "The gate of mpbind.torch's eager collectives (see torch_ops.cpp): a function of (kind, x, comm, op=None, "
+          "in_place=False) that runs such a call with its C++ kernel, or returns None for the dispatcher's path.");
     m.def("torch_eager_ready", [](nb::handle x) { return arrays::Producer::of(x).valid(); }, nb::arg("x"),
           "Whether torch_eager can make tensors of x's type (its DLPack C exchange API has an allocator, a way "
           "back to Python and a current stream).");

@@ -28,8 +28,10 @@ LIB = torch.library.Library("mpbind", "FRAGMENT")
 
 #: What else would see a call that skips the dispatcher, each true when it would: a torch-function mode,
 #: a dispatch mode, a functorch transform, ``torch.jit.trace`` (the C++ kernels' gate asks the same).
+#: Each is torch's C function (``torch.jit.is_tracing`` is a Python function around ``_is_tracing``,
+#: which answers the same outside TorchScript: ~0.2 µs less per call on one H200).
 SEEN_BY = (torch._C._is_torch_function_mode_enabled, torch._C._len_torch_dispatch_stack,
-           torch._C._are_functorch_transforms_active, torch.jit.is_tracing)
+           torch._C._are_functorch_transforms_active, torch._C._is_tracing)
 _function_mode, _dispatch_modes, _transforms, _jit_tracing = SEEN_BY
 
 

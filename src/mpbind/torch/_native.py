@@ -41,7 +41,7 @@ def _register() -> tuple[bool, str]:
     lib = os.path.join(os.path.dirname(torch.__file__), "lib")
     cuda = os.path.join(lib, "libtorch_cuda.so") if torch.version.cuda else ""
     try:
-        _core.torch_ops_register(os.path.join(lib, "libtorch_cpu.so"), cuda)
+        _core.torch_ops_register(os.path.join(lib, "libtorch_cpu.so"), cuda, os.path.join(lib, "libtorch_python.so"))
     except RuntimeError as exc:
         return False, str(exc)
     return (True, "") if cuda else (False, "this PyTorch has no CUDA")
@@ -72,13 +72,14 @@ if _core.torch_ops_registered():
         torch.library.register_fake(f"mpbind::{_name}", _fake)
 
 
-#: Eager calls that run the C++ kernels directly, without the dispatcher (``_core.TorchEagerGate``:
-#: called with a collective's code, the tensor, the communicator and the reduction, it runs the call, or
-#: returns None where the dispatcher is to see it); None where the C++ operators do not run or
+#: Eager calls that run the C++ kernels directly, without the dispatcher (``_core.torch_eager_gate``:
+#: called with a collective's code, the tensor, the communicator, the reduction's name ("" for none) and
+#: whether in place, all positional, it runs the call, or returns None where the dispatcher is to see
+#: it); None where the C++ operators do not run or
 #: torch's tensors lack the DLPack C exchange API that makes their outputs. Its callers rule out
 #: Dynamo's tracing first (which is not to trace into it; other tracers hand it fake tensors or run a
 #: mode, which it leaves to the dispatcher).
-GATE: Any = (_core.TorchEagerGate(Tensor, nccl.Communicator, _library.SEEN_BY, _grad_enabled)
+GATE: Any = (_core.torch_eager_gate(Tensor, nccl.Communicator, _library.SEEN_BY, _grad_enabled)
              if AVAILABLE and _core.torch_eager_ready(torch.empty(0)) else None)
 #: The collectives' codes as the gate takes them (launch::Collective).
 K_ALL_REDUCE, K_ALL_GATHER, K_REDUCE_SCATTER, K_ALL_TO_ALL = range(4)

@@ -58,7 +58,7 @@ _K_ALL_REDUCE, _K_ALL_GATHER, _K_REDUCE_SCATTER, _K_ALL_TO_ALL = (_native.K_ALL_
 
 def all_reduce(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
     """The reduction (`op`: sum, prod, max, min, avg) of `x` over the ranks, as a new tensor."""
-    if not _compiling() and _gate is not None and (y := _gate(_K_ALL_REDUCE, x, comm, op)) is not None:
+    if not _compiling() and _gate is not None and (y := _gate(_K_ALL_REDUCE, x, comm, op, False)) is not None:
         return y
     if _native_call(x):
         _check_op(op, x)
@@ -93,7 +93,7 @@ def all_reduce_(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
 
 def all_gather(x: Tensor, comm: Any) -> Tensor:
     """Every rank's `x` stacked along dim 0, rank order (``size * x.shape[0]`` rows)."""
-    if not _compiling() and _gate is not None and (y := _gate(_K_ALL_GATHER, x, comm)) is not None:
+    if not _compiling() and _gate is not None and (y := _gate(_K_ALL_GATHER, x, comm, "", False)) is not None:
         return y
     if _native_call(x):
         launch, size = launched(comm)
@@ -109,7 +109,7 @@ def all_gather(x: Tensor, comm: Any) -> Tensor:
 
 def reduce_scatter(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
     """Block ``rank`` (of ``size`` equal blocks along dim 0) of the reduction of `x` over the ranks."""
-    if not _compiling() and _gate is not None and (y := _gate(_K_REDUCE_SCATTER, x, comm, op)) is not None:
+    if not _compiling() and _gate is not None and (y := _gate(_K_REDUCE_SCATTER, x, comm, op, False)) is not None:
         return y
     if _native_call(x):
         launch, size = launched(comm)
@@ -127,7 +127,7 @@ def reduce_scatter(x: Tensor, comm: Any, op: str = "sum") -> Tensor:
 
 def all_to_all(x: Tensor, comm: Any) -> Tensor:
     """Block j (of ``size`` equal blocks along dim 0) goes to rank j; block r of the result came from rank r."""
-    if not _compiling() and _gate is not None and (y := _gate(_K_ALL_TO_ALL, x, comm)) is not None:
+    if not _compiling() and _gate is not None and (y := _gate(_K_ALL_TO_ALL, x, comm, "", False)) is not None:
         return y
     if _native_call(x):
         launch, size = launched(comm)
@@ -191,7 +191,7 @@ def copy_to_group(x: Tensor, comm: Any) -> Tensor:
 def reduce_from_group(x: Tensor, comm: Any) -> Tensor:
     """`x` summed over the ranks forward, the gradient passed through backward: where a tensor-parallel
     block ends (Megatron's ``g``). Without a gradient to record it is :func:`all_reduce`'s sum."""
-    if not _compiling() and _gate is not None and (y := _gate(_K_ALL_REDUCE, x, comm, "sum")) is not None:
+    if not _compiling() and _gate is not None and (y := _gate(_K_ALL_REDUCE, x, comm, "sum", False)) is not None:
         return y
     if _native_call(x):
         launch = launched(comm)[0]
