@@ -26,6 +26,9 @@ median over every call; the variants interleaved batch by batch) of a float32 su
   collective).
 
 Targets: ``op`` within 3 µs of ``layer_out``; ``compiled_op`` at most 0.5x ``compiled_funcol``.
+``op_share_us`` is ``op - layer_out - empty_like``: what mpbind's path adds beyond what torch itself
+takes to make and free a new tensor (which any out-of-place operator pays, and which varies most from
+host to host).
 Rank 0 prints the table and writes ``torch_ops.csv`` and ``torch_ops.png`` under ``--out``.
 """
 
@@ -130,6 +133,7 @@ def measure(comm: nccl.Communicator, nbytes: int, calls: int, batches: int) -> d
     for name in VARIANTS:
         row[f"{name}_us"] = statistics.median(host[name])
     row["op_minus_layer_out_us"] = row["op_us"] - row["layer_out_us"]
+    row["op_share_us"] = row["op_minus_layer_out_us"] - row["empty_like_us"]
     row["compiled_op_over_compiled_funcol"] = row["compiled_op_us"] / row["compiled_funcol_us"]
     return row
 

@@ -66,13 +66,14 @@ RUNS: dict[str, Run] = {
         "through the dispatcher; ``op_python``: the operator with a Python kernel), the layer call in place "
         "(``layer``) and into a tensor made beforehand (``layer_out``), ``torch.empty_like`` alone, "
         "``torch.distributed`` and torch's functional collective, eager and compiled (``t * 2`` then the "
-        "all-reduce): host µs per call, one rank, the variants interleaved. Targets, at 8 B: the eager operator "
-        "within 3 µs of the layer call (``op`` is 2.99 µs over ``layer_out`` here; 2.99-3.54 over four runs of "
-        "this tree on this host, 4.7-5.3 on one 1.7x slower: met in 1 of 7; ``empty_like`` alone takes 1.6-3.9 "
-        "of it, mpbind's path 1.2-1.5 beyond; ``op_inplace`` is 0.9-1.0 µs over ``layer``), the compiled function "
-        "at most 0.5x the one with the functional collective (0.491 here, 0.47-0.50 in all 7 runs: met; "
-        "0.49-0.53 at 4 KiB and 1 MiB, compiled for dynamic shapes; ``compiled_floor``, the compiled function's "
-        "own cost, is 0.36-0.43).",
+        "all-reduce): host µs per call, one rank, the variants interleaved; ``op_share`` is ``op - layer_out - "
+        "empty_like``, mpbind's part beyond torch's own allocation. Targets, at 8 B: the eager operator within 3 µs "
+        "of the layer call (``op`` is 2.71 µs over ``layer_out`` here; 2.61-2.71 at 8 B and 2.32-2.94 at every size "
+        "over six runs of this tree, in the rows the machine ran at its usual speed: met; 3.62-4.29 in rows it ran "
+        "~1.8x slower throughout, where ``empty_like`` alone takes 3.3-3.7; ``op_share`` 0.30-0.92; "
+        "``op_inplace`` is 0.7-0.9 µs over ``layer``), the compiled function at most 0.5x the one with the "
+        "functional collective (0.489 here, 0.47-0.49 in all six runs: met; 0.47-0.53 at 4 KiB and 1 MiB, "
+        "compiled for dynamic shapes; ``compiled_floor``, the compiled function's own cost, is 0.36-0.43).",
         "python benchmarks/torch_ops.py --calls 9000 --batches 21 --out DIR"),
     "h200x1/jax_fft_1pe": Run(
         "The distributed FFT inside jax.jit against the eager plan, one PE",
