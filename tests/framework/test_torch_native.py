@@ -145,7 +145,8 @@ def test_the_eager_gate_reads_torchs_tensors_and_leaves_what_it_cannot_run() -> 
     from mpbind.torch import _library
 
     assert _core.torch_eager_ready(torch.empty(0))
-    assert _core.torch_ops_wraps()  # its outputs made as the kernels make theirs, handed over by libtorch_python
+    # its outputs made as the kernels make theirs, handed over by libtorch_python (a subclass's: DLPack's)
+    assert _core.torch_ops_wraps(torch.Tensor) and not _core.torch_ops_wraps(torch.nn.Parameter)
     assert (_native.GATE is not None) == _native.AVAILABLE
 
     class Comm:

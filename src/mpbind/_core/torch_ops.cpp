@@ -611,9 +611,10 @@ void register_torch(nb::module_& m) {
           "nccl_all_to_all, nccl_all_reduce_; CUDA kernels) with the PyTorch this process loaded from these libraries (libtorch_cpu and "
           "libtorch_cuda, '' when torch has no CUDA; libtorch_python, where eager calls make their outputs' Python "
           "objects, '' for none); returns their names. Once per process.");
-    m.def("torch_ops_wraps", [] { return torch_ops::shim.wrap != nullptr; },
-          "Whether eager calls hand their torch outputs to Python through libtorch_python (found at registration), "
-          "not through the DLPack C exchange API.");
+    m.def("torch_ops_wraps", [](nb::handle tensor_type) { return torch_ops::torch_made(tensor_type); },
+          nb::arg("tensor_type"),
+          "Whether eager calls on tensors of this type hand their outputs to Python through libtorch_python (found at "
+          "registration: torch.Tensor itself), not through the DLPack C exchange API.");
     m.def("torch_ops_registered", [] { return torch_ops::registered; },
           "Whether torch_ops_register has registered the operators.");
     m.def("torch_eager", &torch_ops::eager, nb::arg("kind"), nb::arg("x"), nb::arg("comm"), nb::arg("op"),
