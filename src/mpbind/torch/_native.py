@@ -74,11 +74,11 @@ if _core.torch_ops_registered():
 
 #: Eager calls that run the C++ kernels directly, without the dispatcher (``_core.torch_eager_gate``:
 #: called with a collective's code, the tensor, the communicator, the reduction's name ("" for none) and
-#: whether in place, all positional, it runs the call, or returns None where the dispatcher is to see
-#: it); None where the C++ operators do not run or
-#: torch's tensors lack the DLPack C exchange API that makes their outputs. Its callers rule out
-#: Dynamo's tracing first (which is not to trace into it; other tracers hand it fake tensors or run a
-#: mode, which it leaves to the dispatcher).
+#: whether in place, all positionally, it runs the call, or returns None where the dispatcher is to see
+#: it); None where the C++ operators do not run or torch's tensors lack the DLPack C exchange API it
+#: reads them through (and makes their outputs by, where libtorch_python's wrapper is not found). Its
+#: callers rule out Dynamo's tracing first (which is not to trace into it; other tracers hand it fake
+#: tensors or run a mode, which it leaves to the dispatcher).
 GATE: Any = (_core.torch_eager_gate(Tensor, nccl.Communicator, _library.SEEN_BY, _grad_enabled)
              if AVAILABLE and _core.torch_eager_ready(torch.empty(0)) else None)
 #: The collectives' codes as the gate takes them (launch::Collective).
