@@ -67,6 +67,9 @@ THIRD_PARTY: dict[tuple[str, str], str] = {
         "whether a dispatch mode is active, which a direct call (no dispatcher) would bypass; no public form",
     ("src/mpbind/torch/_library.py", "torch._C._are_functorch_transforms_active"):
         "whether vmap or a functorch transform is active, which a direct call would bypass; no public form",
+    ("src/mpbind/torch/_library.py", "torch._C._is_tracing"):
+        "whether torch.jit.trace is recording, which a direct call would bypass: what the public "
+        "torch.jit.is_tracing returns outside TorchScript, without its Python frame (~0.2 us per eager call)",
     ("src/mpbind/torch/_library.py", "torch._C._AutoDispatchBelowAutograd"):
         "the guard an autograd kernel redispatches under (what torch.library's own autograd kernels use)",
     ("benchmarks/nccl_allreduce.py", "torch.cuda._sleep"):
