@@ -175,19 +175,22 @@ Piece piece(Tensor t, const char* op) {
     return p;
 }
 
-// A new contiguous tensor of `sizes`, the dtype and device of `like`.
-Tensor empty(const std::vector<int64_t>& sizes, const Piece& like) {
+// A new contiguous tensor of `sizes`, torch dtype code `dtype`, on CUDA device `device`; its data
+// pointer in `data`. What the kernels and the eager calls make their outputs with.
+Tensor empty(const std::vector<int64_t>& sizes, int32_t dtype, int32_t device, void*& data) {
     std::vector<int64_t> strides(sizes.size());
     int64_t stride = 1;
     for (size_t i = sizes.size(); i-- > 0;) {
         strides[i] = stride;
         stride *= sizes[i] > 0 ? sizes[i] : 1;
     }
-    Tensor out = nullptr;
-    check(shim.empty_strided(static_cast<int64_t>(sizes.size()), sizes.data(), strides.data(), like.dtype, shim.cuda,
-                             like.device, &out),
+    Tensor made = nullptr;
+    check(shim.empty_strided(static_cast<int64_t>(sizes.size()), sizes.data(), strides.data(), dtype, shim.cuda,
+                             device, &made),
           "allocation");
-    return out;
+    Owned out(made);
+    check(shim.data_ptr(out.h, &data), "data pointer query");
+    return out.release();
 }
 
 int64_t as_int(StableIValue v) { return static_cast<int64_t>(v); }
@@ -281,9 +284,8 @@ void kernel(StableIValue* stack, uint64_t, uint64_t) {
     int red = reduces ? reduction(as_int(stack[2]), p.per_element, op) : 0;
     int64_t g = grouped ? group(as_int(stack[reduces ? 3 : 2]), op) : kind == launch::Collective::kAllToAll ? 0 : 1;
     Output o = output_of(kind, std::move(p.sizes), p.bytes, g, op);  // (p's extents are not read again)
-    Owned out(empty(o.sizes, p));
     void* out_ptr = nullptr;
-    check(shim.data_ptr(out.h, &out_ptr), "data pointer query");
+    Owned out(empty(o.sizes, p.dtype, p.device, out_ptr));
     queue(op, kind, static_cast<uint64_t>(stack[1]), p, out_ptr, o.bytes, red);
     stack[0] = reinterpret_cast<StableIValue>(out.release());
 }
@@ -309,20 +311,16 @@ void all_reduce_in_place(StableIValue* stack, uint64_t, uint64_t) {
 // reference THPVariable_Wrap takes; found by its C++ name, it is absent where torch's C++ ABI
 // differs, and the exchange API serves (torch_made).
 nb::object torch_tensor(const std::vector<int64_t>& sizes, int32_t dtype, int device, uintptr_t& ptr, const char* op) {
-    Piece like;
-    like.dtype = dtype;
-    like.device = device;
     Tensor handle = nullptr;
+    void* data = nullptr;
     try {
-        handle = empty(sizes, like);
+        handle = empty(sizes, dtype, device, data);
     } catch (const std::runtime_error&) {  // torch has logged why (out of memory, most likely)
         std::string shape;
         for (int64_t n : sizes) shape += (shape.empty() ? "" : ", ") + std::to_string(n);
         raise_mpbind(std::string(op) + ": torch could not allocate the output (" + shape + ")");
     }
     Owned t(handle);  // THPVariable_Wrap takes its own reference to the tensor
-    void* data = nullptr;
-    check(shim.data_ptr(t.h, &data), "data pointer query");
     PyObject* obj = shim.wrap(t.h);
     if (obj == nullptr) throw nb::python_error();
     ptr = reinterpret_cast<uintptr_t>(data);
